@@ -1,0 +1,476 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The wire between the parent and its workers.
+
+Everything that crosses a process boundary on the hot path goes through the
+control region laid out here: per-worker command/done counters, per-worker
+request rings (async dispatch) and one completion ring of env ids.  Counters
+only grow, so a waiter compares against a target instead of resetting flags.
+
+Waiting is spin -> sched_yield -> sleep (futex, or a posix semaphore where
+futex is missing), always bounded by a timeout slice so callers can check
+liveness between slices.  A waker only issues a syscall when the sleeper has
+raised the word's waiters flag.
+"""
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t, uintptr_t
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_SIMPLE
+
+cdef extern from "_wire.h" nogil:
+    uint32_t shm_load_acquire(const uint32_t *p)
+    uint32_t shm_load_relaxed(const uint32_t *p)
+    void shm_store_release(uint32_t *p, uint32_t v)
+    void shm_store_relaxed(uint32_t *p, uint32_t v)
+    void shm_store_seqcst(uint32_t *p, uint32_t v)
+    uint32_t shm_load_seqcst(const uint32_t *p)
+    uint32_t shm_add_fetch(uint32_t *p, uint32_t v)
+    uint64_t shm_load_acquire64(const uint64_t *p)
+    uint64_t shm_load_relaxed64(const uint64_t *p)
+    void shm_store_release64(uint64_t *p, uint64_t v)
+    uint64_t shm_fetch_add64(uint64_t *p, uint64_t v)
+    int shm_cas(uint32_t *p, uint32_t expected, uint32_t desired)
+    void shm_fence()
+    void shm_cpu_relax()
+    int shm_reached(uint32_t value, uint32_t target)
+    int64_t shm_now_ns()
+    int shm_have_futex()
+    int shm_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns)
+    void shm_futex_wake(uint32_t *word)
+    int shm_set_pdeathsig(int sig)
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+# Control-region geometry.  LINE is two cache lines so that adjacent-line
+# prefetching cannot make two writers share a line.
+LINE = 128
+DEF _LINE = 128
+DEF _HEADER_LINES = 5
+DEF _MAGIC = 0x73686d70  # "shmp"
+
+# Header lines.
+DEF _OFF_META = 0
+DEF _OFF_SYNC = 1 * _LINE      # signal: shards finished (sync step / reset)
+DEF _OFF_CLAIM = 2 * _LINE     # uint64: completion-ring slots claimed by workers
+DEF _OFF_PUB = 3 * _LINE       # signal: completion-ring slots published
+DEF _OFF_FAULT = 4 * _LINE     # count of env failures reported by workers
+
+# Per-worker block: line A written by the parent, line B by the worker.
+DEF _A_CMD_SEQ = 0             # signal (value, waiters, target)
+DEF _A_CMD = 12
+DEF _A_REQ_HEAD = 16           # uint64: requests pushed
+DEF _B_DONE_SEQ = _LINE        # signal (value, waiters, target)
+DEF _B_REQ_TAIL = _LINE + 16   # uint64: requests taken
+DEF _BLOCK = 2 * _LINE
+
+# Commands a worker executes.
+CMD_STEP = 1       # step the whole shard (sync), then bump the sync counter
+CMD_ASYNC = 2      # drain the worker's request ring, publishing each env
+CMD_MESSAGE = 3    # read one message from the side channel and answer it
+CMD_EXIT = 4
+
+# Request flag: reset this env instead of stepping it.
+REQ_RESET = 0x80000000
+
+# wait() outcomes
+REACHED = 1
+TIMED_OUT = 0
+NEEDS_SLEEP = 2
+
+
+def _align(n):
+    return (n + _LINE - 1) // _LINE * _LINE
+
+
+def control_size(int num_envs, shard_sizes):
+    """Bytes the control region needs for these shards."""
+    cdef Py_ssize_t n = _HEADER_LINES * _LINE + len(shard_sizes) * _BLOCK
+    for s in shard_sizes:
+        n += _align(4 * s)
+    n += _align(4 * num_envs) * 2
+    return n
+
+
+def have_futex():
+    """True when this build sleeps on Linux futexes."""
+    return bool(shm_have_futex())
+
+
+def set_parent_death_signal(int sig):
+    """Ask the kernel to send ``sig`` to this process when its parent thread dies."""
+    if shm_set_pdeathsig(sig) != 0:
+        raise OSError("prctl(PR_SET_PDEATHSIG) is not available")
+
+
+def monotonic_ns():
+    return shm_now_ns()
+
+
+cdef int _wait_word(uint32_t *word, uint32_t target, int64_t spin_ns,
+                    int64_t yield_ns, int64_t timeout_ns, bint futex) nogil:
+    """Spin, then yield, then sleep until ``*word`` reaches ``target``.
+
+    A signal is three words: the value, the sleeper's flag and the value the
+    sleeper waits for (so wakers only wake it when that is reached).
+    Returns REACHED, TIMED_OUT, or NEEDS_SLEEP (no futex: the caller sleeps
+    on a semaphore)."""
+    cdef uint32_t *waiters = word + 1
+    cdef uint32_t v
+    cdef int i
+    cdef int64_t start, now, deadline
+    if shm_reached(shm_load_acquire(word), target):
+        return 1
+    start = shm_now_ns()
+    deadline = start + timeout_ns
+    if spin_ns > timeout_ns:
+        spin_ns = timeout_ns
+    # Busy phase: cheapest wake-up (~1 us), costs a whole core.
+    while True:
+        for i in range(64):
+            shm_cpu_relax()
+            if shm_reached(shm_load_acquire(word), target):
+                return 1
+        now = shm_now_ns()
+        if now - start >= spin_ns:
+            break
+    # Yield phase: stays responsive while letting an oversubscribed core run
+    # the process we are waiting for.
+    while now - start < spin_ns + yield_ns and now < deadline:
+        sched_yield()
+        if shm_reached(shm_load_acquire(word), target):
+            return 1
+        now = shm_now_ns()
+    if not futex:
+        return 2 if now < deadline else 0
+    # Sleep phase.  Raise the flag, then re-check: a waker stores the value
+    # before it reads the flag (both seq_cst), so one of us sees the other.
+    shm_store_relaxed(word + 2, target)
+    while now < deadline:
+        shm_store_seqcst(waiters, 1)
+        v = shm_load_seqcst(word)
+        if shm_reached(v, target):
+            shm_store_relaxed(waiters, 0)
+            return 1
+        shm_futex_wait(word, v, deadline - now)
+        shm_store_relaxed(waiters, 0)
+        if shm_reached(shm_load_acquire(word), target):
+            return 1
+        now = shm_now_ns()
+    return 0
+
+
+cdef class WaitPolicy:
+    """How long a waiter spins and yields before it sleeps (nanoseconds)."""
+    cdef public int64_t spin_ns
+    cdef public int64_t yield_ns
+    cdef public str name
+
+    def __init__(self, str name, int64_t spin_ns, int64_t yield_ns):
+        self.name = name
+        self.spin_ns = spin_ns
+        self.yield_ns = yield_ns
+
+    def __repr__(self):
+        return f"WaitPolicy({self.name!r}, spin_ns={self.spin_ns}, yield_ns={self.yield_ns})"
+
+    def __reduce__(self):
+        return (WaitPolicy, (self.name, self.spin_ns, self.yield_ns))
+
+
+cdef class Wire:
+    """Typed access to a control region mapped in this process.
+
+    ``shard_sizes[w]`` is the number of envs worker ``w`` owns.  ``sems``,
+    when given, is a list of posix_ipc semaphores (one per signal word, see
+    ``signal_count``) used to sleep instead of futexes."""
+    cdef Py_buffer view
+    cdef bint has_view
+    cdef uint8_t *base
+    cdef readonly int num_workers
+    cdef readonly int num_envs
+    cdef uint32_t *req_rings[1024]
+    cdef uint32_t req_caps[1024]
+    cdef uint32_t *ring_env
+    cdef uint32_t *ring_stamp
+    cdef list sems
+    cdef bint futex
+    cdef public int64_t slice_ns
+
+    def __cinit__(self):
+        self.has_view = False
+
+    def __init__(self, buffer, shard_sizes, *, int num_envs, list sems=None, int64_t slice_ns=50_000_000):
+        PyObject_GetBuffer(buffer, &self.view, PyBUF_WRITABLE | PyBUF_SIMPLE)
+        self.has_view = True
+        if len(shard_sizes) > 1024:
+            raise ValueError("at most 1024 workers per pool")
+        if self.view.len < control_size(num_envs, shard_sizes):
+            raise ValueError("buffer too small for the control region")
+        self.base = <uint8_t *>self.view.buf
+        self.num_workers = len(shard_sizes)
+        self.num_envs = num_envs
+        cdef Py_ssize_t off = _HEADER_LINES * _LINE + self.num_workers * _BLOCK
+        for w, s in enumerate(shard_sizes):
+            self.req_rings[w] = <uint32_t *>(self.base + off)
+            self.req_caps[w] = s
+            off += _align(4 * s)
+        self.ring_env = <uint32_t *>(self.base + off)
+        off += _align(4 * num_envs)
+        self.ring_stamp = <uint32_t *>(self.base + off)
+        self.sems = sems
+        self.futex = bool(shm_have_futex()) and sems is None
+        self.slice_ns = slice_ns
+
+    def release(self):
+        """Drop the buffer export so the mmap can be closed."""
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+            self.has_view = False
+            self.base = NULL
+
+    def __dealloc__(self):
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+
+    @staticmethod
+    def signal_count(int num_workers):
+        return 2 + 2 * num_workers
+
+    def init_header(self):
+        """Written once by the parent before any worker maps the region."""
+        cdef uint32_t *meta = <uint32_t *>(self.base + _OFF_META)
+        meta[0] = _MAGIC
+        meta[1] = self.num_workers
+        meta[2] = self.num_envs
+
+    def check_header(self):
+        cdef uint32_t *meta = <uint32_t *>(self.base + _OFF_META)
+        if meta[0] != _MAGIC or meta[1] != self.num_workers or meta[2] != self.num_envs:
+            raise RuntimeError("shared region does not hold this pool's control block")
+
+    # --- signal words -------------------------------------------------------
+
+    cdef inline uint32_t *_sig(self, int sid):
+        if sid == 0:
+            return <uint32_t *>(self.base + _OFF_SYNC)
+        if sid == 1:
+            return <uint32_t *>(self.base + _OFF_PUB)
+        sid -= 2
+        return <uint32_t *>(self.base + _HEADER_LINES * _LINE + (sid >> 1) * _BLOCK
+                            + (_B_DONE_SEQ if sid & 1 else _A_CMD_SEQ))
+
+    cdef inline void _wake(self, int sid, uint32_t *word):
+        # The publishing store/add was seq_cst, so this load cannot pass it;
+        # the sleeper wrote its target before raising the flag.
+        if shm_load_seqcst(word + 1) and shm_reached(shm_load_relaxed(word), shm_load_acquire(word + 2)):
+            if self.futex:
+                shm_futex_wake(word)
+            else:
+                self.sems[sid].release()
+
+    cdef bint _wait(self, int sid, uint32_t target, WaitPolicy policy, int64_t timeout_ns) except -1:
+        cdef uint32_t *word = self._sig(sid)
+        cdef int r
+        cdef int64_t spin = policy.spin_ns, yld = policy.yield_ns
+        cdef bint futex = self.futex
+        with nogil:
+            r = _wait_word(word, target, spin, yld, timeout_ns, futex)
+        if r != 2:
+            return r == 1
+        # Semaphore fallback: same flag handshake, the semaphore is the bed.
+        shm_store_relaxed(word + 2, target)
+        shm_store_seqcst(word + 1, 1)
+        if shm_reached(shm_load_seqcst(word), target):
+            shm_store_relaxed(word + 1, 0)
+            return True
+        try:
+            self.sems[sid].acquire(max(timeout_ns - policy.spin_ns - policy.yield_ns, 1_000_000) / 1e9)
+        except Exception:  # posix_ipc.BusyError: the slice ran out
+            pass
+        shm_store_relaxed(word + 1, 0)
+        return bool(shm_reached(shm_load_acquire(word), target))
+
+    # --- parent side --------------------------------------------------------
+
+    def post(self, int worker, uint32_t cmd):
+        """Give ``worker`` a command; returns the command's sequence number."""
+        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
+        cdef uint32_t *seq = <uint32_t *>(blk + _A_CMD_SEQ)
+        shm_store_relaxed(<uint32_t *>(blk + _A_CMD), cmd)
+        cdef uint32_t n = shm_add_fetch(seq, 1)
+        self._wake(2 + 2 * worker, seq)
+        return n
+
+    def post_all(self, uint32_t cmd):
+        """Give every worker the same command."""
+        cdef int w
+        cdef uint8_t *blk
+        cdef uint32_t *seq
+        for w in range(self.num_workers):
+            blk = self.base + _HEADER_LINES * _LINE + w * _BLOCK
+            seq = <uint32_t *>(blk + _A_CMD_SEQ)
+            shm_store_relaxed(<uint32_t *>(blk + _A_CMD), cmd)
+            shm_add_fetch(seq, 1)
+            self._wake(2 + 2 * w, seq)
+
+    def sync_count(self):
+        return shm_load_acquire(self._sig(0))
+
+    def wait_sync(self, uint32_t target, WaitPolicy policy, int64_t timeout_ns):
+        """Wait (one slice at most) until ``target`` shards have finished."""
+        return self._wait(0, target, policy, timeout_ns)
+
+    def done_seq(self, int worker):
+        return shm_load_acquire(self._sig(3 + 2 * worker))
+
+    def cmd_seq(self, int worker):
+        return shm_load_acquire(self._sig(2 + 2 * worker))
+
+    def wait_done(self, int worker, uint32_t target, WaitPolicy policy, int64_t timeout_ns):
+        return self._wait(3 + 2 * worker, target, policy, timeout_ns)
+
+    def push_requests(self, int worker, const uint32_t[::1] ids):
+        """Append env ids (optionally | REQ_RESET) to a worker's request ring."""
+        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
+        cdef uint64_t *head = <uint64_t *>(blk + _A_REQ_HEAD)
+        cdef uint64_t h = shm_load_relaxed64(head)
+        cdef uint64_t cap = self.req_caps[worker]
+        cdef uint32_t *ring = self.req_rings[worker]
+        cdef Py_ssize_t i
+        for i in range(ids.shape[0]):
+            ring[(h + i) % cap] = ids[i]
+        shm_store_release64(head, h + <uint64_t>ids.shape[0])
+
+    def pending_completions(self, uint32_t tail):
+        """How many completions are published past ``tail``."""
+        return <uint32_t>(shm_load_acquire(self._sig(1)) - tail)
+
+    def take(self, uint64_t tail, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n,
+             WaitPolicy policy, int64_t timeout_ns):
+        """Move up to ``n`` finished env ids into ``out[start:]`` in completion order.
+
+        ``tail`` is how many the parent has taken so far.  Waits at most one
+        slice; returns how many were taken."""
+        cdef uint32_t *pub = self._sig(1)
+        cdef uint64_t cap = self.num_envs
+        cdef uint64_t slot
+        cdef Py_ssize_t got = 0
+        cdef uint32_t seen, stamp, want
+        while got < n:
+            slot = (tail + got) % cap
+            # Stamps hold the low 32 bits of (slot count + 1): a stale stamp
+            # from the previous lap differs by cap.
+            stamp = <uint32_t>(tail + got + 1)
+            if shm_load_acquire(&self.ring_stamp[slot]) == stamp:
+                out[start + got] = self.ring_env[slot]
+                got += 1
+                continue
+            # Slot not stamped yet.  Sleep until enough publications landed
+            # for the whole request; if that happened already, a claimed slot
+            # is still being written, so wait for just one more.
+            seen = shm_load_acquire(pub)
+            if shm_load_acquire(&self.ring_stamp[slot]) == stamp:
+                continue
+            want = <uint32_t>(tail + n)
+            if shm_reached(seen, want):
+                want = seen + 1
+            if not self._wait(1, want, policy, timeout_ns):
+                break
+        return got
+
+    def faults(self):
+        return shm_load_acquire(<uint32_t *>(self.base + _OFF_FAULT))
+
+    # --- worker side --------------------------------------------------------
+
+    def wait_command(self, int worker, uint32_t seen, WaitPolicy policy, int64_t timeout_ns):
+        """Wait (one slice at most) for a command newer than ``seen``."""
+        return self._wait(2 + 2 * worker, seen + 1, policy, timeout_ns)
+
+    def command(self, int worker):
+        """(sequence, command) of the newest command posted to ``worker``."""
+        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
+        cdef uint32_t seq = shm_load_acquire(<uint32_t *>(blk + _A_CMD_SEQ))
+        return seq, shm_load_relaxed(<uint32_t *>(blk + _A_CMD))
+
+    def finish(self, int worker, uint32_t seq):
+        """Mark commands up to ``seq`` as handled."""
+        cdef uint32_t *done = self._sig(3 + 2 * worker)
+        shm_store_seqcst(done, seq)
+        self._wake(3 + 2 * worker, done)
+
+    def finish_shard(self):
+        """One shard of a sync step or reset is complete."""
+        cdef uint32_t *word = self._sig(0)
+        shm_add_fetch(word, 1)
+        self._wake(0, word)
+
+    def pop_request(self, int worker):
+        """Next env id requested from ``worker`` (with flags), or -1."""
+        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
+        cdef uint64_t *tail = <uint64_t *>(blk + _B_REQ_TAIL)
+        cdef uint64_t t = shm_load_relaxed64(tail)
+        if t == shm_load_acquire64(<uint64_t *>(blk + _A_REQ_HEAD)):
+            return -1
+        cdef uint32_t v = self.req_rings[worker][t % self.req_caps[worker]]
+        shm_store_release64(tail, t + 1)
+        return v
+
+    def publish(self, uint32_t env_id):
+        """Append a finished env to the completion ring (results already written)."""
+        cdef uint64_t slot = shm_fetch_add64(<uint64_t *>(self.base + _OFF_CLAIM), 1)
+        cdef uint32_t *pub = self._sig(1)
+        cdef uint64_t i = slot % <uint64_t>self.num_envs
+        self.ring_env[i] = env_id
+        shm_store_release(&self.ring_stamp[i], <uint32_t>(slot + 1))
+        shm_add_fetch(pub, 1)
+        self._wake(1, pub)
+
+    def report_fault(self):
+        shm_add_fetch(<uint32_t *>(self.base + _OFF_FAULT), 1)
+
+
+# --- generic words in any writable buffer (info registry, benchmarks) --------
+
+cdef uint32_t *_word(object buf, Py_ssize_t offset) except NULL:
+    cdef Py_buffer v
+    PyObject_GetBuffer(buf, &v, PyBUF_WRITABLE | PyBUF_SIMPLE)
+    cdef uint8_t *p = <uint8_t *>v.buf
+    cdef Py_ssize_t n = v.len
+    PyBuffer_Release(&v)  # the caller keeps the buffer alive
+    if offset < 0 or offset + 4 > n or offset % 4:
+        raise ValueError("word offset out of range or unaligned")
+    return <uint32_t *>(p + offset)
+
+
+def load_word(buf, Py_ssize_t offset):
+    """Acquire-load the uint32 at ``offset`` of a writable buffer."""
+    return shm_load_acquire(_word(buf, offset))
+
+
+def store_word(buf, Py_ssize_t offset, uint32_t value):
+    """Release-store a uint32 at ``offset`` of a writable buffer."""
+    shm_store_release(_word(buf, offset), value)
+
+
+def cas_word(buf, Py_ssize_t offset, uint32_t expected, uint32_t desired):
+    """Compare-and-swap a uint32; True if it was ``expected`` and is now ``desired``."""
+    return bool(shm_cas(_word(buf, offset), expected, desired))
+
+
+def spin_pingpong(buf, Py_ssize_t offset, int role, Py_ssize_t rounds):
+    """C-speed ping-pong on one shared word: the floor for any round trip.
+
+    Role 0 serves odd values, role 1 even ones; run one of each in two
+    processes.  Returns elapsed nanoseconds for ``rounds`` round trips."""
+    cdef uint32_t *w = _word(buf, offset)
+    cdef Py_ssize_t i
+    cdef int64_t t0
+    cdef uint32_t v
+    with nogil:
+        t0 = shm_now_ns()
+        for i in range(rounds):
+            v = 2 * <uint32_t>i + <uint32_t>role
+            while shm_load_acquire(w) != v:
+                shm_cpu_relax()
+            shm_store_release(w, v + 1)
+        t0 = shm_now_ns() - t0
+    return t0

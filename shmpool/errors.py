@@ -1,0 +1,33 @@
+"""Exceptions raised by a pool. Each message names the env, worker and phase."""
+from __future__ import annotations
+
+
+class ShmpoolError(RuntimeError):
+    """Base class for failures of a pool's envs or workers."""
+
+
+class EnvError(ShmpoolError):
+    """An env raised inside a worker. ``remote_traceback`` holds the worker's traceback."""
+
+    def __init__(self, message: str, *, env_id: int | None, worker: int, phase: str,
+                 remote_type: str, remote_traceback: str) -> None:
+        super().__init__(message)
+        self.env_id = env_id
+        self.worker = worker
+        self.phase = phase
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+
+
+class WorkerDiedError(ShmpoolError):
+    """A worker process exited while the pool needed it; the pool is closed."""
+
+    def __init__(self, message: str, *, worker: int, pid: int, exitcode: int | None) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.pid = pid
+        self.exitcode = exitcode
+
+
+class PoolClosedError(ShmpoolError):
+    """The pool was used after ``close()`` (or after a fatal error closed it)."""

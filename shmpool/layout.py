@@ -1,0 +1,162 @@
+"""Where everything lives in the pool's one shared-memory region.
+
+The region is laid out once from the single-env spaces: the wire's control
+region first (see ``_core``), then one array per leaf of the action and
+observation spaces, rewards, flags, per-env status and the numeric info table.
+Every array is cache-line aligned so no two of them share a line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from . import _core
+
+ALIGN = _core.LINE
+
+# Per-env status written by the worker with each result.
+STATUS_OK = 0
+STATUS_ERROR = 1      # the env raised; traceback is on the side channel
+STATUS_EXTRA = 2      # non-numeric infos are on the side channel
+
+INFO_COLUMNS = 64         # numeric info keys that fit in shared memory
+INFO_NAME_BYTES = 56      # utf-8 bytes of a key name
+INFO_ENTRY = 64           # registry entry: state u32, dtype code u32, name
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One array-valued leaf of a (possibly nested) space."""
+
+    path: tuple[Any, ...]     # keys/indices from the root space
+    shape: tuple[int, ...]    # single-env shape
+    dtype: np.dtype
+
+
+def leaves(space: spaces.Space, path: tuple = ()) -> list[Leaf]:
+    """Flatten a space into its array leaves, in gymnasium's iteration order."""
+    if isinstance(space, spaces.Dict):
+        out: list[Leaf] = []
+        for key, sub in space.spaces.items():
+            out += leaves(sub, path + (key,))
+        return out
+    if isinstance(space, spaces.Tuple):
+        out = []
+        for i, sub in enumerate(space.spaces):
+            out += leaves(sub, path + (i,))
+        return out
+    if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype))]
+    raise TypeError(
+        f"shmpool cannot lay out a {type(space).__name__} space in shared memory "
+        "(supported: Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of them)"
+    )
+
+
+def assemble(space: spaces.Space, arrays: list, start: int = 0):
+    """Rebuild the space's structure (dict/tuple) around a flat list of leaf arrays."""
+    value, _ = _assemble(space, arrays, start)
+    return value
+
+
+def _assemble(space, arrays, i):
+    if isinstance(space, spaces.Dict):
+        out = {}
+        for key, sub in space.spaces.items():
+            out[key], i = _assemble(sub, arrays, i)
+        return out, i
+    if isinstance(space, spaces.Tuple):
+        items = []
+        for sub in space.spaces:
+            item, i = _assemble(sub, arrays, i)
+            items.append(item)
+        return tuple(items), i
+    return arrays[i], i + 1
+
+
+def split(space: spaces.Space, value) -> list:
+    """The leaf values of one structured value, in ``leaves()`` order."""
+    if isinstance(space, spaces.Dict):
+        out = []
+        for key, sub in space.spaces.items():
+            out += split(sub, value[key])
+        return out
+    if isinstance(space, spaces.Tuple):
+        out = []
+        for sub, item in zip(space.spaces, value):
+            out += split(sub, item)
+        return out
+    return [value]
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class Layout:
+    """Byte offsets of every array in the region. Picklable; sent to workers."""
+
+    num_envs: int
+    shard_sizes: list[int]
+    obs_leaves: list[Leaf]
+    act_leaves: list[Leaf]
+    offsets: dict[str, int] = field(default_factory=dict)
+    size: int = 0
+
+    @classmethod
+    def build(cls, num_envs: int, shard_sizes: list[int], obs_space, act_space) -> Layout:
+        lay = cls(num_envs, list(shard_sizes), leaves(obs_space), leaves(act_space))
+        off = _align(_core.control_size(num_envs, shard_sizes))
+
+        def put(name: str, nbytes: int) -> None:
+            nonlocal off
+            lay.offsets[name] = off
+            off += _align(max(nbytes, 1))
+
+        for i, leaf in enumerate(lay.act_leaves):
+            put(f"act{i}", num_envs * leaf.dtype.itemsize * int(np.prod(leaf.shape, dtype=np.int64)))
+        for i, leaf in enumerate(lay.obs_leaves):
+            put(f"obs{i}", num_envs * leaf.dtype.itemsize * int(np.prod(leaf.shape, dtype=np.int64)))
+        put("reward", num_envs * 8)
+        put("terminated", num_envs)
+        put("truncated", num_envs)
+        put("status", num_envs)
+        put("info_mask", num_envs * 8)
+        put("info_registry", INFO_COLUMNS * INFO_ENTRY)
+        put("info_values", INFO_COLUMNS * num_envs * 8)
+        lay.size = off
+        return lay
+
+    def shard_bounds(self) -> list[tuple[int, int]]:
+        out, start = [], 0
+        for s in self.shard_sizes:
+            out.append((start, start + s))
+            start += s
+        return out
+
+
+class Views:
+    """Numpy views of a mapped region, laid out by ``Layout``."""
+
+    def __init__(self, layout: Layout, buf) -> None:
+        n = layout.num_envs
+        o = layout.offsets
+
+        def arr(name, dtype, shape):
+            count = int(np.prod(shape, dtype=np.int64))
+            return np.frombuffer(buf, dtype=dtype, count=count, offset=o[name]).reshape(shape)
+
+        self.act = [arr(f"act{i}", lf.dtype, (n, *lf.shape)) for i, lf in enumerate(layout.act_leaves)]
+        self.obs = [arr(f"obs{i}", lf.dtype, (n, *lf.shape)) for i, lf in enumerate(layout.obs_leaves)]
+        self.reward = arr("reward", np.float64, (n,))
+        self.terminated = arr("terminated", np.bool_, (n,))
+        self.truncated = arr("truncated", np.bool_, (n,))
+        self.status = arr("status", np.uint8, (n,))
+        self.info_mask = arr("info_mask", np.uint64, (n,))
+        self.info_registry = arr("info_registry", np.uint8, (INFO_COLUMNS * INFO_ENTRY,))
+        self.info_values = arr("info_values", np.uint8, (INFO_COLUMNS, n, 8))
+        self.registry_offset = o["info_registry"]

@@ -1,0 +1,744 @@
+"""The pool: worker processes pinned to cores, stepping envs in shared memory."""
+from __future__ import annotations
+
+import collections
+import functools
+import mmap
+import multiprocessing as mp
+import os
+import signal
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from multiprocessing.reduction import send_handle
+from typing import Any
+
+import cloudpickle
+import gymnasium
+import numpy as np
+import posix_ipc
+
+from . import _core
+from . import layout as L
+from .errors import EnvError, PoolClosedError, WorkerDiedError
+from .infos import InfoReader, add_info
+from .topology import resolve_cpus, resolve_wait_policy
+
+_SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
+_CLOSE_GRACE_S = 5.0          # how long close() lets envs close before killing workers
+
+
+def _make_env(env_id: str, kwargs: dict):
+    return gymnasium.make(env_id, **kwargs)
+
+
+def _env_fns(env, num_envs: int | None, env_kwargs: dict) -> list[Callable[[], Any]]:
+    """Turn a gymnasium id, one callable or a list of callables into one callable per env."""
+    if isinstance(env, str):
+        gymnasium.spec(env)  # unknown ids fail here, in the parent, with gymnasium's suggestion
+        if num_envs is None:
+            raise ValueError("num_envs is required when the env is given by id")
+        return [functools.partial(_make_env, env, env_kwargs)] * num_envs
+    if env_kwargs:
+        raise ValueError("env kwargs are only accepted with a gymnasium env id")
+    if callable(env):
+        if num_envs is None:
+            raise ValueError("num_envs is required when the env is given by one callable")
+        return [env] * num_envs
+    fns = list(env)
+    if not fns or not all(callable(f) for f in fns):
+        raise TypeError("env must be a gymnasium id, a callable, or a non-empty list of callables")
+    if num_envs is not None and num_envs != len(fns):
+        raise ValueError(f"num_envs={num_envs} but {len(fns)} env constructors were given")
+    return fns
+
+
+def shard_sizes(num_envs: int, num_workers: int) -> list[int]:
+    """Contiguous shards as even as possible: the first ``num_envs % num_workers`` get one more."""
+    base, extra = divmod(num_envs, num_workers)
+    return [base + (1 if w < extra else 0) for w in range(num_workers)]
+
+
+def _check_count(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+class Pool:
+    """Many envs stepped by pinned worker processes through one shared-memory region.
+
+    ``env`` is a gymnasium id (with ``**env_kwargs`` for ``gymnasium.make``), a
+    callable returning an env, or a list of such callables (one per env).
+
+    Sync use (gymnasium ``VectorEnv`` semantics, NEXT_STEP autoreset)::
+
+        obs, infos = pool.reset(seed=0)              # obs: (num_envs, *obs_shape)
+        obs, rew, term, trunc, infos = pool.step(actions)   # actions: (num_envs, *act_shape)
+
+    Async use (EnvPool semantics)::
+
+        pool.async_reset()
+        obs, rew, term, trunc, infos = pool.recv()   # the first batch_size envs to finish
+        pool.send(actions, infos["env_id"])
+
+    Shapes and dtypes follow the single-env spaces with a leading batch axis;
+    Dict/Tuple observations come back as dicts/tuples of arrays.  Rewards are
+    float64, flags bool.  Infos use gymnasium's vector layout (``key`` array
+    plus ``_key`` mask); ``recv`` adds ``infos["env_id"]`` (int32).
+
+    Arrays returned by ``step`` and ``reset`` are views into shared memory,
+    valid until the next ``step``/``reset``/``recv`` overwrites them; pass
+    ``copy=True`` to get fresh arrays instead.  ``recv`` always returns fresh
+    arrays (it gathers the batch in completion order).
+    """
+
+    def __init__(
+        self,
+        env: str | Callable[[], Any] | Sequence[Callable[[], Any]],
+        num_envs: int | None = None,
+        *,
+        num_workers: int | None = None,
+        batch_size: int | None = None,
+        cpus: str | Iterable[int] | None = None,
+        seed: int | None = None,
+        wait_policy: str | _core.WaitPolicy = "auto",
+        step_timeout: float | None = None,
+        startup_timeout: float | None = 300.0,
+        copy: bool = False,
+        start_method: str | None = None,
+        wake: str = "auto",
+        **env_kwargs: Any,
+    ) -> None:
+        self._closed = True          # until start-up succeeds, close() has little to do
+        self._procs: list = []
+        self._conns: list = []
+        self._region = None
+        self._wire = None
+        fns = _env_fns(env, None if num_envs is None else _check_count("num_envs", num_envs), env_kwargs)
+        self.num_envs = n = len(fns)
+        self.cpus = resolve_cpus(cpus)
+        if num_workers is None:
+            num_workers = min(len(self.cpus), n)
+        self.num_workers = w = _check_count("num_workers", num_workers)
+        if w > n:
+            raise ValueError(f"num_workers={w} is more than num_envs={n}: every worker needs an env")
+        self.batch_size = n if batch_size is None else _check_count("batch_size", batch_size)
+        if self.batch_size > n:
+            raise ValueError(f"batch_size={self.batch_size} is more than num_envs={n}")
+        if step_timeout is not None and not step_timeout > 0:
+            raise ValueError(f"step_timeout must be positive seconds or None, got {step_timeout}")
+        if wake not in ("auto", "futex", "semaphore"):
+            raise ValueError(f"wake must be 'auto', 'futex' or 'semaphore', got {wake!r}")
+        if wake == "futex" and not _core.have_futex():
+            raise ValueError("wake='futex' but this platform has no futex")
+        self.wait_policy, self.worker_wait_policy = resolve_wait_policy(wait_policy, w, len(self.cpus))
+        self.step_timeout = step_timeout
+        self._copy = copy
+        self._use_sems = wake == "semaphore" or not _core.have_futex()
+        if seed is not None and not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        seeds = [None] * n if seed is None else [int(seed) + i for i in range(n)]
+
+        self._sizes = shard_sizes(n, w)
+        self._bounds: list[tuple[int, int]] = []
+        start = 0
+        for size in self._sizes:
+            self._bounds.append((start, start + size))
+            start += size
+        self._owner = np.repeat(np.arange(w), self._sizes)
+        self._worker_cpu = [self.cpus[k % len(self.cpus)] for k in range(w)]
+        self._side = [collections.deque() for _ in range(w)]
+        self._closed = False
+        self._finalizer = None
+        try:
+            self._start(fns, seeds, self.worker_wait_policy, start_method, startup_timeout)
+        except BaseException:
+            self._kill_workers()
+            self._closed = True
+            raise
+
+    # --- start-up -----------------------------------------------------------
+
+    def _start(self, fns, seeds, policy, start_method, startup_timeout) -> None:
+        ctx = mp.get_context(start_method)
+        from .workers import loop  # noqa: PLC0415 - keeps worker code out of import time
+
+        saved = {k: os.environ.get(k) for k in loop.THREAD_ENV_VARS}
+        os.environ.update({k: "1" for k in loop.THREAD_ENV_VARS})  # spawned workers start with 1 thread
+        try:
+            for k, (a, b) in enumerate(self._bounds):
+                parent_end, child_end = ctx.Pipe(duplex=True)
+                proc = ctx.Process(
+                    target=loop.main,
+                    args=(child_end, k, self._worker_cpu[k], os.getpid(),
+                          cloudpickle.dumps(fns[a:b]), a, seeds[a:b]),
+                    name=f"shmpool-worker-{k}",
+                    daemon=True,
+                )
+                proc.start()
+                child_end.close()
+                self._procs.append(proc)
+                self._conns.append(parent_end)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self._finalizer = weakref.finalize(self, _kill_processes, list(self._procs))
+        deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
+
+        described = [self._startup_message(k, "spaces", deadline) for k in range(self.num_workers)]
+        _, obs_space, act_space, metadata, render_mode, spec = described[0]
+        for k, d in enumerate(described[1:], 1):
+            if d[1] != obs_space or d[2] != act_space:
+                a = self._bounds[k][0]
+                raise ValueError(
+                    f"env {a} (worker {k}) has spaces {d[1]}, {d[2]}; env 0 has {obs_space}, "
+                    f"{act_space}: all envs of a pool must share their spaces")
+        self.single_observation_space = obs_space
+        self.single_action_space = act_space
+        self.metadata = metadata
+        self.render_mode = render_mode
+        self.spec = spec
+        self._layout = layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space)
+
+        # The region is unlinked the moment it exists: workers get its file
+        # descriptor over their socket, so no crash can leave it in /dev/shm.
+        shm = posix_ipc.SharedMemory(None, posix_ipc.O_CREX, size=layout.size)
+        try:
+            shm.unlink()
+            self._region = mmap.mmap(shm.fd, layout.size)
+            sems = sem_names = None
+            if self._use_sems:
+                sems = [posix_ipc.Semaphore(None, posix_ipc.O_CREX)
+                        for _ in range(_core.Wire.signal_count(self.num_workers))]
+                sem_names = [s.name for s in sems]
+            self._wire = _core.Wire(self._region, self._sizes, num_envs=self.num_envs,
+                                    sems=sems, slice_ns=_SLICE_NS)
+            self._wire.init_header()
+            for conn, proc in zip(self._conns, self._procs):
+                conn.send(("map", layout, policy, _SLICE_NS, sem_names))
+                send_handle(conn, shm.fd, proc.pid)
+            try:
+                for k in range(self.num_workers):
+                    self._startup_message(k, "ready", deadline)
+            finally:
+                for s in sems or ():
+                    s.unlink()
+        finally:
+            shm.close_fd()
+
+        self._views = views = L.Views(layout, self._region)
+        self._infos = InfoReader(views, self._region)
+        self._obs_views = L.assemble(obs_space, views.obs)
+        self._act_leaves = [(a, lf.shape, lf.dtype) for a, lf in zip(views.act, layout.act_leaves)]
+        self._act_is_leaf = len(layout.act_leaves) == 1 and not isinstance(
+            act_space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple))
+        self._sync_seq = 0
+        self._cmd_seq = [0] * self.num_workers
+        self._tail = 0
+        self._in_flight = np.zeros(self.num_envs, dtype=bool)
+        self._n_flight = 0
+        self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
+        self._all_ids = np.arange(self.num_envs, dtype=np.int32)
+        self._blocked: tuple[type, str] | None = (RuntimeError, "call reset() or async_reset() before stepping")
+
+    def _startup_message(self, k: int, expected: str, deadline: float | None):
+        conn = self._conns[k]
+        while True:
+            if conn.poll(_SLICE_NS / 1e9):
+                try:
+                    data = conn.recv_bytes()
+                except EOFError:
+                    self._raise_died(k, "starting")
+                msg = cloudpickle.loads(data)
+                if msg[0] == expected:
+                    return msg
+                if msg[0] == "error":
+                    raise self._env_error(k, msg, then="the pool was not created")
+                raise RuntimeError(f"worker {k} sent {msg[0]!r} while starting, expected {expected!r}")
+            if self._procs[k].exitcode is not None:
+                self._raise_died(k, "starting")
+            if deadline is not None and time.monotonic() > deadline:
+                a, b = self._bounds[k]
+                raise TimeoutError(
+                    f"worker {k} (envs {a}..{b - 1}) did not finish building its envs within "
+                    "startup_timeout")
+
+    # --- public API: sync ---------------------------------------------------
+
+    def reset(self, seed: int | Sequence[int | None] | None = None, options: dict | None = None):
+        """Reset every env; returns ``(obs, infos)``.
+
+        ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one per env."""
+        self._check_open()
+        self._drain_in_flight()
+        seeds = self._seed_list(seed)
+        for k, (a, b) in enumerate(self._bounds):
+            self._conns[k].send(("reset", seeds[a:b], options))
+            self._wire.post(k, _core.CMD_MESSAGE)
+        for k in range(self.num_workers):
+            self._reply(k, "reset")
+        self._blocked = None
+        infos = self._collect(None, "reset")
+        return self._out_obs(), infos
+
+    def step(self, actions, env_ids=None):
+        """Step every env (or, with ``env_ids``, send to those envs and ``recv()``).
+
+        ``actions``: batched like ``action_space`` (``(num_envs, *shape)``).
+        Returns ``(obs, rewards, terminated, truncated, infos)`` in env order."""
+        if env_ids is not None:
+            self.send(actions, env_ids)
+            return self.recv()
+        if self._blocked is not None:
+            raise self._blocked[0](self._blocked[1])
+        if self._n_flight:
+            raise RuntimeError(
+                f"step() needs every env idle but {self._n_flight} are in flight from send(); "
+                "recv() them first")
+        self._write_actions(actions, None)
+        wire = self._wire
+        target = self._sync_seq = (self._sync_seq + self.num_workers) & 0xFFFFFFFF
+        wire.post_all(_core.CMD_STEP)
+        if not wire.wait_sync(target, self.wait_policy, _SLICE_NS):
+            self._wait("step", lambda: wire.wait_sync(target, self.wait_policy, _SLICE_NS))
+        infos = self._collect(None, "step")
+        v = self._views
+        if self._copy:
+            return self._out_obs(), v.reward.copy(), v.terminated.copy(), v.truncated.copy(), infos
+        return self._obs_views, v.reward, v.terminated, v.truncated, infos
+
+    # --- public API: async --------------------------------------------------
+
+    def async_reset(self) -> None:
+        """Reset every env without waiting; results arrive through ``recv()``."""
+        self._check_open()
+        self._drain_in_flight()
+        self._blocked = None
+        self._dispatch(self._all_ids, reset=True)
+
+    def send(self, actions, env_ids=None) -> None:
+        """Start stepping ``env_ids`` (all envs when None) with ``actions``; returns at once.
+
+        ``actions`` is batched like ``action_space`` with ``len(env_ids)`` rows."""
+        if self._blocked is not None:
+            raise self._blocked[0](self._blocked[1])
+        ids = self._check_env_ids(env_ids)
+        self._write_actions(actions, ids)
+        self._dispatch(ids, reset=False)
+
+    def recv(self):
+        """The first ``batch_size`` envs to finish, in completion order.
+
+        Returns ``(obs, rewards, terminated, truncated, infos)`` with
+        ``infos["env_id"]`` (int32) naming the env of each row."""
+        self._check_open()
+        b = self.batch_size
+        if self._n_flight == 0:
+            raise RuntimeError("recv() with nothing in flight: call send() or async_reset() first")
+        if self._n_flight < b:
+            raise RuntimeError(
+                f"recv() waits for batch_size={b} envs but only {self._n_flight} are in flight; "
+                "send() more first")
+        out = self._batch_ids
+        got = self._take(out, b, "recv")
+        ids = out[:got].astype(np.int32)
+        self._in_flight[ids] = False
+        self._n_flight -= got
+        v = self._views
+        obs = L.assemble(self.single_observation_space, [a[ids] for a in v.obs])
+        rewards, terminated, truncated = v.reward[ids], v.terminated[ids], v.truncated[ids]
+        infos = self._collect(ids, "recv")
+        infos["env_id"] = ids
+        return obs, rewards, terminated, truncated, infos
+
+    def _take(self, out, n: int, op: str) -> int:
+        wire = self._wire
+        got = wire.take(self._tail, out, 0, n, self.wait_policy, _SLICE_NS)
+        if got < n:
+            def more():
+                nonlocal got
+                got += wire.take(self._tail + got, out, got, n - got, self.wait_policy, _SLICE_NS)
+                return got == n
+            try:
+                self._wait(op, more)
+            finally:
+                self._tail += got
+            return got
+        self._tail += got
+        return got
+
+    # --- messages: call / attributes ----------------------------------------
+
+    def call(self, name: str, *args, **kwargs) -> tuple:
+        """Call ``env.name(*args, **kwargs)`` (or read the attribute) in every env, in env order."""
+        return tuple(self._broadcast(("call", name, args, kwargs), f"call {name!r}"))
+
+    def get_attr(self, name: str) -> tuple:
+        """``getattr(env, name)`` of every env, in env order."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values) -> None:
+        """Set ``name`` on every env: a list/tuple gives one value per env, anything else is shared."""
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(f"set_attr needs {self.num_envs} values, got {len(values)}")
+        for k, (a, b) in enumerate(self._bounds):
+            self._conns[k].send(("set_attr", name, list(values[a:b])))
+            self._wire.post(k, _core.CMD_MESSAGE)
+        for k in range(self.num_workers):
+            self._reply(k, f"set_attr {name!r}")
+
+    def _broadcast(self, msg, op: str) -> list:
+        self._check_open()
+        self._drain_in_flight()
+        for k in range(self.num_workers):
+            self._conns[k].send(msg)
+            self._wire.post(k, _core.CMD_MESSAGE)
+        out: list = []
+        for k in range(self.num_workers):
+            out.extend(self._reply(k, op))
+        return out
+
+    # --- closing ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every env and stop the workers. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._blocked = (PoolClosedError, "the pool is closed")
+        errors = []
+        if self._wire is not None:
+            for k in range(self.num_workers):
+                if self._procs[k].exitcode is None:
+                    self._wire.post(k, _core.CMD_EXIT)
+            deadline = time.monotonic() + _CLOSE_GRACE_S
+            for k, conn in enumerate(self._conns):
+                while self._procs[k].exitcode is None and time.monotonic() < deadline:
+                    try:
+                        if conn.poll(0.05):
+                            msg = conn.recv()
+                            if msg[0] == "closed":
+                                errors += [(k, *e) for e in msg[1]]
+                                break
+                    except (EOFError, OSError):
+                        break
+        self._kill_workers()
+        self._release()
+        if errors:
+            k, env_id, typ, tb = errors[0]
+            raise EnvError(
+                f"env {env_id} (worker {k}) raised {typ} in close (the pool is closed):\n{tb}",
+                env_id=env_id, worker=k, phase="close", remote_type=typ, remote_traceback=tb)
+
+    def _kill_workers(self) -> None:
+        deadline = time.monotonic() + 2.0
+        for proc in self._procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
+            if proc.exitcode is None:
+                proc.kill()
+        for proc in self._procs:
+            proc.join(timeout=5.0)
+        for conn in self._conns:
+            conn.close()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
+    def _release(self) -> None:
+        if self._wire is not None:
+            self._wire.release()
+        self._wire = None
+        self._views = None
+        self._obs_views = None
+        self._act_leaves = []
+        if self._region is not None:
+            try:
+                self._region.close()
+            except BufferError:
+                pass  # the caller still holds views; the mapping goes when they do
+            self._region = None
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass
+
+    def __len__(self) -> int:
+        return self.num_envs
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (f"Pool({self.num_envs} envs, {self.num_workers} workers on cpus {self._worker_cpu}, "
+                f"batch_size={self.batch_size}, {self.wait_policy.name} waits, {state})")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    @property
+    def worker_cpus(self) -> list[int]:
+        """The core each worker is pinned to."""
+        return list(self._worker_cpu)
+
+    def shard_of(self, worker: int) -> range:
+        """Env ids owned by ``worker``."""
+        return range(*self._bounds[worker])
+
+    # --- internals ----------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolClosedError("the pool is closed")
+
+    def _seed_list(self, seed) -> list:
+        n = self.num_envs
+        if seed is None:
+            return [None] * n
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            return [int(seed) + i for i in range(n)]
+        seeds = list(seed)
+        if len(seeds) != n:
+            raise ValueError(f"seed list has {len(seeds)} entries, the pool has {n} envs")
+        return seeds
+
+    def _out_obs(self):
+        if not self._copy:
+            return self._obs_views
+        return L.assemble(self.single_observation_space, [a.copy() for a in self._views.obs])
+
+    def _write_actions(self, actions, ids) -> None:
+        """Validate a batch of actions and copy it into the action slots."""
+        rows = self.num_envs if ids is None else len(ids)
+        if self._act_is_leaf:
+            self._write_leaf(self._act_leaves[0], actions, ids, rows, "actions")
+            return
+        parts = L.split(self.single_action_space, actions)
+        for leaf, part, lf in zip(self._act_leaves, parts, self._layout.act_leaves):
+            self._write_leaf(leaf, part, ids, rows, f"actions{''.join(f'[{p!r}]' for p in lf.path)}")
+
+    @staticmethod
+    def _write_leaf(leaf, value, ids, rows: int, what: str) -> None:
+        dst, shape, dtype = leaf
+        a = value if type(value) is np.ndarray else np.asarray(value)
+        if a.shape != (rows, *shape):
+            raise ValueError(
+                f"{what} have shape {a.shape}; expected {(rows, *shape)} "
+                f"({rows} envs x action shape {shape})")
+        if a.dtype != dtype and not np.can_cast(a.dtype, dtype, "same_kind"):
+            raise ValueError(f"{what} have dtype {a.dtype}, which cannot be cast to the action dtype {dtype}")
+        if ids is None:
+            np.copyto(dst, a, casting="same_kind")
+        else:
+            dst[ids] = a
+
+    def _check_env_ids(self, env_ids) -> np.ndarray:
+        if env_ids is None:
+            ids = self._all_ids
+        else:
+            ids = np.asarray(env_ids)
+            if ids.ndim != 1 or ids.dtype.kind not in "iu":
+                raise ValueError(f"env_ids must be a 1-d array of ints, got shape {ids.shape} dtype {ids.dtype}")
+            if len(ids) == 0:
+                raise ValueError("env_ids is empty")
+            if ids.min() < 0 or ids.max() >= self.num_envs:
+                bad = ids[(ids < 0) | (ids >= self.num_envs)]
+                raise ValueError(f"env ids {bad.tolist()} are out of range for a pool of {self.num_envs} envs")
+            if len(np.unique(ids)) != len(ids):
+                uniq, counts = np.unique(ids, return_counts=True)
+                raise ValueError(f"env ids {uniq[counts > 1].tolist()} appear more than once")
+        busy = self._in_flight[ids]
+        if busy.any():
+            raise RuntimeError(f"env ids {ids[busy].tolist()} are already in flight; recv() them first")
+        return ids
+
+    def _dispatch(self, ids: np.ndarray, reset: bool) -> None:
+        self._in_flight[ids] = True
+        self._n_flight += len(ids)
+        req = ids.astype(np.uint32)
+        if reset:
+            req |= np.uint32(_core.REQ_RESET)
+        owner = self._owner[ids]
+        wire = self._wire
+        if self.num_workers == 1:
+            wire.push_requests(0, req)
+            wire.post(0, _core.CMD_ASYNC)
+            return
+        for k in np.unique(owner):
+            wire.push_requests(int(k), np.ascontiguousarray(req[owner == k]))
+            wire.post(int(k), _core.CMD_ASYNC)
+
+    def _drain_in_flight(self) -> None:
+        """Receive and drop everything in flight (reset/call need idle workers)."""
+        if self._n_flight:
+            out = np.zeros(self._n_flight, dtype=np.uint32)
+            got = self._take(out, self._n_flight, "drain")
+            ids = out[:got].astype(np.int64)
+            self._in_flight[ids] = False
+            self._n_flight -= got
+            try:
+                self._collect(ids, "drain")
+            except EnvError:
+                pass  # the reset that follows makes the failed env usable again
+
+    def _wait(self, op: str, ready: Callable[[], bool]) -> None:
+        """Repeat one-slice waits, checking workers and the step timeout between slices."""
+        start = time.monotonic()
+        try:
+            while not ready():
+                self._check_alive(op)
+                if self.step_timeout is not None and time.monotonic() - start > self.step_timeout:
+                    self._fail_timeout(op)
+        except KeyboardInterrupt:
+            self._kill_workers_now()
+            raise
+
+    def _check_alive(self, op: str) -> None:
+        for k, proc in enumerate(self._procs):
+            if proc.exitcode is not None:
+                self._raise_died(k, op)
+
+    def _raise_died(self, k: int, op: str):
+        proc = self._procs[k]
+        proc.join(timeout=0.5)
+        code = proc.exitcode
+        last = ""
+        try:
+            while self._conns[k].poll(0):
+                msg = self._conns[k].recv()
+                if msg and msg[0] in ("error", "failed"):
+                    last = f"; its last words:\n{msg[4]}"
+        except (EOFError, OSError, Exception):
+            pass
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        a, b = self._bounds[k]
+        pid = proc.pid
+        self._kill_workers_now()
+        raise WorkerDiedError(
+            f"worker {k} (pid {pid}, cpu {self._worker_cpu[k]}, envs {a}..{b - 1}) {how} during {op}; "
+            f"the pool is closed{last}", worker=k, pid=pid, exitcode=code)
+
+    def _fail_timeout(self, op: str):
+        late = [k for k in range(self.num_workers) if self._wire.done_seq(k) != self._wire.cmd_seq(k)]
+        envs = [f"{a}..{b - 1}" for k, (a, b) in enumerate(self._bounds) if k in late]
+        self._kill_workers_now()
+        raise TimeoutError(
+            f"{op} did not finish within step_timeout={self.step_timeout} s: workers {late} "
+            f"(envs {', '.join(envs)}) are still busy; the pool is closed")
+
+    def _kill_workers_now(self) -> None:
+        """Fatal path: the workers' state is unknown, so stop them without asking."""
+        if self._closed:
+            return
+        self._closed = True
+        self._blocked = (PoolClosedError, "the pool is closed")
+        for proc in self._procs:
+            if proc.exitcode is None:
+                proc.kill()
+        self._kill_workers()
+        self._release()
+
+    def _reply(self, k: int, op: str):
+        """Wait for worker ``k``'s answer to a message, queueing side messages on the way."""
+        conn = self._conns[k]
+        start = time.monotonic()
+        try:
+            while True:
+                if conn.poll(_SLICE_NS / 1e9):
+                    try:
+                        msg = conn.recv()
+                    except EOFError:
+                        self._raise_died(k, op)
+                    if msg[0] == "reply":
+                        return msg[1]
+                    if msg[0] == "failed":
+                        raise self._env_error(k, msg)
+                    self._side[k].append(msg)
+                    continue
+                self._check_alive(op)
+                if self.step_timeout is not None and time.monotonic() - start > self.step_timeout:
+                    self._fail_timeout(op)
+        except KeyboardInterrupt:
+            self._kill_workers_now()
+            raise
+
+    def _side_message(self, k: int, env_id: int, op: str):
+        if self._side[k]:
+            return self._side[k].popleft()
+        conn = self._conns[k]
+        while not conn.poll(_SLICE_NS / 1e9):
+            self._check_alive(op)
+        try:
+            return conn.recv()
+        except EOFError:
+            self._raise_died(k, op)
+
+    def _collect(self, ids: np.ndarray | None, op: str) -> dict:
+        """Infos of a finished batch, plus the side messages its status bytes announce."""
+        views = self._views
+        infos = self._infos.read(ids)
+        status = views.status if ids is None else views.status[ids]
+        if not status.any():
+            return infos
+        errors = []
+        size = len(status)
+        for pos in np.flatnonzero(status):
+            env_id = int(pos if ids is None else ids[pos])
+            k = int(self._owner[env_id])
+            msg = self._side_message(k, env_id, op)
+            if msg[1] != env_id:
+                raise RuntimeError(f"side channel out of order: expected env {env_id}, got {msg[:2]}")
+            if msg[0] == "extra":
+                add_info(infos, msg[2], int(pos), size)
+            else:
+                errors.append((k, msg))
+        if errors:
+            k, msg = errors[0]
+            others = "" if len(errors) == 1 else f" ({len(errors) - 1} more envs failed too)"
+            self._blocked = (RuntimeError,
+                             f"env {msg[1]} raised {msg[3]} in {msg[2]}; call reset() before stepping again")
+            raise self._env_error(k, msg, then=f"call reset() before stepping again{others}")
+        return infos
+
+    def _env_error(self, k: int, msg, then: str | None = None) -> EnvError:
+        _, env_id, phase, typ, tb = msg
+        who = f"env {env_id} (worker {k}, pid {self._procs[k].pid})" if env_id is not None else f"worker {k}"
+        tail = f"; {then}" if then else ""
+        return EnvError(f"{who} raised {typ} in {phase}{tail}\n--- remote traceback ---\n{tb}",
+                        env_id=env_id, worker=k, phase=phase, remote_type=typ, remote_traceback=tb)
+
+
+def _kill_processes(procs) -> None:
+    """Finalizer for a pool dropped without close(): no worker outlives it."""
+    for proc in procs:
+        try:
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(timeout=2.0)
+        except Exception:
+            pass

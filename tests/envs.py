@@ -1,0 +1,118 @@
+"""Small envs for the tests: a Dict-observation env with mixed infos, and one that fails on demand."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class DictEnv(gym.Env):
+    """Dict observations with every leaf kind, random episode lengths, numeric and other infos."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, max_len: int = 12):
+        self.observation_space = spaces.Dict({
+            "pos": spaces.Box(-1.0, 1.0, (3,), np.float32),
+            "count": spaces.Discrete(50),
+            "flags": spaces.MultiBinary(2),
+            "pair": spaces.Tuple((spaces.MultiDiscrete([3, 4]), spaces.Box(0, 255, (2, 2), np.uint8))),
+        })
+        self.action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.max_len = max_len
+        self.t = 0
+        self.marker = "fresh"
+
+    def _obs(self):
+        r = self.np_random
+        return {
+            "pos": r.uniform(-1, 1, 3).astype(np.float32),
+            "count": self.t,
+            "flags": r.integers(0, 2, 2).astype(np.int8),
+            "pair": (r.integers(0, [3, 4]).astype(np.int64), r.integers(0, 256, (2, 2)).astype(np.uint8)),
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        info = {"start": float(self.np_random.uniform()), "label": "reset"}
+        if options and "note" in options:
+            info["note"] = options["note"]
+        return self._obs(), info
+
+    def step(self, action):
+        self.t += 1
+        reward = float(np.sum(action)) + float(self.np_random.normal())
+        terminated = bool(self.np_random.uniform() < 0.08)
+        truncated = self.t >= self.max_len
+        info = {"t": self.t, "score": np.float32(reward), "even": self.t % 2 == 0}
+        if self.t % 3 == 0:
+            info["tag"] = f"step{self.t}"
+            info["vec"] = np.arange(2) * self.t
+        return self._obs(), reward, terminated, truncated, info
+
+    def get_marker(self, suffix=""):
+        return self.marker + suffix
+
+
+class FaultyEnv(gym.Env):
+    """CartPole-like env that fails in a chosen way at a chosen step."""
+
+    def __init__(self, fail_in: str = "never", at: int = 0, how: str = "raise"):
+        self.observation_space = spaces.Box(-np.inf, np.inf, (4,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.fail_in, self.at, self.how = fail_in, at, how
+        self.steps = 0
+        if fail_in == "make":
+            self._fail("make")
+
+    def _fail(self, where):
+        if self.how == "raise":
+            raise ValueError(f"injected failure in {where}")
+        if self.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.how == "exit":
+            os._exit(3)
+        if self.how == "hang":
+            time.sleep(3600)
+        if self.how == "bad_obs":
+            return np.zeros(5, np.float32)
+        return None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        if self.fail_in == "reset":
+            self._fail("reset")
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        obs = np.full(4, self.steps, np.float32)
+        if self.fail_in == "step" and self.steps >= self.at:
+            bad = self._fail("step")
+            if bad is not None:
+                obs = bad
+        return obs, 1.0, False, False, {}
+
+    def close(self):
+        if self.fail_in == "close":
+            self._fail("close")
+
+
+class EmptyEnv(gym.Env):
+    """Does nothing: measures the pool's own round trip."""
+
+    observation_space = spaces.Box(0, 1, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+    _obs = np.zeros(1, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        return self._obs, {}
+
+    def step(self, action):
+        return self._obs, 0.0, False, False, {}

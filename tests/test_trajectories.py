@@ -1,0 +1,204 @@
+"""The pool must produce exactly what gymnasium's SyncVectorEnv produces."""
+import gymnasium as gym
+import numpy as np
+import pytest
+from envs import DictEnv
+from gymnasium.spaces import Dict, Tuple
+
+import shmpool
+
+
+def tree_equal(a, b, path="obs"):
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {list(a)} vs {list(b)}"
+        for k in a:
+            tree_equal(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, tuple):
+        assert isinstance(b, tuple) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            tree_equal(x, y, f"{path}[{i}]")
+    else:
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} vs {b.dtype}"
+        assert a.shape == b.shape, f"{path}: shape {a.shape} vs {b.shape}"
+        if a.dtype == object:
+            assert list(a) == list(b) or all(
+                (x is None and y is None) or np.array_equal(x, y) for x, y in zip(a, b)), path
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=path)
+
+
+def actions_for(space, n, steps, seed=123):
+    space = gym.vector.utils.batch_space(space, n)
+    space.seed(seed)
+    return [space.sample() for _ in range(steps)]
+
+
+def make_pair(env_fn, n, **pool_kw):
+    ref = gym.vector.SyncVectorEnv([env_fn] * n)
+    pool = shmpool.Pool(env_fn, n, **pool_kw)
+    return ref, pool
+
+
+CASES = [
+    ("CartPole-v1", lambda: gym.make("CartPole-v1")),
+    ("Acrobot-v1", lambda: gym.make("Acrobot-v1", max_episode_steps=60)),
+    ("Pendulum-v1", lambda: gym.make("Pendulum-v1", max_episode_steps=25)),
+    ("DictEnv", lambda: DictEnv()),
+]
+
+
+@pytest.mark.parametrize("name,env_fn", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("n,workers", [(5, 2), (4, 1)])
+def test_sync_step_matches_sync_vector_env(name, env_fn, n, workers, no_leaks):
+    ref, pool = make_pair(env_fn, n, num_workers=workers)
+    with pool:
+        assert pool.single_observation_space == ref.single_observation_space
+        assert pool.single_action_space == ref.single_action_space
+        obs_r, info_r = ref.reset(seed=7)
+        obs_p, info_p = pool.reset(seed=7)
+        tree_equal(obs_r, obs_p)
+        tree_equal(info_r, info_p, "reset infos")
+        steps = 220 if name != "DictEnv" else 60
+        dones = 0
+        for t, act in enumerate(actions_for(ref.single_action_space, n, steps)):
+            r = ref.step(act)
+            p = pool.step(act)
+            tree_equal(r[0], p[0], f"obs at step {t}")
+            for field, x, y in zip(("reward", "terminated", "truncated"), r[1:4], p[1:4]):
+                tree_equal(x, y, f"{field} at step {t}")
+            tree_equal(r[4], p[4], f"infos at step {t}")
+            dones += int(np.sum(r[2] | r[3]))
+        assert dones > 0, "the trajectory must cross an autoreset to test it"
+    ref.close()
+
+
+def gather_async(pool, n, actions, batch):
+    """send() every env, recv() in batches; returns per-env results and checks each id once."""
+    pool.send(actions)
+    seen = []
+    results = {}
+    for _ in range(n // batch):
+        obs, rew, term, trunc, infos = pool.recv()
+        ids = infos["env_id"]
+        assert ids.dtype == np.int32 and len(ids) == batch
+        for row, env_id in enumerate(ids):
+            results[int(env_id)] = (
+                _row(obs, row), rew[row], term[row], trunc[row],
+                {k: v[row] for k, v in infos.items() if k != "env_id"})
+        seen.extend(ids.tolist())
+    assert sorted(seen) == list(range(n)), "every env must be received exactly once per send"
+    return results
+
+
+def _row(obs, i):
+    if isinstance(obs, dict):
+        return {k: _row(v, i) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_row(v, i) for v in obs)
+    return obs[i]
+
+
+@pytest.mark.parametrize("name,env_fn", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("n,workers,batch", [(6, 2, 3), (5, 2, 5), (6, 2, 1)])
+def test_send_recv_matches_sync_vector_env(name, env_fn, n, workers, batch, no_leaks):
+    ref, pool = make_pair(env_fn, n, num_workers=workers, batch_size=batch, seed=11)
+    with pool:
+        obs_r, _ = ref.reset(seed=11)
+        pool.async_reset()  # seed=11 at construction: env i gets 11 + i, as in EnvPool
+        first = {}
+        for _ in range(n // batch):
+            obs, rew, term, trunc, infos = pool.recv()
+            assert not rew.any() and not term.any() and not trunc.any()
+            for row, env_id in enumerate(infos["env_id"]):
+                first[int(env_id)] = _row(obs, row)
+        assert sorted(first) == list(range(n))
+        for i in range(n):
+            tree_equal(_row(obs_r, i), first[i], f"reset obs of env {i}")
+        for t, act in enumerate(actions_for(ref.single_action_space, n, 40)):
+            r = ref.step(act)
+            got = gather_async(pool, n, act, batch)
+            for i in range(n):
+                o, rew, term, trunc, info = got[i]
+                tree_equal(_row(r[0], i), o, f"obs of env {i} at step {t}")
+                assert rew == r[1][i] and term == r[2][i] and trunc == r[3][i], f"env {i} step {t}"
+                for key, val in r[4].items():
+                    if not key.startswith("_") and r[4]["_" + key][i]:
+                        assert info["_" + key], f"info {key!r} missing for env {i} at step {t}"
+                        tree_equal(np.asarray(val[i]), np.asarray(info[key]), f"info {key} env {i}")
+    ref.close()
+
+
+def test_step_with_env_ids_is_send_then_recv(no_leaks):
+    with shmpool.Pool("CartPole-v1", 4, num_workers=2, batch_size=2, seed=3) as pool:
+        pool.async_reset()
+        pool.recv()
+        pool.recv()
+        obs, rew, term, trunc, infos = pool.step(np.array([0, 1]), np.array([3, 1]))
+        assert sorted(infos["env_id"].tolist()) == [1, 3]
+        assert rew.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("n,workers", [(7, 2), (5, 3), (3, 3)])
+def test_any_num_envs_splits_into_contiguous_shards(n, workers, no_leaks):
+    with shmpool.Pool("CartPole-v1", n, num_workers=workers) as pool:
+        shards = [list(pool.shard_of(w)) for w in range(workers)]
+        assert sum(shards, []) == list(range(n))
+        assert max(map(len, shards)) - min(map(len, shards)) <= 1
+        pool.reset(seed=0)
+        obs, *_ = pool.step(np.ones(n, dtype=np.int64))
+        assert obs.shape == (n, 4)
+
+
+def test_seed_list_and_options_reach_each_env(no_leaks):
+    with shmpool.Pool(DictEnv, 3, num_workers=2) as pool:
+        ref = gym.vector.SyncVectorEnv([DictEnv] * 3)
+        obs_p, info_p = pool.reset(seed=[5, None, 9], options={"note": "hi"})
+        obs_r, info_r = ref.reset(seed=[5, None, 9], options={"note": "hi"})
+        tree_equal(_row(obs_p, 0), _row(obs_r, 0))
+        tree_equal(_row(obs_p, 2), _row(obs_r, 2))
+        assert info_p["note"].tolist() == ["hi"] * 3
+        assert info_p["_note"].all()
+
+
+def test_views_change_under_the_caller_unless_copy(no_leaks):
+    for copy in (False, True):
+        with shmpool.Pool("CartPole-v1", 2, num_workers=1, copy=copy) as pool:
+            obs0, _ = pool.reset(seed=0)
+            snapshot = np.array(obs0)
+            obs1, *_ = pool.step(np.array([1, 1]))
+            if copy:
+                np.testing.assert_array_equal(obs0, snapshot)
+            else:
+                assert obs0 is obs1 or np.shares_memory(obs0, obs1)
+                assert not np.array_equal(obs0, snapshot)
+
+
+def test_call_get_attr_set_attr(no_leaks):
+    with shmpool.Pool(DictEnv, 3, num_workers=2) as pool:
+        assert pool.get_attr("marker") == ("fresh",) * 3
+        pool.set_attr("marker", ["a", "b", "c"])
+        assert pool.call("get_marker", "!") == ("a!", "b!", "c!")
+        pool.set_attr("marker", "z")
+        assert pool.get_attr("marker") == ("z",) * 3
+
+
+def test_dict_and_tuple_actions_round_trip(no_leaks):
+    class DictActionEnv(gym.Env):
+        observation_space = gym.spaces.Box(-10, 10, (3,), np.float64)
+        action_space = Dict({"move": gym.spaces.Discrete(3), "aim": Tuple((gym.spaces.Box(-1, 1, (2,)),))})
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(3), {}
+
+        def step(self, action):
+            obs = np.array([action["move"], *action["aim"][0]], dtype=np.float64)
+            return obs, 0.0, False, False, {}
+
+    with shmpool.Pool(DictActionEnv, 4, num_workers=2) as pool:
+        pool.reset()
+        act = {"move": np.array([0, 1, 2, 1]),
+               "aim": (np.array([[0.5, -0.5], [0.25, 0], [0, 0], [1, 1]], dtype=np.float32),)}
+        obs, *_ = pool.step(act)
+        np.testing.assert_allclose(obs[:, 0], [0, 1, 2, 1])
+        np.testing.assert_allclose(obs[:, 1:], act["aim"][0])

@@ -1,0 +1,1 @@
+"""What runs inside a worker process (importable as ``shmpool.workers``)."""

@@ -1,0 +1,258 @@
+"""The worker process: build a shard of envs, then serve commands forever.
+
+Commands arrive through the wire (``shmpool._core``); results are written in
+place into shared memory.  Only rare things use the side channel (``conn``):
+the start-up handshake, tracebacks, non-numeric infos, and message commands
+(reset with options, call/get_attr/set_attr).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import traceback
+from multiprocessing.reduction import recv_handle
+
+import cloudpickle
+
+from shmpool import _core
+from shmpool import layout as L
+
+from .shard import Shard
+
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                   "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS")
+
+
+def _setup_process(cpu: int | None, parent_pid: int) -> None:
+    # Die with the parent even if it is SIGKILLed; the getppid check closes
+    # the race where the parent died before prctl ran.
+    _core.set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    # Ctrl-C reaches the whole process group; the parent decides what to do.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    for var in THREAD_ENV_VARS:
+        os.environ[var] = "1"
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(1)
+    except Exception:  # pragma: no cover - threadpoolctl is a dependency; never fatal
+        pass
+
+
+def _error(conn, env_id, phase: str, exc: BaseException) -> None:
+    conn.send(("error", env_id, phase, type(exc).__name__, traceback.format_exc()))
+
+
+def _send_extra(conn, env_id: int, extra: dict) -> None:
+    try:
+        conn.send(("extra", env_id, extra))
+    except Exception as exc:  # unpicklable info value: say so rather than die
+        conn.send(("extra", env_id, {k: f"<unpicklable {type(v).__name__}: {exc}>" for k, v in extra.items()}))
+
+
+def main(conn, index: int, cpu: int | None, parent_pid: int, env_fns_blob: bytes, start: int,
+         seeds: list) -> None:
+    """Entry point of worker ``index`` owning envs ``start..start+len(env_fns)-1``."""
+    _setup_process(cpu, parent_pid)
+    try:
+        fns = cloudpickle.loads(env_fns_blob)
+    except Exception as exc:
+        _error(conn, None, "unpickle env constructors", exc)
+        return
+    envs = []
+    for k, fn in enumerate(fns):
+        try:
+            envs.append(fn())
+        except Exception as exc:
+            _error(conn, start + k, "make", exc)
+            for env in envs:
+                _close_quietly(env)
+            return
+    first = envs[0]
+    for k, env in enumerate(envs[1:], 1):
+        if env.observation_space != first.observation_space or env.action_space != first.action_space:
+            conn.send(("error", start + k, "make", "ValueError",
+                       f"env {start + k} has observation/action spaces {env.observation_space}, "
+                       f"{env.action_space}; env {start} has {first.observation_space}, "
+                       f"{first.action_space}: all envs of a pool must share their spaces"))
+            return
+    conn.send_bytes(cloudpickle.dumps((
+        "spaces", first.observation_space, first.action_space,
+        getattr(first, "metadata", {}), getattr(first, "render_mode", None), getattr(first, "spec", None),
+    )))
+    msg = conn.recv()
+    if msg[0] != "map":
+        return
+    _, layout, policy, slice_ns, sem_names = msg
+    fd = recv_handle(conn)
+    region = mmap.mmap(fd, layout.size)
+    os.close(fd)
+    sems = None
+    if sem_names is not None:
+        import posix_ipc
+        sems = [posix_ipc.Semaphore(n) for n in sem_names]
+    wire = _core.Wire(region, layout.shard_sizes, num_envs=layout.num_envs, sems=sems, slice_ns=slice_ns)
+    wire.check_header()
+    views = L.Views(layout, region)
+    shard = Shard(envs, start, layout, views, region, first.observation_space, first.action_space)
+    shard.pending_seeds = list(seeds)
+    conn.send(("ready",))
+    try:
+        Server(conn, index, wire, views, shard, policy, slice_ns, parent_pid).serve()
+    finally:
+        wire.release()
+
+
+def _close_quietly(env) -> None:
+    try:
+        env.close()
+    except Exception:
+        pass
+
+
+class Server:
+    """The command loop of one worker."""
+
+    def __init__(self, conn, index, wire, views, shard: Shard, policy, slice_ns, parent_pid) -> None:
+        self.conn = conn
+        self.index = index
+        self.wire = wire
+        self.views = views
+        self.shard = shard
+        self.policy = policy
+        self.slice_ns = slice_ns
+        self.parent_pid = parent_pid
+
+    def serve(self) -> None:
+        wire, index = self.wire, self.index
+        seen = 0
+        while True:
+            if not wire.wait_command(index, seen, self.policy, self.slice_ns):
+                if os.getppid() != self.parent_pid:
+                    os._exit(0)
+                continue
+            seq, cmd = wire.command(index)
+            if cmd == _core.CMD_EXIT:
+                self.exit(seq)
+                return
+            # A command may have overtaken an async one that was never read:
+            # its requests are still in the ring, so serve them first.
+            self.drain()
+            if cmd == _core.CMD_STEP:
+                self.step_shard()
+                wire.finish(index, seq)
+                wire.finish_shard()
+            elif cmd == _core.CMD_MESSAGE:
+                self.message(self.conn.recv())
+                wire.finish(index, seq)
+            else:
+                wire.finish(index, seq)
+            seen = seq
+
+    def _finish_env(self, i: int, info) -> None:
+        """Write the info and status of env ``i`` (results are already in place)."""
+        if info:
+            extra = self.shard.infos.write(i, info)
+            if extra:
+                _send_extra(self.conn, i, extra)
+                self.views.status[i] = L.STATUS_EXTRA
+                return
+        else:
+            self.views.info_mask[i] = 0
+        self.views.status[i] = L.STATUS_OK
+
+    def _fail_env(self, i: int, phase: str, exc: BaseException) -> None:
+        _error(self.conn, i, phase, exc)
+        self.views.info_mask[i] = 0
+        self.views.status[i] = L.STATUS_ERROR
+        self.wire.report_fault()
+
+    def step_shard(self) -> None:
+        shard = self.shard
+        for i in range(shard.start, shard.stop):
+            try:
+                info = shard.step(i)
+            except Exception as exc:
+                self._fail_env(i, "step", exc)
+                continue
+            self._finish_env(i, info)
+
+    def drain(self) -> None:
+        """Serve the async request ring until it is empty, publishing each env."""
+        wire, shard, index = self.wire, self.shard, self.index
+        while True:
+            req = wire.pop_request(index)
+            if req < 0:
+                return
+            i = req & 0x7FFFFFFF
+            try:
+                info = shard.reset(i) if req & _core.REQ_RESET else shard.step(i)
+            except Exception as exc:
+                self._fail_env(i, "reset" if req & _core.REQ_RESET else "step", exc)
+            else:
+                self._finish_env(i, info)
+            wire.publish(i)
+
+    def message(self, msg) -> None:
+        op = msg[0]
+        shard = self.shard
+        try:
+            if op == "reset":
+                _, seeds, options = msg
+                for k, i in enumerate(range(shard.start, shard.stop)):
+                    try:
+                        info = shard.reset(i, seeds[k], options)
+                    except Exception as exc:
+                        self._fail_env(i, "reset", exc)
+                        continue
+                    self._finish_env(i, info)
+                value = None
+            elif op == "seed":
+                shard.pending_seeds = list(msg[1])
+                value = None
+            elif op == "call":
+                _, name, args, kwargs = msg
+                value = []
+                for k, env in enumerate(shard.envs):
+                    try:
+                        attr = getattr(env, name)
+                        value.append(attr(*args, **kwargs) if callable(attr) else attr)
+                    except Exception as exc:
+                        self._failed(shard.start + k, f"call {name!r}", exc)
+                        return
+            elif op == "set_attr":
+                _, name, values = msg
+                for k, env in enumerate(shard.envs):
+                    try:
+                        setattr(env, name, values[k])
+                    except Exception as exc:
+                        self._failed(shard.start + k, f"set_attr {name!r}", exc)
+                        return
+                value = None
+            else:
+                raise ValueError(f"unknown message {op!r}")
+        except Exception as exc:
+            self._failed(None, op, exc)
+            return
+        try:
+            self.conn.send(("reply", value))
+        except Exception as exc:
+            self._failed(None, f"{op} (sending the result)", exc)
+
+    def _failed(self, env_id, phase: str, exc: BaseException) -> None:
+        """A message command failed as a whole: this is its reply."""
+        self.conn.send(("failed", env_id, phase, type(exc).__name__, traceback.format_exc()))
+
+    def exit(self, seq: int) -> None:
+        errors = []
+        for k, env in enumerate(self.shard.envs):
+            try:
+                env.close()
+            except Exception as exc:
+                errors.append((self.shard.start + k, type(exc).__name__, traceback.format_exc()))
+        self.conn.send(("closed", errors))
+        self.wire.finish(self.index, seq)

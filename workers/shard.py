@@ -1,0 +1,96 @@
+"""A worker's envs and how one result is written into shared memory."""
+from __future__ import annotations
+
+import numpy as np
+from gymnasium.spaces import Dict, Tuple
+
+from shmpool import layout as L
+from shmpool.infos import InfoWriter
+
+
+class ResultError(Exception):
+    """An env returned something that does not fit its declared space."""
+
+
+def _leaf_writer(arr: np.ndarray):
+    """Copies one env's value of a leaf into its row, refusing a wrong shape
+    (numpy would broadcast it silently)."""
+    shape = arr.shape[1:]
+
+    def write(i, value):
+        if type(value) is not np.ndarray:
+            value = np.asarray(value)
+        if value.shape != shape:
+            raise ResultError(f"observation has shape {value.shape}, the space says {shape}")
+        arr[i] = value
+    return write
+
+
+class Shard:
+    """The envs ``start..stop-1`` of one worker, writing results by env id."""
+
+    def __init__(self, envs: list, start: int, layout: L.Layout, views: L.Views, buf,
+                 obs_space, act_space) -> None:
+        self.envs = envs
+        self.start = start
+        self.stop = start + len(envs)
+        self.views = views
+        self.infos = InfoWriter(views, buf)
+        self.autoreset = [False] * len(envs)
+        self.pending_seeds: list = [None] * len(envs)
+        self._obs_space = obs_space
+        self._act_space = act_space
+        writers = [_leaf_writer(a) for a in views.obs]
+        if len(writers) == 1 and not isinstance(obs_space, (Dict, Tuple)):
+            self.write_obs = writers[0]
+        else:
+            def write_obs(i, obs):
+                for w, v in zip(writers, L.split(obs_space, obs)):
+                    w(i, v)
+            self.write_obs = write_obs
+        acts = views.act
+        if len(acts) == 1 and not isinstance(act_space, (Dict, Tuple)):
+            single = acts[0]
+            self.action = single.__getitem__
+        else:
+            def action(i):
+                return L.assemble(act_space, [a[i] for a in acts])
+            self.action = action
+
+    def step(self, i: int):
+        """Step env ``i`` (or reset it, if its last step ended an episode).
+
+        Returns the info dict, after writing everything else in place."""
+        j = i - self.start
+        v = self.views
+        if self.autoreset[j]:
+            obs, info = self.envs[j].reset()
+            self.autoreset[j] = False
+            v.reward[i] = 0.0
+            v.terminated[i] = False
+            v.truncated[i] = False
+        else:
+            obs, reward, terminated, truncated, info = self.envs[j].step(self.action(i))
+            v.reward[i] = reward
+            v.terminated[i] = terminated
+            v.truncated[i] = truncated
+            self.autoreset[j] = bool(terminated or truncated)
+        self.write_obs(i, obs)
+        return info
+
+    def reset(self, i: int, seed=None, options=None):
+        j = i - self.start
+        if seed is None:
+            seed = self.pending_seeds[j]
+        self.pending_seeds[j] = None
+        if options is None:
+            obs, info = self.envs[j].reset(seed=seed)
+        else:
+            obs, info = self.envs[j].reset(seed=seed, options=options)
+        self.autoreset[j] = False
+        v = self.views
+        v.reward[i] = 0.0
+        v.terminated[i] = False
+        v.truncated[i] = False
+        self.write_obs(i, obs)
+        return info
