@@ -43,7 +43,7 @@ cdef extern from "<sched.h>" nogil:
 # prefetching cannot make two writers share a line.
 LINE = 128
 DEF _LINE = 128
-DEF _HEADER_LINES = 5
+DEF _HEADER_LINES = 4
 DEF _MAGIC = 0x73686d70  # "shmp"
 
 # Header lines.
@@ -51,7 +51,6 @@ DEF _OFF_META = 0
 DEF _OFF_SYNC = 1 * _LINE      # signal: shards finished (sync step / reset)
 DEF _OFF_CLAIM = 2 * _LINE     # uint64: completion-ring slots claimed by workers
 DEF _OFF_PUB = 3 * _LINE       # signal: completion-ring slots published
-DEF _OFF_FAULT = 4 * _LINE     # count of env failures reported by workers
 
 # Per-worker block: line A written by the parent, line B by the worker.
 DEF _A_CMD_SEQ = 0             # signal (value, waiters, target)
@@ -311,9 +310,6 @@ cdef class Wire:
             shm_add_fetch(seq, 1)
             self._wake(2 + 2 * w, seq)
 
-    def sync_count(self):
-        return shm_load_acquire(self._sig(0))
-
     def wait_sync(self, uint32_t target, WaitPolicy policy, int64_t timeout_ns):
         """Wait (one slice at most) until ``target`` shards have finished."""
         return self._wait(0, target, policy, timeout_ns)
@@ -323,9 +319,6 @@ cdef class Wire:
 
     def cmd_seq(self, int worker):
         return shm_load_acquire(self._sig(2 + 2 * worker))
-
-    def wait_done(self, int worker, uint32_t target, WaitPolicy policy, int64_t timeout_ns):
-        return self._wait(3 + 2 * worker, target, policy, timeout_ns)
 
     def push_requests(self, int worker, const uint32_t[::1] ids):
         """Append env ids (optionally | REQ_RESET) to a worker's request ring."""
@@ -338,10 +331,6 @@ cdef class Wire:
         for i in range(ids.shape[0]):
             ring[(h + i) % cap] = ids[i]
         shm_store_release64(head, h + <uint64_t>ids.shape[0])
-
-    def pending_completions(self, uint32_t tail):
-        """How many completions are published past ``tail``."""
-        return <uint32_t>(shm_load_acquire(self._sig(1)) - tail)
 
     def take(self, uint64_t tail, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n,
              WaitPolicy policy, int64_t timeout_ns):
@@ -375,9 +364,6 @@ cdef class Wire:
             if not self._wait(1, want, policy, timeout_ns):
                 break
         return got
-
-    def faults(self):
-        return shm_load_acquire(<uint32_t *>(self.base + _OFF_FAULT))
 
     # --- worker side --------------------------------------------------------
 
@@ -423,9 +409,6 @@ cdef class Wire:
         shm_store_release(&self.ring_stamp[i], <uint32_t>(slot + 1))
         shm_add_fetch(pub, 1)
         self._wake(1, pub)
-
-    def report_fault(self):
-        shm_add_fetch(<uint32_t *>(self.base + _OFF_FAULT), 1)
 
 
 # --- generic words in any writable buffer (info registry, benchmarks) --------

@@ -17,6 +17,7 @@ import cloudpickle
 import gymnasium
 import numpy as np
 import posix_ipc
+import psutil
 
 from . import _core
 from . import layout as L
@@ -166,6 +167,7 @@ class Pool:
         ctx = mp.get_context(start_method)
         from .workers import loop  # noqa: PLC0415 - keeps worker code out of import time
 
+        me = (os.getpid(), psutil.Process().create_time())
         saved = {k: os.environ.get(k) for k in loop.THREAD_ENV_VARS}
         os.environ.update({k: "1" for k in loop.THREAD_ENV_VARS})  # spawned workers start with 1 thread
         try:
@@ -173,7 +175,7 @@ class Pool:
                 parent_end, child_end = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=loop.main,
-                    args=(child_end, k, self._worker_cpu[k], os.getpid(),
+                    args=(child_end, k, self._worker_cpu[k], me,
                           cloudpickle.dumps(fns[a:b]), a, seeds[a:b]),
                     name=f"shmpool-worker-{k}",
                     daemon=True,
@@ -281,8 +283,7 @@ class Pool:
         for k, (a, b) in enumerate(self._bounds):
             self._conns[k].send(("reset", seeds[a:b], options))
             self._wire.post(k, _core.CMD_MESSAGE)
-        for k in range(self.num_workers):
-            self._reply(k, "reset")
+        self._replies("reset")
         self._blocked = None
         infos = self._collect(None, "reset")
         return self._out_obs(), infos
@@ -385,6 +386,8 @@ class Pool:
 
     def set_attr(self, name: str, values) -> None:
         """Set ``name`` on every env: a list/tuple gives one value per env, anything else is shared."""
+        self._check_open()
+        self._drain_in_flight()
         if not isinstance(values, (list, tuple)):
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
@@ -392,8 +395,7 @@ class Pool:
         for k, (a, b) in enumerate(self._bounds):
             self._conns[k].send(("set_attr", name, list(values[a:b])))
             self._wire.post(k, _core.CMD_MESSAGE)
-        for k in range(self.num_workers):
-            self._reply(k, f"set_attr {name!r}")
+        self._replies(f"set_attr {name!r}")
 
     def _broadcast(self, msg, op: str) -> list:
         self._check_open()
@@ -401,10 +403,7 @@ class Pool:
         for k in range(self.num_workers):
             self._conns[k].send(msg)
             self._wire.post(k, _core.CMD_MESSAGE)
-        out: list = []
-        for k in range(self.num_workers):
-            out.extend(self._reply(k, op))
-        return out
+        return [value for answer in self._replies(op) for value in answer]
 
     # --- closing ------------------------------------------------------------
 
@@ -435,7 +434,8 @@ class Pool:
         if errors:
             k, env_id, typ, tb = errors[0]
             raise EnvError(
-                f"env {env_id} (worker {k}) raised {typ} in close (the pool is closed):\n{tb}",
+                f"env {env_id} (worker {k}) raised in close: {tb.strip().splitlines()[-1]} "
+                f"(the pool is closed)\n--- remote traceback ---\n{tb}",
                 env_id=env_id, worker=k, phase="close", remote_type=typ, remote_traceback=tb)
 
     def _kill_workers(self) -> None:
@@ -663,8 +663,18 @@ class Pool:
         self._kill_workers()
         self._release()
 
+    def _replies(self, op: str) -> list:
+        """Every worker's answer to the message just posted, in worker order.
+
+        All answers are read before a failure is raised, so none is left in a pipe."""
+        answers = [self._reply(k, op) for k in range(self.num_workers)]
+        for a in answers:
+            if isinstance(a, EnvError):
+                raise a
+        return answers
+
     def _reply(self, k: int, op: str):
-        """Wait for worker ``k``'s answer to a message, queueing side messages on the way."""
+        """Worker ``k``'s answer to a message (an EnvError if it failed), queueing side messages."""
         conn = self._conns[k]
         start = time.monotonic()
         try:
@@ -677,7 +687,7 @@ class Pool:
                     if msg[0] == "reply":
                         return msg[1]
                     if msg[0] == "failed":
-                        raise self._env_error(k, msg)
+                        return self._env_error(k, msg)
                     self._side[k].append(msg)
                     continue
                 self._check_alive(op)
@@ -728,8 +738,10 @@ class Pool:
     def _env_error(self, k: int, msg, then: str | None = None) -> EnvError:
         _, env_id, phase, typ, tb = msg
         who = f"env {env_id} (worker {k}, pid {self._procs[k].pid})" if env_id is not None else f"worker {k}"
+        lines = tb.strip().splitlines()
+        what = lines[-1] if lines else typ
         tail = f"; {then}" if then else ""
-        return EnvError(f"{who} raised {typ} in {phase}{tail}\n--- remote traceback ---\n{tb}",
+        return EnvError(f"{who} raised in {phase}: {what}{tail}\n--- remote traceback ---\n{tb}",
                         env_id=env_id, worker=k, phase=phase, remote_type=typ, remote_traceback=tb)
 
 

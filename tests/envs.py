@@ -116,3 +116,15 @@ class EmptyEnv(gym.Env):
 
     def step(self, action):
         return self._obs, 0.0, False, False, {}
+
+
+class ProbeEnv(EmptyEnv):
+    """Reports what the worker process looks like from inside."""
+
+    def probe(self):
+        from threadpoolctl import threadpool_info
+        return {
+            "omp": os.environ.get("OMP_NUM_THREADS"),
+            "pools": [p["num_threads"] for p in threadpool_info()],
+            "sigint": signal.getsignal(signal.SIGINT),
+        }

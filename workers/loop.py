@@ -14,6 +14,7 @@ import traceback
 from multiprocessing.reduction import recv_handle
 
 import cloudpickle
+import psutil
 
 from shmpool import _core
 from shmpool import layout as L
@@ -24,12 +25,37 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                    "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS")
 
 
-def _setup_process(cpu: int | None, parent_pid: int) -> None:
-    # Die with the parent even if it is SIGKILLed; the getppid check closes
-    # the race where the parent died before prctl ran.
-    _core.set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != parent_pid:
-        os._exit(1)
+class ParentWatch:
+    """Tells whether the pool's process is still alive.
+
+    A direct child (fork, spawn) asks the kernel for SIGKILL when its parent
+    dies and compares getppid(); under forkserver the parent is the server,
+    so the pool's pid and start time are checked instead (pid reuse safe)."""
+
+    def __init__(self, parent_pid: int, parent_started: float) -> None:
+        self.parent_pid = parent_pid
+        self.direct = os.getppid() == parent_pid
+        if self.direct:
+            _core.set_parent_death_signal(signal.SIGKILL)
+            # The parent may have died before prctl ran.
+            if os.getppid() != parent_pid:
+                os._exit(1)
+        else:
+            self._started = parent_started
+            if not self.alive():
+                os._exit(1)
+
+    def alive(self) -> bool:
+        if self.direct:
+            return os.getppid() == self.parent_pid
+        try:
+            return psutil.Process(self.parent_pid).create_time() == self._started
+        except psutil.Error:
+            return False
+
+
+def _setup_process(cpu: int | None, parent_pid: int, parent_started: float) -> ParentWatch:
+    watch = ParentWatch(parent_pid, parent_started)
     # Ctrl-C reaches the whole process group; the parent decides what to do.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cpu is not None:
@@ -41,6 +67,7 @@ def _setup_process(cpu: int | None, parent_pid: int) -> None:
         threadpool_limits(1)
     except Exception:  # pragma: no cover - threadpoolctl is a dependency; never fatal
         pass
+    return watch
 
 
 def _error(conn, env_id, phase: str, exc: BaseException) -> None:
@@ -54,10 +81,21 @@ def _send_extra(conn, env_id: int, extra: dict) -> None:
         conn.send(("extra", env_id, {k: f"<unpicklable {type(v).__name__}: {exc}>" for k, v in extra.items()}))
 
 
-def main(conn, index: int, cpu: int | None, parent_pid: int, env_fns_blob: bytes, start: int,
+def main(conn, index: int, cpu: int | None, parent: tuple[int, float], env_fns_blob: bytes, start: int,
          seeds: list) -> None:
-    """Entry point of worker ``index`` owning envs ``start..start+len(env_fns)-1``."""
-    _setup_process(cpu, parent_pid)
+    """Entry point of worker ``index`` owning envs ``start..start+len(env_fns)-1``.
+
+    ``parent`` is the pool process's (pid, psutil create_time)."""
+    watch = _setup_process(cpu, *parent)
+    try:
+        _run(conn, index, watch, env_fns_blob, start, seeds)
+    except Exception as exc:
+        # A bug outside env code: leave the traceback for the parent's error.
+        _error(conn, None, "worker loop", exc)
+        raise
+
+
+def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, seeds: list) -> None:
     try:
         fns = cloudpickle.loads(env_fns_blob)
     except Exception as exc:
@@ -102,7 +140,7 @@ def main(conn, index: int, cpu: int | None, parent_pid: int, env_fns_blob: bytes
     shard.pending_seeds = list(seeds)
     conn.send(("ready",))
     try:
-        Server(conn, index, wire, views, shard, policy, slice_ns, parent_pid).serve()
+        Server(conn, index, wire, views, shard, policy, slice_ns, watch).serve()
     finally:
         wire.release()
 
@@ -117,7 +155,7 @@ def _close_quietly(env) -> None:
 class Server:
     """The command loop of one worker."""
 
-    def __init__(self, conn, index, wire, views, shard: Shard, policy, slice_ns, parent_pid) -> None:
+    def __init__(self, conn, index, wire, views, shard: Shard, policy, slice_ns, watch: ParentWatch) -> None:
         self.conn = conn
         self.index = index
         self.wire = wire
@@ -125,14 +163,14 @@ class Server:
         self.shard = shard
         self.policy = policy
         self.slice_ns = slice_ns
-        self.parent_pid = parent_pid
+        self.watch = watch
 
     def serve(self) -> None:
         wire, index = self.wire, self.index
         seen = 0
         while True:
             if not wire.wait_command(index, seen, self.policy, self.slice_ns):
-                if os.getppid() != self.parent_pid:
+                if not self.watch.alive():
                     os._exit(0)
                 continue
             seq, cmd = wire.command(index)
@@ -169,7 +207,6 @@ class Server:
         _error(self.conn, i, phase, exc)
         self.views.info_mask[i] = 0
         self.views.status[i] = L.STATUS_ERROR
-        self.wire.report_fault()
 
     def step_shard(self) -> None:
         shard = self.shard

@@ -1,0 +1,198 @@
+"""Every failure raises a named error quickly, and bad input never reaches a worker."""
+import functools
+import time
+
+import numpy as np
+import pytest
+from envs import DictEnv, FaultyEnv
+
+import shmpool
+from shmpool import EnvError, PoolClosedError, WorkerDiedError
+
+
+def faulty(fail_in, at=2, how="raise"):
+    return functools.partial(FaultyEnv, fail_in, at, how)
+
+
+ZEROS = np.zeros(4, dtype=np.int64)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_exception_in_step_names_env_and_keeps_traceback(mode, no_leaks):
+    env_fns = [faulty("never")] * 3 + [faulty("step", at=2)]
+    with shmpool.Pool(env_fns, num_workers=2) as pool:
+        pool.reset(seed=0)
+        pool.step(ZEROS)
+        t0 = time.monotonic()
+        with pytest.raises(EnvError) as err:
+            if mode == "sync":
+                pool.step(ZEROS)
+            else:
+                pool.send(ZEROS)
+                pool.recv()
+        assert time.monotonic() - t0 < 1.0
+        e = err.value
+        assert e.env_id == 3 and e.worker == 1 and e.phase == "step" and e.remote_type == "ValueError"
+        assert "env 3 (worker 1" in str(e) and "injected failure in step" in str(e)
+        assert "Traceback" in e.remote_traceback and "envs.py" in e.remote_traceback
+        # The pool refuses to step a broken env until reset, then works again.
+        with pytest.raises(RuntimeError, match="env 3 raised ValueError in step; call reset()"):
+            pool.step(ZEROS)
+        pool.reset(seed=1)
+        obs, rew, *_ = pool.step(ZEROS)
+        assert rew.tolist() == [1.0] * 4
+
+
+def test_exception_in_reset_and_constructor(no_leaks):
+    with shmpool.Pool([faulty("never"), faulty("reset")], num_workers=2) as pool:
+        with pytest.raises(EnvError, match=r"env 1 \(worker 1.*raised in reset: ValueError: injected"):
+            pool.reset()
+    with pytest.raises(EnvError, match=r"env 2 \(worker 1.*raised in make: ValueError: injected.*not created"):
+        shmpool.Pool([faulty("never")] * 2 + [faulty("make")], num_workers=2)
+
+
+def test_exception_in_close_is_reported_after_cleanup(no_leaks):
+    pool = shmpool.Pool([faulty("close")] * 2, num_workers=2)
+    with pytest.raises(EnvError, match="raised in close: ValueError"):
+        pool.close()
+    assert pool.closed
+    pool.close()  # idempotent
+
+
+@pytest.mark.parametrize("how,detail", [("kill", "was killed by SIGKILL"), ("exit", "exited with code 3")])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_dead_worker_raises_within_a_second(how, detail, mode, no_leaks):
+    with shmpool.Pool([faulty("never")] * 2 + [faulty("step", 2, how)] * 2, num_workers=2) as pool:
+        pool.reset()
+        pool.step(ZEROS)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=rf"worker 1 \(pid \d+, cpu \d+, envs 2..3\) {detail}") as err:
+            if mode == "sync":
+                pool.step(ZEROS)
+            else:
+                pool.send(ZEROS)
+                pool.recv()
+        assert time.monotonic() - t0 < 1.0
+        assert err.value.worker == 1
+        assert pool.closed
+        with pytest.raises(PoolClosedError):
+            pool.step(ZEROS)
+
+
+def test_worker_killed_while_idle_is_noticed_at_next_call(no_leaks):
+    import os
+    import signal
+    with shmpool.Pool("CartPole-v1", 4, num_workers=2) as pool:
+        pool.reset()
+        os.kill(pool.worker_pids[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDiedError, match="worker 0 .* killed by SIGKILL during step"):
+            pool.step(ZEROS)
+        assert time.monotonic() - t0 < 1.0
+
+
+def test_hanging_env_hits_step_timeout(no_leaks):
+    with shmpool.Pool([faulty("never"), faulty("step", 1, "hang")], num_workers=2, step_timeout=0.3) as pool:
+        pool.reset()
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"step did not finish within step_timeout=0.3 s: workers \[1\] "
+                                               r"\(envs 1..1\)"):
+            pool.step(np.zeros(2, dtype=np.int64))
+        assert 0.3 <= time.monotonic() - t0 < 1.5
+        assert pool.closed
+
+
+def test_wrong_observation_shape_is_an_env_error(no_leaks):
+    with shmpool.Pool([faulty("step", 1, "bad_obs")] * 2, num_workers=1) as pool:
+        pool.reset()
+        with pytest.raises(EnvError, match=r"observation has shape \(5,\), the space says \(4,\)"):
+            pool.step(np.zeros(2, dtype=np.int64))
+
+
+class TestBadInputIsRejectedBeforeTheWorkers:
+    @pytest.fixture
+    def pool(self, no_leaks):
+        with shmpool.Pool("CartPole-v1", 4, num_workers=2, batch_size=2) as pool:
+            pool.reset(seed=0)
+            yield pool
+            # Still usable after every rejection.
+            obs, rew, *_ = pool.step(ZEROS)
+            assert rew.tolist() == [1.0] * 4
+
+    def test_action_shape(self, pool):
+        with pytest.raises(ValueError, match=r"actions have shape \(3,\); expected \(4,\)"):
+            pool.step(np.zeros(3, dtype=np.int64))
+        with pytest.raises(ValueError, match=r"actions have shape \(4, 1\); expected \(4,\)"):
+            pool.step(np.zeros((4, 1), dtype=np.int64))
+
+    def test_action_dtype(self, pool):
+        with pytest.raises(ValueError, match="actions have dtype float64, which cannot be cast to the action dtype"):
+            pool.step(np.zeros(4))
+
+    def test_env_ids(self, pool):
+        with pytest.raises(ValueError, match=r"env ids \[4\] are out of range for a pool of 4 envs"):
+            pool.send(np.zeros(2, dtype=np.int64), np.array([0, 4]))
+        with pytest.raises(ValueError, match=r"env ids \[1\] appear more than once"):
+            pool.send(np.zeros(2, dtype=np.int64), np.array([1, 1]))
+        pool.send(np.zeros(2, dtype=np.int64), np.array([0, 1]))
+        with pytest.raises(RuntimeError, match=r"env ids \[1\] are already in flight"):
+            pool.send(np.zeros(2, dtype=np.int64), np.array([1, 2]))
+        with pytest.raises(RuntimeError, match="step\\(\\) needs every env idle but 2 are in flight"):
+            pool.step(ZEROS)
+        pool.recv()
+
+    def test_recv_without_send(self, pool):
+        with pytest.raises(RuntimeError, match="recv\\(\\) with nothing in flight"):
+            pool.recv()
+        pool.send(np.zeros(1, dtype=np.int64), np.array([2]))
+        with pytest.raises(RuntimeError, match="waits for batch_size=2 envs but only 1 are in flight"):
+            pool.recv()
+        pool.send(np.zeros(1, dtype=np.int64), np.array([3]))
+        _, _, _, _, infos = pool.recv()
+        assert sorted(infos["env_id"].tolist()) == [2, 3]
+
+
+def test_step_before_reset_and_after_close(no_leaks):
+    pool = shmpool.Pool("CartPole-v1", 2, num_workers=1)
+    with pytest.raises(RuntimeError, match="call reset\\(\\) or async_reset\\(\\) before stepping"):
+        pool.step(np.zeros(2, dtype=np.int64))
+    pool.close()
+    for call in (lambda: pool.step(np.zeros(2, dtype=np.int64)), pool.reset, pool.recv,
+                 lambda: pool.send(np.zeros(2, dtype=np.int64))):
+        with pytest.raises(PoolClosedError, match="the pool is closed"):
+            call()
+
+
+@pytest.mark.parametrize("kwargs,exc,msg", [
+    (dict(num_envs=0), ValueError, "num_envs must be >= 1, got 0"),
+    (dict(num_envs=2, num_workers=3), ValueError, "num_workers=3 is more than num_envs=2"),
+    (dict(num_envs=2, batch_size=3), ValueError, "batch_size=3 is more than num_envs=2"),
+    (dict(num_envs=2, cpus="0-1,99"), ValueError, r"cpus \[99\] are outside this process's allowed set"),
+    (dict(num_envs=2, cpus="3-1"), ValueError, "range 3-1 is reversed"),
+    (dict(num_envs=2, wait_policy="fast"), ValueError, "unknown wait_policy 'fast'"),
+    (dict(num_envs=2.0), TypeError, "num_envs must be an int, got float"),
+])
+def test_constructor_arguments(kwargs, exc, msg, no_leaks):
+    with pytest.raises(exc, match=msg):
+        shmpool.Pool("CartPole-v1", **kwargs)
+
+
+def test_unknown_env_id_suggests_a_close_match(no_leaks):
+    import gymnasium
+    with pytest.raises(gymnasium.error.Error, match="CartPole"):
+        shmpool.Pool("CartPol-v1", 2)
+
+
+def test_mismatched_spaces_are_refused(no_leaks):
+    import gymnasium as gym
+    with pytest.raises(EnvError, match="all envs of a pool must share their spaces"):
+        shmpool.Pool([lambda: gym.make("CartPole-v1"), lambda: gym.make("Acrobot-v1")], num_workers=1)
+    with pytest.raises(ValueError, match="all envs of a pool must share their spaces"):
+        shmpool.Pool([lambda: gym.make("CartPole-v1"), lambda: gym.make("Acrobot-v1")], num_workers=2)
+
+
+def test_failed_call_names_env(no_leaks):
+    with shmpool.Pool(DictEnv, 3, num_workers=2) as pool:
+        with pytest.raises(EnvError, match=r"env 0 \(worker 0.*raised in call 'nope': AttributeError"):
+            pool.call("nope")
+        assert pool.get_attr("marker") == ("fresh",) * 3

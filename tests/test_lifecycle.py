@@ -1,0 +1,150 @@
+"""Processes and shared memory: nothing outlives a pool, however it ends."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+from conftest import shm_entries
+from envs import EmptyEnv, ProbeEnv
+
+import shmpool
+
+
+def test_close_joins_workers_and_is_idempotent(no_leaks):
+    pool = shmpool.Pool("CartPole-v1", 4, num_workers=2)
+    pids = pool.worker_pids
+    assert all(psutil.pid_exists(p) for p in pids)
+    pool.close()
+    pool.close()
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_region_is_never_visible_in_dev_shm(no_leaks):
+    before = shm_entries()
+    with shmpool.Pool("CartPole-v1", 4, num_workers=2) as pool:
+        pool.reset()
+        assert shm_entries() == before  # unlinked before the workers even mapped it
+
+
+def test_workers_are_pinned_to_distinct_allowed_cores(no_leaks):
+    allowed = sorted(os.sched_getaffinity(0))
+    with shmpool.Pool("CartPole-v1", 4, num_workers=len(allowed)) as pool:
+        pinned = [sorted(os.sched_getaffinity(pid)) for pid in pool.worker_pids]
+        assert pinned == [[c] for c in allowed]
+        assert pool.worker_cpus == allowed
+    with shmpool.Pool("CartPole-v1", 2, num_workers=1, cpus=str(allowed[-1])) as pool:
+        assert os.sched_getaffinity(pool.worker_pids[0]) == {allowed[-1]}
+
+
+def test_worker_blas_threads_are_limited(no_leaks):
+    with shmpool.Pool(ProbeEnv, 2, num_workers=2) as pool:
+        for probe in pool.call("probe"):
+            assert probe["omp"] == "1"
+            assert all(n == 1 for n in probe["pools"]), probe["pools"]
+            assert probe["sigint"] == signal.SIG_IGN  # Ctrl-C is the parent's to handle
+
+
+def test_parent_killed_takes_workers_with_it(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import numpy as np, shmpool
+        pool = shmpool.Pool("CartPole-v1", 4, num_workers=2)
+        pool.reset()
+        print(*pool.worker_pids, flush=True)
+        while True:
+            pool.step(np.zeros(4, dtype=np.int64))
+    """)
+    before = shm_entries()
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    t0 = time.monotonic()
+    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() - t0 < 2.0:
+        time.sleep(0.02)
+    alive = [p for p in pids if psutil.pid_exists(p)]
+    assert not alive, f"workers {alive} outlived their parent by 2 s"
+    assert shm_entries() == before
+
+
+def test_keyboard_interrupt_during_step_closes_the_pool(no_leaks):
+    class Slow(EmptyEnv):
+        def step(self, action):
+            time.sleep(0.5)
+            return super().step(action)
+
+    pool = shmpool.Pool(Slow, 2, num_workers=2)
+    pool.reset()
+    timer = threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        pool.step(np.zeros(2, dtype=np.int64))
+    assert time.monotonic() - t0 < 0.45
+    assert pool.closed
+
+
+def test_dropping_a_pool_without_close_reaps_it(no_leaks):
+    pool = shmpool.Pool("CartPole-v1", 2, num_workers=2)
+    pool.reset()
+    del pool
+    import gc
+    gc.collect()
+
+
+def test_many_pools_at_once_and_in_a_loop(no_leaks):
+    pools = [shmpool.Pool("CartPole-v1", 3, num_workers=1, seed=i) for i in range(3)]
+    try:
+        obs = [p.reset()[0].copy() for p in pools]
+        assert not np.array_equal(obs[0], obs[1])
+        for p in pools:
+            p.step(np.zeros(3, dtype=np.int64))
+    finally:
+        for p in pools:
+            p.close()
+    for _ in range(20):
+        with shmpool.Pool(EmptyEnv, 2, num_workers=2) as p:
+            p.reset()
+            p.step(np.zeros(2, dtype=np.int64))
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_start_methods(method, no_leaks):
+    with shmpool.Pool("CartPole-v1", 3, num_workers=2, start_method=method, seed=0) as pool:
+        obs, _ = pool.reset()
+        obs2, rew, *_ = pool.step(np.ones(3, dtype=np.int64))
+        assert rew.tolist() == [1.0] * 3
+
+
+@pytest.mark.parametrize("policy", ["spin", "hybrid", "yield", "block"])
+@pytest.mark.parametrize("wake", ["futex", "semaphore"])
+def test_every_wait_policy_and_wake_mechanism_gives_the_same_results(policy, wake, no_leaks):
+    results = []
+    with shmpool.Pool("CartPole-v1", 4, num_workers=2, batch_size=2, seed=0, wait_policy=policy,
+                      wake=wake) as pool:
+        pool.reset(seed=3)
+        for t in range(30):
+            obs, rew, term, trunc, _ = pool.step(np.full(4, t % 2, dtype=np.int64))
+            results.append(obs.copy())
+        pool.async_reset()
+        for _ in range(50):
+            obs, rew, term, trunc, info = pool.recv()
+            pool.send(np.zeros(2, dtype=np.int64), info["env_id"])
+        pool.recv()
+        pool.recv()
+        time.sleep(0.12)  # longer than a wait slice: the sleeping side must still wake
+        obs, *_ = pool.step(np.zeros(4, dtype=np.int64))
+    import gymnasium as gym
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+    ref.reset(seed=3)
+    for t in range(30):
+        np.testing.assert_array_equal(ref.step(np.full(4, t % 2, dtype=np.int64))[0], results[t])

@@ -1,0 +1,126 @@
+"""Logic that needs no worker: cpu lists, shard sizes, layout, info columns, the wire."""
+import mmap
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from shmpool import _core, parse_cpu_list
+from shmpool import layout as L
+from shmpool.infos import InfoReader, InfoWriter, add_info
+from shmpool.pool import shard_sizes
+from shmpool.topology import resolve_wait_policy
+
+
+@pytest.mark.parametrize("spec,cpus", [
+    ("0", [0]), ("0-3", [0, 1, 2, 3]), ("0-3,8", [0, 1, 2, 3, 8]), ("8,0-1", [0, 1, 8]),
+    ("0-7:2", [0, 2, 4, 6]), (" 1 , 3 ", [1, 3]), ("2,2", [2]),
+])
+def test_parse_cpu_list(spec, cpus):
+    assert parse_cpu_list(spec) == cpus
+
+
+@pytest.mark.parametrize("spec,msg", [
+    ("", "no cpus"), ("a", "'a' is not a cpu number"), ("3-1", "reversed"), ("0-4:0", "stride"),
+    ("-1", "is not a cpu number"),
+])
+def test_parse_cpu_list_errors(spec, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_cpu_list(spec)
+
+
+def test_shard_sizes_spread_the_remainder():
+    assert shard_sizes(7, 2) == [4, 3]
+    assert shard_sizes(5, 3) == [2, 2, 1]
+    assert shard_sizes(4, 4) == [1, 1, 1, 1]
+
+
+def test_auto_wait_policy_depends_on_oversubscription():
+    assert resolve_wait_policy("auto", 2, 2)[0].name != resolve_wait_policy("auto", 1, 4)[0].name
+    parent, worker = resolve_wait_policy(("block", "spin"), 2, 2)
+    assert (parent.name, worker.name) == ("block", "spin")
+
+
+def test_layout_is_aligned_and_disjoint():
+    obs = spaces.Dict({"a": spaces.Box(0, 1, (3, 5), np.float32), "b": spaces.Discrete(4),
+                       "c": spaces.Tuple((spaces.MultiBinary(3), spaces.MultiDiscrete([2, 2])))})
+    lay = L.Layout.build(7, [4, 3], obs, spaces.Discrete(2))
+    assert [lf.path for lf in lay.obs_leaves] == [("a",), ("b",), ("c", 0), ("c", 1)]
+    offsets = sorted(lay.offsets.values())
+    assert all(o % L.ALIGN == 0 for o in offsets)
+    assert offsets[0] >= _core.control_size(7, [4, 3])
+    assert lay.size > offsets[-1]
+    buf = mmap.mmap(-1, lay.size)
+    views = L.Views(lay, buf)
+    assert views.obs[0].shape == (7, 3, 5) and views.obs[0].dtype == np.float32
+    assert views.obs[1].dtype == np.int64 and views.obs[2].dtype == np.int8
+    rebuilt = L.assemble(obs, views.obs)
+    assert rebuilt["c"][1] is views.obs[3]
+
+
+def test_unsupported_space_is_named():
+    with pytest.raises(TypeError, match="cannot lay out a Text space"):
+        L.leaves(spaces.Text(5))
+
+
+def test_info_columns_round_trip_and_fall_back():
+    lay = L.Layout.build(3, [3], spaces.Discrete(2), spaces.Discrete(2))
+    buf = mmap.mmap(-1, lay.size)
+    views = L.Views(lay, buf)
+    writer, reader = InfoWriter(views, buf), InfoReader(views, buf)
+    assert writer.write(0, {"lives": 3, "x": 1.5, "flag": True, "s": np.float32(2)}) is None
+    assert writer.write(1, {}) is None
+    extra = writer.write(2, {"lives": 2, "name": "b", "nested": {"k": 1}, "lives_f": np.complex64(1)})
+    assert set(extra) == {"name", "nested", "lives_f"}
+    infos = reader.read(None)
+    assert infos["lives"].tolist() == [3, 0, 2] and infos["lives"].dtype == np.int64
+    assert infos["_lives"].tolist() == [True, False, True]
+    assert infos["x"].dtype == np.float64 and infos["_x"].tolist() == [True, False, False]
+    assert infos["flag"].dtype == np.bool_ and infos["s"].dtype == np.float32
+    sub = reader.read(np.array([2, 0]))
+    assert sub["lives"].tolist() == [2, 3]
+    add_info(sub, extra, 0, 2)
+    assert sub["name"].tolist() == ["b", None] and sub["nested"]["k"].tolist() == [1, 0]
+    assert sub["_nested"].tolist() == [True, False]
+
+
+def _ping(buf, rounds, q):
+    q.put(_core.spin_pingpong(buf, 0, 1, rounds))
+
+
+def test_spin_pingpong_between_processes():
+    buf = mmap.mmap(-1, 4096)
+    q = mp.get_context("fork").Queue()
+    p = mp.get_context("fork").Process(target=_ping, args=(buf, 1000, q))
+    p.start()
+    ns = _core.spin_pingpong(buf, 0, 0, 1000)
+    p.join(10)
+    assert ns > 0 and q.get(timeout=5) > 0
+    assert _core.load_word(buf, 0) == 2000
+
+
+def test_words_reject_bad_offsets():
+    buf = mmap.mmap(-1, 64)
+    with pytest.raises(ValueError, match="out of range or unaligned"):
+        _core.load_word(buf, 62)
+    assert _core.cas_word(buf, 8, 0, 5) and not _core.cas_word(buf, 8, 0, 6)
+    assert _core.load_word(buf, 8) == 5
+
+
+def test_wire_wait_times_out_and_counts_wrap():
+    buf = mmap.mmap(-1, _core.control_size(2, [2]))
+    wire = _core.Wire(buf, [2], num_envs=2)
+    wire.init_header()
+    pol = _core.WaitPolicy("t", 1000, 1000)
+    assert not wire.wait_sync(1, pol, 2_000_000)
+    wire.finish_shard()
+    assert wire.wait_sync(1, pol, 2_000_000)
+    # async: requests in, completions out, in order
+    wire.push_requests(0, np.array([1, 0], dtype=np.uint32))
+    assert wire.pop_request(0) == 1 and wire.pop_request(0) == 0 and wire.pop_request(0) == -1
+    wire.publish(1)
+    wire.publish(0)
+    out = np.zeros(2, dtype=np.uint32)
+    assert wire.take(0, out, 0, 2, pol, 1_000_000) == 2 and out.tolist() == [1, 0]
+    assert wire.take(2, out, 0, 1, pol, 1_000_000) == 0  # nothing more: one slice, then give up
