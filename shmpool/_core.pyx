@@ -11,7 +11,7 @@ futex is missing), always bounded by a timeout slice so callers can check
 liveness between slices.  A waker only issues a syscall when the sleeper has
 raised the word's waiters flag.
 """
-from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t, uintptr_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_SIMPLE
 
 cdef extern from "_wire.h" nogil:
@@ -189,6 +189,8 @@ cdef class Wire:
     cdef uint32_t req_caps[1024]
     cdef uint32_t *ring_env
     cdef uint32_t *ring_stamp
+    cdef uint8_t *status
+    cdef uint64_t *info_masks
     cdef list sems
     cdef bint futex
     cdef public int64_t slice_ns
@@ -214,9 +216,48 @@ cdef class Wire:
         self.ring_env = <uint32_t *>(self.base + off)
         off += _align(4 * num_envs)
         self.ring_stamp = <uint32_t *>(self.base + off)
+        self.status = NULL
+        self.info_masks = NULL
         self.sems = sems
         self.futex = bool(shm_have_futex()) and sems is None
         self.slice_ns = slice_ns
+
+    def bind_results(self, Py_ssize_t status_offset, Py_ssize_t info_mask_offset):
+        """Where the per-env status bytes and info masks live, for ``scan``."""
+        if (status_offset < 0 or status_offset + self.num_envs > self.view.len
+                or info_mask_offset < 0 or info_mask_offset % 8
+                or info_mask_offset + 8 * self.num_envs > self.view.len):
+            raise ValueError("result arrays lie outside the region")
+        self.status = self.base + status_offset
+        self.info_masks = <uint64_t *>(self.base + info_mask_offset)
+
+    def scan(self, const int32_t[::1] ids=None):
+        """Whether a batch needs more than its arrays: bit 1 if any env has a
+        side-channel message (error or extra info), bit 2 if any has numeric infos.
+
+        ``ids`` None scans every env.  One C loop instead of two numpy reductions."""
+        cdef int flags = 0
+        cdef Py_ssize_t i, n
+        cdef int32_t e
+        if self.status == NULL:
+            raise RuntimeError("bind_results() first")
+        if ids is None:
+            for i in range(self.num_envs):
+                if self.status[i]:
+                    flags |= 1
+                if self.info_masks[i]:
+                    flags |= 2
+        else:
+            n = ids.shape[0]
+            for i in range(n):
+                e = ids[i]
+                if e < 0 or e >= self.num_envs:
+                    raise IndexError(f"env id {e} out of range")
+                if self.status[e]:
+                    flags |= 1
+                if self.info_masks[e]:
+                    flags |= 2
+        return flags
 
     def release(self):
         """Drop the buffer export so the mmap can be closed."""

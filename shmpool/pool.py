@@ -235,11 +235,14 @@ class Pool:
             shm.close_fd()
 
         self._views = views = L.Views(layout, self._region)
+        self._wire.bind_results(layout.offsets["status"], layout.offsets["info_mask"])
         self._infos = InfoReader(views, self._region)
         self._obs_views = L.assemble(obs_space, views.obs)
         self._act_leaves = [(a, lf.shape, lf.dtype) for a, lf in zip(views.act, layout.act_leaves)]
         self._act_is_leaf = len(layout.act_leaves) == 1 and not isinstance(
             act_space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple))
+        # step()'s fast path: an array of exactly the slots' shape and dtype.
+        self._act_fast = views.act[0] if self._act_is_leaf else None
         self._sync_seq = 0
         self._cmd_seq = [0] * self.num_workers
         self._tail = 0
@@ -302,7 +305,12 @@ class Pool:
             raise RuntimeError(
                 f"step() needs every env idle but {self._n_flight} are in flight from send(); "
                 "recv() them first")
-        self._write_actions(actions, None)
+        dst = self._act_fast
+        if (dst is not None and type(actions) is np.ndarray and actions.dtype == dst.dtype
+                and actions.shape == dst.shape):
+            dst[...] = actions
+        else:
+            self._write_actions(actions, None)
         wire = self._wire
         target = self._sync_seq = (self._sync_seq + self.num_workers) & 0xFFFFFFFF
         wire.post_all(_core.CMD_STEP)
@@ -459,6 +467,7 @@ class Pool:
         self._views = None
         self._obs_views = None
         self._act_leaves = []
+        self._act_fast = None
         if self._region is not None:
             try:
                 self._region.close()
@@ -592,7 +601,7 @@ class Pool:
         if self._n_flight:
             out = np.zeros(self._n_flight, dtype=np.uint32)
             got = self._take(out, self._n_flight, "drain")
-            ids = out[:got].astype(np.int64)
+            ids = out[:got].astype(np.int32)
             self._in_flight[ids] = False
             self._n_flight -= got
             try:
@@ -710,11 +719,13 @@ class Pool:
 
     def _collect(self, ids: np.ndarray | None, op: str) -> dict:
         """Infos of a finished batch, plus the side messages its status bytes announce."""
-        views = self._views
-        infos = self._infos.read(ids)
-        status = views.status if ids is None else views.status[ids]
-        if not status.any():
+        flags = self._wire.scan(ids)
+        if not flags:
+            return {}
+        infos = self._infos.read(ids) if flags & 2 else {}
+        if not flags & 1:
             return infos
+        status = self._views.status if ids is None else self._views.status[ids]
         errors = []
         size = len(status)
         for pos in np.flatnonzero(status):

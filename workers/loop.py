@@ -173,22 +173,23 @@ class Server:
                 if not self.watch.alive():
                     os._exit(0)
                 continue
+            # Commands posted since ``seen`` may overwrite one another; only an
+            # async command can be overtaken (the parent posts anything else
+            # with nothing in flight), and its requests are served anyway.
             seq, cmd = wire.command(index)
-            if cmd == _core.CMD_EXIT:
-                self.exit(seq)
-                return
-            # A command may have overtaken an async one that was never read:
-            # its requests are still in the ring, so serve them first.
-            self.drain()
             if cmd == _core.CMD_STEP:
                 self.step_shard()
                 wire.finish(index, seq)
                 wire.finish_shard()
+            elif cmd == _core.CMD_ASYNC:
+                self.drain()
+                wire.finish(index, seq)
             elif cmd == _core.CMD_MESSAGE:
                 self.message(self.conn.recv())
                 wire.finish(index, seq)
-            else:
-                wire.finish(index, seq)
+            elif cmd == _core.CMD_EXIT:
+                self.exit(seq)
+                return
             seen = seq
 
     def _finish_env(self, i: int, info) -> None:
@@ -210,13 +211,18 @@ class Server:
 
     def step_shard(self) -> None:
         shard = self.shard
+        step, status, masks = shard.step, self.views.status, self.views.info_mask
         for i in range(shard.start, shard.stop):
             try:
-                info = shard.step(i)
+                info = step(i)
             except Exception as exc:
                 self._fail_env(i, "step", exc)
                 continue
-            self._finish_env(i, info)
+            if info:
+                self._finish_env(i, info)
+            else:  # the common case, inlined
+                masks[i] = 0
+                status[i] = L.STATUS_OK
 
     def drain(self) -> None:
         """Serve the async request ring until it is empty, publishing each env."""
