@@ -1,0 +1,1 @@
+"""Reproducible shmpool benchmarks (``python -m bench.core`` is the headline one)."""
