@@ -62,12 +62,14 @@ DEF _BLOCK = 2 * _LINE
 
 # Commands a worker executes.
 CMD_STEP = 1       # step the whole shard (sync), then bump the sync counter
-CMD_ASYNC = 2      # drain the worker's request ring, publishing each env
+DEF _CMD_ASYNC = 2
+CMD_ASYNC = _CMD_ASYNC  # drain the worker's request ring, publishing each env
 CMD_MESSAGE = 3    # read one message from the side channel and answer it
 CMD_EXIT = 4
 
 # Request flag: reset this env instead of stepping it.
-REQ_RESET = 0x80000000
+DEF _REQ_RESET = 0x80000000
+REQ_RESET = _REQ_RESET
 
 # wait() outcomes
 REACHED = 1
@@ -330,8 +332,7 @@ cdef class Wire:
 
     # --- parent side --------------------------------------------------------
 
-    def post(self, int worker, uint32_t cmd):
-        """Give ``worker`` a command; returns the command's sequence number."""
+    cdef uint32_t _post(self, int worker, uint32_t cmd) except? 0:
         cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
         cdef uint32_t *seq = <uint32_t *>(blk + _A_CMD_SEQ)
         shm_store_relaxed(<uint32_t *>(blk + _A_CMD), cmd)
@@ -339,17 +340,17 @@ cdef class Wire:
         self._wake(2 + 2 * worker, seq)
         return n
 
+    def post(self, int worker, uint32_t cmd):
+        """Give ``worker`` a command; returns the command's sequence number."""
+        if worker < 0 or worker >= self.num_workers:
+            raise IndexError(f"no worker {worker}")
+        return self._post(worker, cmd)
+
     def post_all(self, uint32_t cmd):
         """Give every worker the same command."""
         cdef int w
-        cdef uint8_t *blk
-        cdef uint32_t *seq
         for w in range(self.num_workers):
-            blk = self.base + _HEADER_LINES * _LINE + w * _BLOCK
-            seq = <uint32_t *>(blk + _A_CMD_SEQ)
-            shm_store_relaxed(<uint32_t *>(blk + _A_CMD), cmd)
-            shm_add_fetch(seq, 1)
-            self._wake(2 + 2 * w, seq)
+            self._post(w, cmd)
 
     def wait_sync(self, uint32_t target, WaitPolicy policy, int64_t timeout_ns):
         """Wait (one slice at most) until ``target`` shards have finished."""
@@ -361,17 +362,46 @@ cdef class Wire:
     def cmd_seq(self, int worker):
         return shm_load_acquire(self._sig(2 + 2 * worker))
 
-    def push_requests(self, int worker, const uint32_t[::1] ids):
-        """Append env ids (optionally | REQ_RESET) to a worker's request ring."""
-        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
-        cdef uint64_t *head = <uint64_t *>(blk + _A_REQ_HEAD)
-        cdef uint64_t h = shm_load_relaxed64(head)
-        cdef uint64_t cap = self.req_caps[worker]
-        cdef uint32_t *ring = self.req_rings[worker]
-        cdef Py_ssize_t i
-        for i in range(ids.shape[0]):
-            ring[(h + i) % cap] = ids[i]
-        shm_store_release64(head, h + <uint64_t>ids.shape[0])
+    def claim(self, const int64_t[::1] ids, uint8_t[::1] in_flight):
+        """Mark ``ids`` in flight; False (nothing marked) if one is out of
+        range, repeated, or already in flight.  The caller words the error."""
+        cdef Py_ssize_t i, j, n = ids.shape[0]
+        cdef int64_t e
+        if in_flight.shape[0] != self.num_envs:
+            raise ValueError("in_flight must have one byte per env")
+        for i in range(n):
+            e = ids[i]
+            if e < 0 or e >= self.num_envs or in_flight[e]:
+                for j in range(i):
+                    in_flight[ids[j]] = 0
+                return False
+            in_flight[e] = 1
+        return True
+
+    def dispatch(self, const int64_t[::1] ids, const int32_t[::1] owner, bint reset):
+        """Append claimed env ids to their workers' request rings and post
+        each worker that got one (``reset``: reset instead of step)."""
+        cdef uint64_t heads[1024]
+        cdef uint64_t counts[1024]
+        cdef Py_ssize_t i, n = ids.shape[0]
+        cdef int w
+        cdef int64_t e
+        cdef uint32_t flag = _REQ_RESET if reset else 0
+        cdef uint8_t *blk
+        for w in range(self.num_workers):
+            blk = self.base + _HEADER_LINES * _LINE + w * _BLOCK
+            heads[w] = shm_load_relaxed64(<uint64_t *>(blk + _A_REQ_HEAD))
+            counts[w] = 0
+        for i in range(n):
+            e = ids[i]
+            w = owner[e]
+            self.req_rings[w][(heads[w] + counts[w]) % self.req_caps[w]] = <uint32_t>e | flag
+            counts[w] += 1
+        for w in range(self.num_workers):
+            if counts[w]:
+                blk = self.base + _HEADER_LINES * _LINE + w * _BLOCK
+                shm_store_release64(<uint64_t *>(blk + _A_REQ_HEAD), heads[w] + counts[w])
+                self._post(w, _CMD_ASYNC)
 
     def take(self, uint64_t tail, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n,
              WaitPolicy policy, int64_t timeout_ns):

@@ -8,6 +8,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.reduction import send_handle
@@ -23,7 +24,7 @@ from . import _core
 from . import layout as L
 from .errors import EnvError, PoolClosedError, WorkerDiedError
 from .infos import InfoReader, add_info
-from .topology import resolve_cpus, resolve_wait_policy
+from .topology import allowed_cpus, oversubscribed, resolve_cpus, resolve_wait_policy
 
 _SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
 _CLOSE_GRACE_S = 5.0          # how long close() lets envs close before killing workers
@@ -135,7 +136,14 @@ class Pool:
             raise ValueError(f"wake must be 'auto', 'futex' or 'semaphore', got {wake!r}")
         if wake == "futex" and not _core.have_futex():
             raise ValueError("wake='futex' but this platform has no futex")
-        self.wait_policy, self.worker_wait_policy = resolve_wait_policy(wait_policy, w, len(self.cpus))
+        self._worker_cpu = [self.cpus[k % len(self.cpus)] for k in range(w)]
+        crowded = oversubscribed(self._worker_cpu, allowed_cpus())
+        self.wait_policy, self.worker_wait_policy = resolve_wait_policy(wait_policy, crowded)
+        if crowded and "spin" in (self.wait_policy.name, self.worker_wait_policy.name):
+            warnings.warn(
+                f"wait_policy 'spin' with {w} workers on cpus {sorted(set(self._worker_cpu))} and the parent "
+                "sharing them: a spinning process keeps a core another one needs; expect a large slowdown",
+                RuntimeWarning, stacklevel=2)
         self.step_timeout = step_timeout
         self._copy = copy
         self._use_sems = wake == "semaphore" or not _core.have_futex()
@@ -149,8 +157,7 @@ class Pool:
         for size in self._sizes:
             self._bounds.append((start, start + size))
             start += size
-        self._owner = np.repeat(np.arange(w), self._sizes)
-        self._worker_cpu = [self.cpus[k % len(self.cpus)] for k in range(w)]
+        self._owner = np.repeat(np.arange(w, dtype=np.int32), self._sizes)
         self._side = [collections.deque() for _ in range(w)]
         self._closed = False
         self._finalizer = None
@@ -246,10 +253,10 @@ class Pool:
         self._sync_seq = 0
         self._cmd_seq = [0] * self.num_workers
         self._tail = 0
-        self._in_flight = np.zeros(self.num_envs, dtype=bool)
+        self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
         self._n_flight = 0
         self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
-        self._all_ids = np.arange(self.num_envs, dtype=np.int32)
+        self._all_ids = np.arange(self.num_envs, dtype=np.int64)
         self._blocked: tuple[type, str] | None = (RuntimeError, "call reset() or async_reset() before stepping")
 
     def _startup_message(self, k: int, expected: str, deadline: float | None):
@@ -329,7 +336,7 @@ class Pool:
         self._check_open()
         self._drain_in_flight()
         self._blocked = None
-        self._dispatch(self._all_ids, reset=True)
+        self._dispatch(self._claim(None), reset=True)
 
     def send(self, actions, env_ids=None) -> None:
         """Start stepping ``env_ids`` (all envs when None) with ``actions``; returns at once.
@@ -337,8 +344,12 @@ class Pool:
         ``actions`` is batched like ``action_space`` with ``len(env_ids)`` rows."""
         if self._blocked is not None:
             raise self._blocked[0](self._blocked[1])
-        ids = self._check_env_ids(env_ids)
-        self._write_actions(actions, ids)
+        ids = self._claim(env_ids)
+        try:
+            self._write_actions(actions, ids)
+        except BaseException:
+            self._in_flight[ids] = 0
+            raise
         self._dispatch(ids, reset=False)
 
     def recv(self):
@@ -357,7 +368,7 @@ class Pool:
         out = self._batch_ids
         got = self._take(out, b, "recv")
         ids = out[:got].astype(np.int32)
-        self._in_flight[ids] = False
+        self._in_flight[ids] = 0
         self._n_flight -= got
         v = self._views
         obs = L.assemble(self.single_observation_space, [a[ids] for a in v.obs])
@@ -560,41 +571,32 @@ class Pool:
         else:
             dst[ids] = a
 
-    def _check_env_ids(self, env_ids) -> np.ndarray:
+    def _claim(self, env_ids) -> np.ndarray:
+        """Validate env ids and mark them in flight (one C pass; numpy only to word an error)."""
         if env_ids is None:
             ids = self._all_ids
         else:
-            ids = np.asarray(env_ids)
+            ids = env_ids if type(env_ids) is np.ndarray else np.asarray(env_ids)
             if ids.ndim != 1 or ids.dtype.kind not in "iu":
                 raise ValueError(f"env_ids must be a 1-d array of ints, got shape {ids.shape} dtype {ids.dtype}")
             if len(ids) == 0:
                 raise ValueError("env_ids is empty")
-            if ids.min() < 0 or ids.max() >= self.num_envs:
-                bad = ids[(ids < 0) | (ids >= self.num_envs)]
-                raise ValueError(f"env ids {bad.tolist()} are out of range for a pool of {self.num_envs} envs")
-            if len(np.unique(ids)) != len(ids):
-                uniq, counts = np.unique(ids, return_counts=True)
-                raise ValueError(f"env ids {uniq[counts > 1].tolist()} appear more than once")
-        busy = self._in_flight[ids]
-        if busy.any():
-            raise RuntimeError(f"env ids {ids[busy].tolist()} are already in flight; recv() them first")
-        return ids
+            if ids.dtype != np.int64 or not ids.flags.c_contiguous:
+                ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if self._wire.claim(ids, self._in_flight):
+            return ids
+        bad = ids[(ids < 0) | (ids >= self.num_envs)]
+        if len(bad):
+            raise ValueError(f"env ids {bad.tolist()} are out of range for a pool of {self.num_envs} envs")
+        uniq, counts = np.unique(ids, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(f"env ids {uniq[counts > 1].tolist()} appear more than once")
+        busy = ids[self._in_flight[ids].astype(bool)]
+        raise RuntimeError(f"env ids {busy.tolist()} are already in flight; recv() them first")
 
     def _dispatch(self, ids: np.ndarray, reset: bool) -> None:
-        self._in_flight[ids] = True
+        self._wire.dispatch(ids, self._owner, reset)
         self._n_flight += len(ids)
-        req = ids.astype(np.uint32)
-        if reset:
-            req |= np.uint32(_core.REQ_RESET)
-        owner = self._owner[ids]
-        wire = self._wire
-        if self.num_workers == 1:
-            wire.push_requests(0, req)
-            wire.post(0, _core.CMD_ASYNC)
-            return
-        for k in np.unique(owner):
-            wire.push_requests(int(k), np.ascontiguousarray(req[owner == k]))
-            wire.post(int(k), _core.CMD_ASYNC)
 
     def _drain_in_flight(self) -> None:
         """Receive and drop everything in flight (reset/call need idle workers)."""
@@ -602,7 +604,7 @@ class Pool:
             out = np.zeros(self._n_flight, dtype=np.uint32)
             got = self._take(out, self._n_flight, "drain")
             ids = out[:got].astype(np.int32)
-            self._in_flight[ids] = False
+            self._in_flight[ids] = 0
             self._n_flight -= got
             try:
                 self._collect(ids, "drain")

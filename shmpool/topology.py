@@ -75,16 +75,23 @@ WAIT_POLICIES = {
 }
 
 
-def resolve_wait_policy(policy, num_workers: int, num_cpus: int) -> tuple[_core.WaitPolicy, _core.WaitPolicy]:
-    """(parent, worker) wait policies from a name, one WaitPolicy, or a pair."""
+def oversubscribed(worker_cpus: list[int], allowed: list[int]) -> bool:
+    """True when workers share cores, or no allowed core is left for the parent."""
+    return len(worker_cpus) > len(set(worker_cpus)) or not set(allowed) - set(worker_cpus)
+
+
+def resolve_wait_policy(policy, crowded: bool) -> tuple[_core.WaitPolicy, _core.WaitPolicy]:
+    """(parent, worker) wait policies from a name, one WaitPolicy, or a pair.
+
+    ``crowded``: processes outnumber cores (see ``oversubscribed``); "auto"
+    then avoids long busy spins, which would steal the core a worker needs."""
     if isinstance(policy, tuple):
         parent, worker = policy
-        return (resolve_wait_policy(parent, num_workers, num_cpus)[0],
-                resolve_wait_policy(worker, num_workers, num_cpus)[1])
+        return resolve_wait_policy(parent, crowded)[0], resolve_wait_policy(worker, crowded)[1]
     if isinstance(policy, _core.WaitPolicy):
         return policy, policy
     if policy == "auto":
-        policy = "yield" if num_workers + 1 > num_cpus else "hybrid"
+        policy = "yield" if crowded else "hybrid"
     try:
         return WAIT_POLICIES[policy], WAIT_POLICIES[policy]
     except KeyError:

@@ -127,6 +127,7 @@ def test_start_methods(method, no_leaks):
 
 @pytest.mark.parametrize("policy", ["spin", "hybrid", "yield", "block"])
 @pytest.mark.parametrize("wake", ["futex", "semaphore"])
+@pytest.mark.filterwarnings("ignore:wait_policy 'spin'")
 def test_every_wait_policy_and_wake_mechanism_gives_the_same_results(policy, wake, no_leaks):
     results = []
     with shmpool.Pool("CartPole-v1", 4, num_workers=2, batch_size=2, seed=0, wait_policy=policy,
@@ -148,3 +149,9 @@ def test_every_wait_policy_and_wake_mechanism_gives_the_same_results(policy, wak
     ref.reset(seed=3)
     for t in range(30):
         np.testing.assert_array_equal(ref.step(np.full(4, t % 2, dtype=np.int64))[0], results[t])
+
+
+def test_spinning_on_shared_cores_warns(no_leaks):
+    cpu = min(os.sched_getaffinity(0))
+    with pytest.warns(RuntimeWarning, match=rf"wait_policy 'spin' with 2 workers on cpus \[{cpu}\]"):
+        shmpool.Pool(EmptyEnv, 2, num_workers=2, cpus=[cpu], wait_policy="spin").close()

@@ -10,7 +10,7 @@ from shmpool import _core, parse_cpu_list
 from shmpool import layout as L
 from shmpool.infos import InfoReader, InfoWriter, add_info
 from shmpool.pool import shard_sizes
-from shmpool.topology import resolve_wait_policy
+from shmpool.topology import oversubscribed, resolve_wait_policy
 
 
 @pytest.mark.parametrize("spec,cpus", [
@@ -37,8 +37,11 @@ def test_shard_sizes_spread_the_remainder():
 
 
 def test_auto_wait_policy_depends_on_oversubscription():
-    assert resolve_wait_policy("auto", 2, 2)[0].name != resolve_wait_policy("auto", 1, 4)[0].name
-    parent, worker = resolve_wait_policy(("block", "spin"), 2, 2)
+    assert oversubscribed([0, 1], [0, 1]) and oversubscribed([0, 0], [0, 1, 2])
+    assert not oversubscribed([1], [0, 1]) and not oversubscribed([0, 1], [0, 1, 2, 3])
+    assert resolve_wait_policy("auto", True)[0].name == "yield"
+    assert resolve_wait_policy("auto", False)[0].name == "hybrid"
+    parent, worker = resolve_wait_policy(("block", "spin"), True)
     assert (parent.name, worker.name) == ("block", "spin")
 
 
@@ -117,8 +120,17 @@ def test_wire_wait_times_out_and_counts_wrap():
     wire.finish_shard()
     assert wire.wait_sync(1, pol, 2_000_000)
     # async: requests in, completions out, in order
-    wire.push_requests(0, np.array([1, 0], dtype=np.uint32))
-    assert wire.pop_request(0) == 1 and wire.pop_request(0) == 0 and wire.pop_request(0) == -1
+    flying = np.zeros(2, dtype=np.uint8)
+    ids = np.array([1, 0], dtype=np.int64)
+    assert wire.claim(ids, flying) and flying.tolist() == [1, 1]
+    assert not wire.claim(np.array([1], dtype=np.int64), flying)  # already in flight
+    flying[:] = 0
+    assert not wire.claim(np.array([0, 0], dtype=np.int64), flying) and flying.tolist() == [0, 0]
+    assert not wire.claim(np.array([0, 2], dtype=np.int64), flying) and flying.tolist() == [0, 0]
+    wire.dispatch(ids, np.zeros(2, dtype=np.int32), True)
+    assert wire.cmd_seq(0) == 1
+    reset = _core.REQ_RESET
+    assert wire.pop_request(0) == 1 | reset and wire.pop_request(0) == 0 | reset and wire.pop_request(0) == -1
     wire.publish(1)
     wire.publish(0)
     out = np.zeros(2, dtype=np.uint32)
