@@ -71,7 +71,7 @@ WAIT_POLICIES = {
     "spin": _core.WaitPolicy("spin", 10_000_000_000, 0),
     "hybrid": _core.WaitPolicy("hybrid", 50_000, 200_000),
     "yield": _core.WaitPolicy("yield", 2_000, 2_000_000),
-    "block": _core.WaitPolicy("block", 0, 0),
+    "block": _core.WaitPolicy("block", 2_000, 0),
 }
 
 
@@ -91,7 +91,13 @@ def resolve_wait_policy(policy, crowded: bool) -> tuple[_core.WaitPolicy, _core.
     if isinstance(policy, _core.WaitPolicy):
         return policy, policy
     if policy == "auto":
-        policy = "yield" if crowded else "hybrid"
+        # Measured on 2 vCPUs with 2 workers: a sleeping parent woken by the
+        # last worker beats every spinning parent, which steals a worker's
+        # core; workers yield-spin so their vCPUs never idle (waking an idle
+        # vCPU costs 70-140 us) and the parent can still run on them.
+        if crowded:
+            return WAIT_POLICIES["block"], WAIT_POLICIES["yield"]
+        policy = "hybrid"
     try:
         return WAIT_POLICIES[policy], WAIT_POLICIES[policy]
     except KeyError:
