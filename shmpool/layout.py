@@ -131,13 +131,6 @@ class Layout:
         lay.size = off
         return lay
 
-    def shard_bounds(self) -> list[tuple[int, int]]:
-        out, start = [], 0
-        for s in self.shard_sizes:
-            out.append((start, start + s))
-            start += s
-        return out
-
 
 class Views:
     """Numpy views of a mapped region, laid out by ``Layout``."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import mmap
 import multiprocessing as mp
 import os
@@ -25,6 +26,7 @@ from . import layout as L
 from .errors import EnvError, PoolClosedError, WorkerDiedError
 from .infos import InfoReader, add_info
 from .topology import allowed_cpus, oversubscribed, resolve_cpus, resolve_wait_policy
+from .workers import loop
 
 _SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
 _CLOSE_GRACE_S = 5.0          # how long close() lets envs close before killing workers
@@ -152,11 +154,8 @@ class Pool:
         seeds = [None] * n if seed is None else [int(seed) + i for i in range(n)]
 
         self._sizes = shard_sizes(n, w)
-        self._bounds: list[tuple[int, int]] = []
-        start = 0
-        for size in self._sizes:
-            self._bounds.append((start, start + size))
-            start += size
+        ends = list(itertools.accumulate(self._sizes))
+        self._bounds = [(end - size, end) for size, end in zip(self._sizes, ends)]
         self._owner = np.repeat(np.arange(w, dtype=np.int32), self._sizes)
         self._side = [collections.deque() for _ in range(w)]
         self._closed = False
@@ -164,16 +163,15 @@ class Pool:
         try:
             self._start(fns, seeds, self.worker_wait_policy, start_method, startup_timeout)
         except BaseException:
-            self._kill_workers()
             self._closed = True
+            self._kill_workers()
+            self._release()
             raise
 
     # --- start-up -----------------------------------------------------------
 
     def _start(self, fns, seeds, policy, start_method, startup_timeout) -> None:
         ctx = mp.get_context(start_method)
-        from .workers import loop  # noqa: PLC0415 - keeps worker code out of import time
-
         me = (os.getpid(), psutil.Process().create_time())
         saved = {k: os.environ.get(k) for k in loop.THREAD_ENV_VARS}
         os.environ.update({k: "1" for k in loop.THREAD_ENV_VARS})  # spawned workers start with 1 thread
@@ -251,7 +249,6 @@ class Pool:
         # step()'s fast path: an array of exactly the slots' shape and dtype.
         self._act_fast = views.act[0] if self._act_is_leaf else None
         self._sync_seq = 0
-        self._cmd_seq = [0] * self.num_workers
         self._tail = 0
         self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
         self._n_flight = 0
@@ -400,8 +397,8 @@ class Pool:
         return tuple(self._broadcast(("call", name, args, kwargs), f"call {name!r}"))
 
     def get_attr(self, name: str) -> tuple:
-        """``getattr(env, name)`` of every env, in env order."""
-        return self.call(name)
+        """``getattr(env, name)`` of every env, in env order (methods are returned, not called)."""
+        return tuple(self._broadcast(("get_attr", name), f"get_attr {name!r}"))
 
     def set_attr(self, name: str, values) -> None:
         """Set ``name`` on every env: a list/tuple gives one value per env, anything else is shared."""

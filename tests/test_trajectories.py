@@ -179,6 +179,8 @@ def test_call_get_attr_set_attr(no_leaks):
         assert pool.get_attr("marker") == ("fresh",) * 3
         pool.set_attr("marker", ["a", "b", "c"])
         assert pool.call("get_marker", "!") == ("a!", "b!", "c!")
+        methods = pool.get_attr("get_marker")  # returned, not called
+        assert all(callable(m) for m in methods)
         pool.set_attr("marker", "z")
         assert pool.get_attr("marker") == ("z",) * 3
 

@@ -267,6 +267,14 @@ class Server:
                     except Exception as exc:
                         self._failed(shard.start + k, f"call {name!r}", exc)
                         return
+            elif op == "get_attr":
+                value = []
+                for k, env in enumerate(shard.envs):
+                    try:
+                        value.append(getattr(env, msg[1]))
+                    except Exception as exc:
+                        self._failed(shard.start + k, f"get_attr {msg[1]!r}", exc)
+                        return
             elif op == "set_attr":
                 _, name, values = msg
                 for k, env in enumerate(shard.envs):
