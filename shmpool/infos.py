@@ -148,7 +148,12 @@ class InfoReader:
 def add_info(infos: dict, info: dict, index: int, size: int) -> dict:
     """Merge one env's info into batched ``infos`` at ``index`` (gymnasium's rules)."""
     for key, value in info.items():
-        if isinstance(value, dict):
+        if key == "final_obs":  # gymnasium keeps final observations unbatched, one object per env
+            array = infos.get(key)
+            if array is None:
+                array = np.full(size, fill_value=None, dtype=object)
+            array[index] = value
+        elif isinstance(value, dict):
             array = add_info(infos.get(key, {}), value, index, size)
         else:
             array = infos.get(key)

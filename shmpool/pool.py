@@ -20,9 +20,11 @@ import gymnasium
 import numpy as np
 import posix_ipc
 import psutil
+from gymnasium.vector import AutoresetMode
 
 from . import _core
 from . import layout as L
+from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
 from .errors import EnvError, PoolClosedError, WorkerDiedError
 from .infos import InfoReader, add_info
 from .topology import allowed_cpus, oversubscribed, resolve_cpus, resolve_wait_policy
@@ -114,6 +116,7 @@ class Pool:
         copy: bool = False,
         start_method: str | None = None,
         wake: str = "auto",
+        autoreset_mode: str | AutoresetMode = NEXT_STEP,
         **env_kwargs: Any,
     ) -> None:
         self._closed = True          # until start-up succeeds, close() has little to do
@@ -147,6 +150,7 @@ class Pool:
                 "sharing them: a spinning process keeps a core another one needs; expect a large slowdown",
                 RuntimeWarning, stacklevel=2)
         self.step_timeout = step_timeout
+        self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
         self._use_sems = wake == "semaphore" or not _core.have_futex()
         if seed is not None and not isinstance(seed, (int, np.integer)):
@@ -228,7 +232,7 @@ class Pool:
                                     sems=sems, slice_ns=_SLICE_NS)
             self._wire.init_header()
             for conn, proc in zip(self._conns, self._procs):
-                conn.send(("map", layout, policy, _SLICE_NS, sem_names))
+                conn.send(("map", layout, policy, _SLICE_NS, sem_names, self.autoreset_mode))
                 send_handle(conn, shm.fd, proc.pid)
             try:
                 for k in range(self.num_workers):
@@ -283,12 +287,18 @@ class Pool:
     def reset(self, seed: int | Sequence[int | None] | None = None, options: dict | None = None):
         """Reset every env; returns ``(obs, infos)``.
 
-        ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one per env."""
+        ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one per env.
+        ``options["reset_mask"]`` (bool array, one per env) resets only those envs,
+        as gymnasium's vector envs do; the other envs keep their observations."""
         self._check_open()
-        self._drain_in_flight()
         seeds = self._seed_list(seed)
+        mask = None
+        if options is not None and "reset_mask" in options:
+            options = dict(options)
+            mask = self._check_reset_mask(options.pop("reset_mask"))
+        self._drain_in_flight()
         for k, (a, b) in enumerate(self._bounds):
-            self._conns[k].send(("reset", seeds[a:b], options))
+            self._conns[k].send(("reset", seeds[a:b], options, None if mask is None else mask[a:b].tolist()))
             self._wire.post(k, _core.CMD_MESSAGE)
         self._replies("reset")
         self._blocked = None
@@ -309,6 +319,8 @@ class Pool:
             raise RuntimeError(
                 f"step() needs every env idle but {self._n_flight} are in flight from send(); "
                 "recv() them first")
+        if self.autoreset_mode == DISABLED:
+            self._refuse_ended_envs()
         dst = self._act_fast
         if (dst is not None and type(actions) is np.ndarray and actions.dtype == dst.dtype
                 and actions.shape == dst.shape):
@@ -343,6 +355,8 @@ class Pool:
             raise self._blocked[0](self._blocked[1])
         ids = self._claim(env_ids)
         try:
+            if self.autoreset_mode == DISABLED:
+                self._refuse_ended_envs(ids)
             self._write_actions(actions, ids)
         except BaseException:
             self._in_flight[ids] = 0
@@ -538,6 +552,21 @@ class Pool:
             raise ValueError(f"seed list has {len(seeds)} entries, the pool has {n} envs")
         return seeds
 
+    def _check_reset_mask(self, mask) -> np.ndarray:
+        """gymnasium's checks on ``options["reset_mask"]``, with its messages."""
+        n = self.num_envs
+        if not isinstance(mask, np.ndarray):
+            raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+        if mask.shape != (n,):
+            raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
+        if mask.dtype != np.bool_:
+            raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+        if not np.any(mask):
+            raise ValueError(
+                "`options['reset_mask']` must contain a boolean array with at least one True value, "
+                f"got reset_mask={mask}")
+        return mask
+
     def _out_obs(self):
         if not self._copy:
             return self._obs_views
@@ -567,6 +596,16 @@ class Pool:
             np.copyto(dst, a, casting="same_kind")
         else:
             dst[ids] = a
+
+    def _refuse_ended_envs(self, ids: np.ndarray | None = None) -> None:
+        """Without autoreset, stepping an env whose episode ended is a caller bug."""
+        v = self._views
+        done = v.terminated | v.truncated
+        ended = np.flatnonzero(done) if ids is None else ids[done[ids]]
+        if len(ended):
+            raise ValueError(
+                f"envs {ended.tolist()} ended their episodes and autoreset is disabled: reset them with "
+                "reset(options={'reset_mask': mask}) before stepping")
 
     def _claim(self, env_ids) -> np.ndarray:
         """Validate env ids and mark them in flight (one C pass; numpy only to word an error)."""

@@ -22,8 +22,11 @@ def tree_equal(a, b, path="obs"):
         assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} vs {b.dtype}"
         assert a.shape == b.shape, f"{path}: shape {a.shape} vs {b.shape}"
         if a.dtype == object:
-            assert list(a) == list(b) or all(
-                (x is None and y is None) or np.array_equal(x, y) for x, y in zip(a, b)), path
+            for i, (x, y) in enumerate(zip(a, b)):
+                if x is None or y is None or isinstance(x, str):
+                    assert x == y, f"{path}[{i}]: {x!r} vs {y!r}"
+                else:
+                    tree_equal(x, y, f"{path}[{i}]")
         else:
             np.testing.assert_array_equal(a, b, err_msg=path)
 
@@ -204,3 +207,54 @@ def test_dict_and_tuple_actions_round_trip(no_leaks):
         obs, *_ = pool.step(act)
         np.testing.assert_allclose(obs[:, 0], [0, 1, 2, 1])
         np.testing.assert_allclose(obs[:, 1:], act["aim"][0])
+
+
+@pytest.mark.parametrize("name,env_fn", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("mode", ["same_step", "disabled"])
+def test_other_autoreset_modes_match_sync_vector_env(name, env_fn, mode, no_leaks):
+    gym_mode = gym.vector.AutoresetMode.SAME_STEP if mode == "same_step" else gym.vector.AutoresetMode.DISABLED
+    n = 5
+    ref = gym.vector.SyncVectorEnv([env_fn] * n, autoreset_mode=gym_mode)
+    with shmpool.Pool(env_fn, n, num_workers=2, autoreset_mode=gym_mode) as pool:
+        assert pool.autoreset_mode == mode
+        tree_equal(ref.reset(seed=3)[0], pool.reset(seed=3)[0])
+        ends = 0
+        for t, act in enumerate(actions_for(ref.single_action_space, n, 150 if name != "DictEnv" else 60)):
+            r, p = ref.step(act), pool.step(act)
+            for field, x, y in zip(("obs", "reward", "terminated", "truncated", "infos"), r, p):
+                tree_equal(x, y, f"{field} at step {t}")
+            done = r[2] | r[3]
+            ends += int(done.sum())
+            if mode == "disabled" and done.any():
+                with pytest.raises(ValueError, match=r"ended their episodes and autoreset is disabled"):
+                    pool.step(act)
+                seeds = [100 + t + i for i in range(n)]
+                r_obs, r_info = ref.reset(seed=seeds, options={"reset_mask": done})
+                p_obs, p_info = pool.reset(seed=seeds, options={"reset_mask": done})
+                tree_equal(r_obs, p_obs, f"obs after partial reset at step {t}")
+                tree_equal(r_info, p_info, f"infos after partial reset at step {t}")
+        assert ends > 0, "the trajectory must end episodes to test the mode"
+    ref.close()
+
+
+@pytest.mark.parametrize("mask,exc,msg", [
+    ([True, False], TypeError, "must be a numpy array"),
+    (np.array([True]), ValueError, r"must have shape `\(2,\)`"),
+    (np.array([1, 0]), TypeError, "must have `dtype=np.bool_`"),
+    (np.array([False, False]), ValueError, "at least one True value"),
+])
+def test_reset_mask_is_checked_like_gymnasium(mask, exc, msg, no_leaks):
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    ref.reset()
+    with pytest.raises(exc, match=msg):
+        ref.reset(options={"reset_mask": mask})
+    with shmpool.Pool("CartPole-v1", 2, num_workers=1) as pool:
+        pool.reset()
+        with pytest.raises(exc, match=msg):
+            pool.reset(options={"reset_mask": mask})
+        pool.step(np.zeros(2, dtype=np.int64))  # still usable
+
+
+def test_unknown_autoreset_mode():
+    with pytest.raises(ValueError, match="unknown autoreset_mode 'later'"):
+        shmpool.Pool("CartPole-v1", 2, autoreset_mode="later")

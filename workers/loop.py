@@ -125,7 +125,7 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
     msg = conn.recv()
     if msg[0] != "map":
         return
-    _, layout, policy, slice_ns, sem_names = msg
+    _, layout, policy, slice_ns, sem_names, autoreset_mode = msg
     fd = recv_handle(conn)
     region = mmap.mmap(fd, layout.size)
     os.close(fd)
@@ -136,7 +136,7 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
     wire = _core.Wire(region, layout.shard_sizes, num_envs=layout.num_envs, sems=sems, slice_ns=slice_ns)
     wire.check_header()
     views = L.Views(layout, region)
-    shard = Shard(envs, start, layout, views, region, first.observation_space, first.action_space)
+    shard = Shard(envs, start, views, region, first.observation_space, first.action_space, autoreset_mode)
     shard.pending_seeds = list(seeds)
     conn.send(("ready",))
     try:
@@ -245,8 +245,14 @@ class Server:
         shard = self.shard
         try:
             if op == "reset":
-                _, seeds, options = msg
+                _, seeds, options, mask = msg
                 for k, i in enumerate(range(shard.start, shard.stop)):
+                    if mask is not None and not mask[k]:
+                        # A partial reset leaves this env alone; its old infos
+                        # must not be read as part of this reset.
+                        self.views.info_mask[i] = 0
+                        self.views.status[i] = L.STATUS_OK
+                        continue
                     try:
                         info = shard.reset(i, seeds[k], options)
                     except Exception as exc:

@@ -5,6 +5,7 @@ import numpy as np
 from gymnasium.spaces import Dict, Tuple
 
 from shmpool import layout as L
+from shmpool.autoreset import NEXT_STEP, SAME_STEP
 from shmpool.infos import InfoWriter
 
 
@@ -29,17 +30,17 @@ def _leaf_writer(arr: np.ndarray):
 class Shard:
     """The envs ``start..stop-1`` of one worker, writing results by env id."""
 
-    def __init__(self, envs: list, start: int, layout: L.Layout, views: L.Views, buf,
-                 obs_space, act_space) -> None:
+    def __init__(self, envs: list, start: int, views: L.Views, buf, obs_space, act_space,
+                 autoreset_mode: str = NEXT_STEP) -> None:
         self.envs = envs
         self.start = start
         self.stop = start + len(envs)
         self.views = views
         self.infos = InfoWriter(views, buf)
-        self.autoreset = [False] * len(envs)
+        self.autoreset = [False] * len(envs)   # NEXT_STEP: reset at the next step
+        self.same_step = autoreset_mode == SAME_STEP
+        self.next_step = autoreset_mode == NEXT_STEP
         self.pending_seeds: list = [None] * len(envs)
-        self._obs_space = obs_space
-        self._act_space = act_space
         writers = [_leaf_writer(a) for a in views.obs]
         if len(writers) == 1 and not isinstance(obs_space, (Dict, Tuple)):
             self.write_obs = writers[0]
@@ -58,23 +59,34 @@ class Shard:
             self.action = action
 
     def step(self, i: int):
-        """Step env ``i`` (or reset it, if its last step ended an episode).
+        """Step env ``i`` under the autoreset mode; returns its info dict after
+        writing everything else in place.
 
-        Returns the info dict, after writing everything else in place."""
+        NEXT_STEP: the step after an episode ends resets instead (reward 0).
+        SAME_STEP: an ending step resets at once; the info then carries
+        ``final_obs`` and ``final_info`` (gymnasium's layout).
+        DISABLED: no resets; the parent refuses to step an env that ended."""
         j = i - self.start
         v = self.views
+        env = self.envs[j]
         if self.autoreset[j]:
-            obs, info = self.envs[j].reset()
+            obs, info = env.reset()
             self.autoreset[j] = False
             v.reward[i] = 0.0
             v.terminated[i] = False
             v.truncated[i] = False
         else:
-            obs, reward, terminated, truncated, info = self.envs[j].step(self.action(i))
+            obs, reward, terminated, truncated, info = env.step(self.action(i))
             v.reward[i] = reward
             v.terminated[i] = terminated
             v.truncated[i] = truncated
-            self.autoreset[j] = bool(terminated or truncated)
+            if terminated or truncated:
+                if self.next_step:
+                    self.autoreset[j] = True
+                elif self.same_step:
+                    final = {"final_obs": obs, "final_info": info}
+                    obs, info = env.reset()
+                    info = {**final, **info}
         self.write_obs(i, obs)
         return info
 
