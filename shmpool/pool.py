@@ -253,6 +253,7 @@ class Pool:
         # step()'s fast path: an array of exactly the slots' shape and dtype.
         self._act_fast = views.act[0] if self._act_is_leaf else None
         self._sync_seq = 0
+        self._step_target: int | None = None   # sync-counter value a pending step_async waits for
         self._tail = 0
         self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
         self._n_flight = 0
@@ -313,8 +314,15 @@ class Pool:
         if env_ids is not None:
             self.send(actions, env_ids)
             return self.recv()
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions) -> None:
+        """Start stepping every env with ``actions``; ``step_wait()`` returns the results."""
         if self._blocked is not None:
             raise self._blocked[0](self._blocked[1])
+        if self._step_target is not None:
+            raise RuntimeError("step_async() while a step is pending; call step_wait() first")
         if self._n_flight:
             raise RuntimeError(
                 f"step() needs every env idle but {self._n_flight} are in flight from send(); "
@@ -327,11 +335,23 @@ class Pool:
             dst[...] = actions
         else:
             self._write_actions(actions, None)
-        wire = self._wire
-        target = self._sync_seq = (self._sync_seq + self.num_workers) & 0xFFFFFFFF
-        wire.post_all(_core.CMD_STEP)
-        if not wire.wait_sync(target, self.wait_policy, _SLICE_NS):
-            self._wait("step", lambda: wire.wait_sync(target, self.wait_policy, _SLICE_NS))
+        self._step_target = (self._sync_seq + self.num_workers) & 0xFFFFFFFF
+        self._wire.post_all(_core.CMD_STEP)
+
+    def step_wait(self, timeout: float | None = None):
+        """Results of the pending ``step_async()``, in env order.
+
+        ``timeout`` (seconds): raise ``TimeoutError`` if the step is not done by
+        then; the step stays pending and ``step_wait()`` can be called again."""
+        target = self._step_target
+        if target is None:
+            self._check_open()
+            raise RuntimeError("step_wait() without a pending step_async()")
+        wire, policy = self._wire, self.wait_policy
+        if not wire.wait_sync(target, policy, _SLICE_NS if timeout is None else min(_SLICE_NS, int(timeout * 1e9))):
+            self._wait("step", lambda slice_ns: wire.wait_sync(target, policy, slice_ns), timeout)
+        self._sync_seq = target
+        self._step_target = None
         infos = self._collect(None, "step")
         v = self._views
         if self._copy:
@@ -353,6 +373,8 @@ class Pool:
         ``actions`` is batched like ``action_space`` with ``len(env_ids)`` rows."""
         if self._blocked is not None:
             raise self._blocked[0](self._blocked[1])
+        if self._step_target is not None:
+            raise RuntimeError("a step_async() is pending; call step_wait() first")
         ids = self._claim(env_ids)
         try:
             if self.autoreset_mode == DISABLED:
@@ -392,9 +414,9 @@ class Pool:
         wire = self._wire
         got = wire.take(self._tail, out, 0, n, self.wait_policy, _SLICE_NS)
         if got < n:
-            def more():
+            def more(slice_ns):
                 nonlocal got
-                got += wire.take(self._tail + got, out, got, n - got, self.wait_policy, _SLICE_NS)
+                got += wire.take(self._tail + got, out, got, n - got, self.wait_policy, slice_ns)
                 return got == n
             try:
                 self._wait(op, more)
@@ -636,6 +658,8 @@ class Pool:
 
     def _drain_in_flight(self) -> None:
         """Receive and drop everything in flight (reset/call need idle workers)."""
+        if self._step_target is not None:
+            raise RuntimeError("a step_async() is pending; call step_wait() first")
         if self._n_flight:
             out = np.zeros(self._n_flight, dtype=np.uint32)
             got = self._take(out, self._n_flight, "drain")
@@ -647,11 +671,20 @@ class Pool:
             except EnvError:
                 pass  # the reset that follows makes the failed env usable again
 
-    def _wait(self, op: str, ready: Callable[[], bool]) -> None:
-        """Repeat one-slice waits, checking workers and the step timeout between slices."""
+    def _wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None) -> None:
+        """Repeat ``ready(slice_ns)`` waits, checking the workers and the step timeout
+        between slices.  ``timeout`` raises TimeoutError and leaves the operation pending."""
         start = time.monotonic()
         try:
-            while not ready():
+            while True:
+                slice_ns = _SLICE_NS
+                if timeout is not None:
+                    left = timeout - (time.monotonic() - start)
+                    if left <= 0:
+                        raise TimeoutError(f"{op} did not finish within {timeout} s; it is still pending")
+                    slice_ns = min(slice_ns, int(left * 1e9))
+                if ready(slice_ns):
+                    return
                 self._check_alive(op)
                 if self.step_timeout is not None and time.monotonic() - start > self.step_timeout:
                     self._fail_timeout(op)

@@ -196,3 +196,28 @@ def test_failed_call_names_env(no_leaks):
         with pytest.raises(EnvError, match=r"env 0 \(worker 0.*raised in call 'nope': AttributeError"):
             pool.call("nope")
         assert pool.get_attr("marker") == ("fresh",) * 3
+
+
+def test_step_async_wait_and_a_timeout_that_keeps_the_step_pending(no_leaks):
+    class Slow(FaultyEnv):
+        def step(self, action):
+            time.sleep(0.3)
+            return super().step(action)
+
+    with shmpool.Pool([Slow] * 2, num_workers=2) as pool:
+        pool.reset()
+        with pytest.raises(RuntimeError, match="step_wait\\(\\) without a pending step_async\\(\\)"):
+            pool.step_wait()
+        pool.step_async(np.zeros(2, dtype=np.int64))
+        with pytest.raises(RuntimeError, match="step_async\\(\\) while a step is pending"):
+            pool.step_async(np.zeros(2, dtype=np.int64))
+        for call in (pool.reset, lambda: pool.send(np.zeros(2, dtype=np.int64)), lambda: pool.call("steps")):
+            with pytest.raises(RuntimeError, match="a step_async\\(\\) is pending"):
+                call()
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="step did not finish within 0.05 s; it is still pending"):
+            pool.step_wait(timeout=0.05)
+        assert time.monotonic() - t0 < 0.2
+        obs, rew, *_ = pool.step_wait(timeout=5)
+        assert rew.tolist() == [1.0, 1.0] and obs[:, 0].tolist() == [1.0, 1.0]
+        assert not pool.closed
