@@ -428,34 +428,51 @@ class Pool:
 
     # --- messages: call / attributes ----------------------------------------
 
-    def call(self, name: str, *args, **kwargs) -> tuple:
-        """Call ``env.name(*args, **kwargs)`` (or read the attribute) in every env, in env order."""
-        return tuple(self._broadcast(("call", name, args, kwargs), f"call {name!r}"))
+    def call(self, name: str, *args, env_ids=None, **kwargs) -> tuple:
+        """Call ``env.name(*args, **kwargs)`` (or read the attribute if it is not
+        callable) in every env, or in ``env_ids`` only (the keyword is reserved);
+        results in env order, or in the order of ``env_ids``."""
+        return self._per_env("call", name, env_ids, lambda n: [(args, kwargs)] * n)
 
-    def get_attr(self, name: str) -> tuple:
-        """``getattr(env, name)`` of every env, in env order (methods are returned, not called)."""
-        return tuple(self._broadcast(("get_attr", name), f"get_attr {name!r}"))
+    def get_attr(self, name: str, env_ids=None) -> tuple:
+        """``getattr(env, name)`` of every env or of ``env_ids`` (methods are returned, not called)."""
+        return self._per_env("get_attr", name, env_ids, lambda n: [None] * n)
 
-    def set_attr(self, name: str, values) -> None:
-        """Set ``name`` on every env: a list/tuple gives one value per env, anything else is shared."""
+    def set_attr(self, name: str, values, env_ids=None) -> None:
+        """Set ``name`` on every env or on ``env_ids``: a list/tuple gives one value per env, anything
+        else is shared."""
+        def per_env(n):
+            if not isinstance(values, (list, tuple)):
+                return [values] * n
+            if len(values) != n:
+                raise ValueError(f"set_attr needs {n} values, got {len(values)}")
+            return list(values)
+        self._per_env("set_attr", name, env_ids, per_env)
+
+    def _per_env(self, op: str, name: str, env_ids, payloads: Callable[[int], list]) -> tuple:
+        """Run a message op on chosen envs; only the workers that own them are asked."""
         self._check_open()
+        if env_ids is None:
+            ids = list(range(self.num_envs))
+        else:
+            ids = [env_ids] if isinstance(env_ids, (int, np.integer)) else list(env_ids)
+            bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs]
+            if bad:
+                raise ValueError(f"env ids {bad} are out of range for a pool of {self.num_envs} envs")
+        items = payloads(len(ids))
         self._drain_in_flight()
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(f"set_attr needs {self.num_envs} values, got {len(values)}")
-        for k, (a, b) in enumerate(self._bounds):
-            self._conns[k].send(("set_attr", name, list(values[a:b])))
+        by_worker: dict[int, list[int]] = {}
+        for pos, env_id in enumerate(ids):
+            by_worker.setdefault(int(self._owner[env_id]), []).append(pos)
+        for k, positions in by_worker.items():
+            start = self._bounds[k][0]
+            self._conns[k].send((op, name, [int(ids[p]) - start for p in positions], [items[p] for p in positions]))
             self._wire.post(k, _core.CMD_MESSAGE)
-        self._replies(f"set_attr {name!r}")
-
-    def _broadcast(self, msg, op: str) -> list:
-        self._check_open()
-        self._drain_in_flight()
-        for k in range(self.num_workers):
-            self._conns[k].send(msg)
-            self._wire.post(k, _core.CMD_MESSAGE)
-        return [value for answer in self._replies(op) for value in answer]
+        out: list = [None] * len(ids)
+        for k, answer in zip(by_worker, self._replies(f"{op} {name!r}", list(by_worker))):
+            for pos, value in zip(by_worker[k], answer):
+                out[pos] = value
+        return tuple(out)
 
     # --- closing ------------------------------------------------------------
 
@@ -743,11 +760,11 @@ class Pool:
         self._kill_workers()
         self._release()
 
-    def _replies(self, op: str) -> list:
-        """Every worker's answer to the message just posted, in worker order.
+    def _replies(self, op: str, workers: list[int] | None = None) -> list:
+        """The answers of ``workers`` (all by default) to the message just posted, in that order.
 
         All answers are read before a failure is raised, so none is left in a pipe."""
-        answers = [self._reply(k, op) for k in range(self.num_workers)]
+        answers = [self._reply(k, op) for k in (range(self.num_workers) if workers is None else workers)]
         for a in answers:
             if isinstance(a, EnvError):
                 raise a

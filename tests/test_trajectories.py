@@ -186,6 +186,15 @@ def test_call_get_attr_set_attr(no_leaks):
         assert all(callable(m) for m in methods)
         pool.set_attr("marker", "z")
         assert pool.get_attr("marker") == ("z",) * 3
+        # a subset, in the caller's order, touching only the envs named
+        pool.set_attr("marker", ["q", "p"], env_ids=[2, 0])
+        assert pool.get_attr("marker") == ("p", "z", "q")
+        assert pool.call("get_marker", "?", env_ids=[1, 2]) == ("z?", "q?")
+        assert pool.get_attr("marker", env_ids=2) == ("q",)
+        with pytest.raises(ValueError, match=r"env ids \[3\] are out of range"):
+            pool.get_attr("marker", env_ids=[3])
+        with pytest.raises(ValueError, match="set_attr needs 2 values, got 3"):
+            pool.set_attr("marker", [1, 2, 3], env_ids=[0, 1])
 
 
 def test_dict_and_tuple_actions_round_trip(no_leaks):

@@ -263,33 +263,22 @@ class Server:
             elif op == "seed":
                 shard.pending_seeds = list(msg[1])
                 value = None
-            elif op == "call":
-                _, name, args, kwargs = msg
+            elif op in ("call", "get_attr", "set_attr"):
+                _, name, ks, items = msg
                 value = []
-                for k, env in enumerate(shard.envs):
+                for k, item in zip(ks, items):
+                    env = shard.envs[k]
                     try:
-                        attr = getattr(env, name)
-                        value.append(attr(*args, **kwargs) if callable(attr) else attr)
+                        if op == "call":
+                            attr = getattr(env, name)
+                            value.append(attr(*item[0], **item[1]) if callable(attr) else attr)
+                        elif op == "get_attr":
+                            value.append(getattr(env, name))
+                        else:
+                            setattr(env, name, item)
                     except Exception as exc:
-                        self._failed(shard.start + k, f"call {name!r}", exc)
+                        self._failed(shard.start + k, f"{op} {name!r}", exc)
                         return
-            elif op == "get_attr":
-                value = []
-                for k, env in enumerate(shard.envs):
-                    try:
-                        value.append(getattr(env, msg[1]))
-                    except Exception as exc:
-                        self._failed(shard.start + k, f"get_attr {msg[1]!r}", exc)
-                        return
-            elif op == "set_attr":
-                _, name, values = msg
-                for k, env in enumerate(shard.envs):
-                    try:
-                        setattr(env, name, values[k])
-                    except Exception as exc:
-                        self._failed(shard.start + k, f"set_attr {name!r}", exc)
-                        return
-                value = None
             else:
                 raise ValueError(f"unknown message {op!r}")
         except Exception as exc:
