@@ -702,12 +702,23 @@ class Pool:
                     slice_ns = min(slice_ns, int(left * 1e9))
                 if ready(slice_ns):
                     return
+                self._pump_side()
                 self._check_alive(op)
                 if self.step_timeout is not None and time.monotonic() - start > self.step_timeout:
                     self._fail_timeout(op)
         except KeyboardInterrupt:
             self._kill_workers_now()
             raise
+
+    def _pump_side(self) -> None:
+        """Move side messages already in the pipes into the queues, so no worker
+        blocks on a full pipe while the parent waits for its results."""
+        for conn, queue in zip(self._conns, self._side):
+            try:
+                while conn.poll(0):
+                    queue.append(conn.recv())
+            except (EOFError, OSError):
+                pass  # a dead worker is reported by _check_alive
 
     def _check_alive(self, op: str) -> None:
         for k, proc in enumerate(self._procs):
@@ -719,13 +730,10 @@ class Pool:
         proc.join(timeout=0.5)
         code = proc.exitcode
         last = ""
-        try:
-            while self._conns[k].poll(0):
-                msg = self._conns[k].recv()
-                if msg and msg[0] in ("error", "failed"):
-                    last = f"; its last words:\n{msg[4]}"
-        except (EOFError, OSError, Exception):
-            pass
+        self._pump_side()
+        for msg in self._side[k]:
+            if msg[0] in ("error", "failed") and msg[1] is None:  # not an env's error: the worker's own
+                last = f"; its last words:\n{msg[4]}"
         if code is not None and code < 0:
             try:
                 how = f"was killed by {signal.Signals(-code).name}"

@@ -128,3 +128,24 @@ class ProbeEnv(EmptyEnv):
             "pools": [p["num_threads"] for p in threadpool_info()],
             "sigint": signal.getsignal(signal.SIGINT),
         }
+
+
+class BigObsEnv(gym.Env):
+    """Image observations and fixed-length episodes: every env ends on the same step."""
+
+    observation_space = spaces.Box(0, 255, (64, 64, 4), np.uint8)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, length: int = 3):
+        self.length = length
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.np_random.integers(0, 256, self.observation_space.shape, dtype=np.uint8), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.full(self.observation_space.shape, self.t, np.uint8)
+        return obs, 1.0, self.t >= self.length, False, {"frame": obs.copy()}

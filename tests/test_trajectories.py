@@ -88,10 +88,14 @@ def gather_async(pool, n, actions, batch):
         for row, env_id in enumerate(ids):
             results[int(env_id)] = (
                 _row(obs, row), rew[row], term[row], trunc[row],
-                {k: v[row] for k, v in infos.items() if k != "env_id"})
+                _info_row(infos, row))
         seen.extend(ids.tolist())
     assert sorted(seen) == list(range(n)), "every env must be received exactly once per send"
     return results
+
+
+def _info_row(infos, i):
+    return {k: _info_row(v, i) if isinstance(v, dict) else v[i] for k, v in infos.items() if k != "env_id"}
 
 
 def _row(obs, i):
@@ -267,3 +271,29 @@ def test_reset_mask_is_checked_like_gymnasium(mask, exc, msg, no_leaks):
 def test_unknown_autoreset_mode():
     with pytest.raises(ValueError, match="unknown autoreset_mode 'later'"):
         shmpool.Pool("CartPole-v1", 2, autoreset_mode="later")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_side_messages_larger_than_a_pipe_do_not_stall(mode, no_leaks):
+    """16 envs end at once, each sending ~32 kB of final_obs and info arrays: far more than a pipe holds."""
+    from envs import BigObsEnv
+    n = 16
+    ref = gym.vector.SyncVectorEnv([BigObsEnv] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with shmpool.Pool(BigObsEnv, n, num_workers=2, autoreset_mode="same_step", step_timeout=20,
+                      batch_size=n // 2 if mode == "async" else None, seed=0) as pool:
+        ref.reset(seed=0)
+        pool.reset(seed=0)
+        acts = np.zeros(n, dtype=np.int64)
+        for t in range(7):
+            r = ref.step(acts)
+            if mode == "sync":
+                p = pool.step(acts)
+                tree_equal(r[4], p[4], f"infos at step {t}")
+                tree_equal(r[0], p[0], f"obs at step {t}")
+            else:
+                got = gather_async(pool, n, acts, n // 2)
+                for i in range(n):
+                    tree_equal(r[0][i], got[i][0], f"obs of env {i} at step {t}")
+                    if r[4].get("_final_obs", np.zeros(n, bool))[i]:
+                        tree_equal(r[4]["final_obs"][i], got[i][4]["final_obs"], f"final_obs of env {i}")
+    ref.close()

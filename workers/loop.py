@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import pickle
 import signal
 import traceback
 from multiprocessing.reduction import recv_handle
@@ -74,11 +75,12 @@ def _error(conn, env_id, phase: str, exc: BaseException) -> None:
     conn.send(("error", env_id, phase, type(exc).__name__, traceback.format_exc()))
 
 
-def _send_extra(conn, env_id: int, extra: dict) -> None:
+def _pickled_extra(env_id: int, extra: dict) -> bytes:
     try:
-        conn.send(("extra", env_id, extra))
+        return pickle.dumps(("extra", env_id, extra), pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # unpicklable info value: say so rather than die
-        conn.send(("extra", env_id, {k: f"<unpicklable {type(v).__name__}: {exc}>" for k, v in extra.items()}))
+        return pickle.dumps(("extra", env_id, {k: f"<unpicklable {type(v).__name__}: {exc}>"
+                                               for k, v in extra.items()}))
 
 
 def main(conn, index: int, cpu: int | None, parent: tuple[int, float], env_fns_blob: bytes, start: int,
@@ -164,6 +166,7 @@ class Server:
         self.policy = policy
         self.slice_ns = slice_ns
         self.watch = watch
+        self.outbox: list[bytes] = []   # side messages waiting for their results to be published
 
     def serve(self) -> None:
         wire, index = self.wire, self.index
@@ -181,6 +184,7 @@ class Server:
                 self.step_shard()
                 wire.finish(index, seq)
                 wire.finish_shard()
+                self.flush()
             elif cmd == _core.CMD_ASYNC:
                 self.drain()
                 wire.finish(index, seq)
@@ -192,12 +196,24 @@ class Server:
                 return
             seen = seq
 
+    def flush(self) -> None:
+        """Send the side messages of results already published.
+
+        Sending only after publishing means the parent is never waiting on a
+        result while this worker waits for room in the pipe (it holds ~90 kB):
+        the parent reads side messages after it has seen the result, and
+        drains the pipes while it waits."""
+        for data in self.outbox:
+            self.conn.send_bytes(data)
+        self.outbox.clear()
+
     def _finish_env(self, i: int, info) -> None:
         """Write the info and status of env ``i`` (results are already in place)."""
         if info:
             extra = self.shard.infos.write(i, info)
             if extra:
-                _send_extra(self.conn, i, extra)
+                # Pickled now: the env may reuse these objects once stepped again.
+                self.outbox.append(_pickled_extra(i, extra))
                 self.views.status[i] = L.STATUS_EXTRA
                 return
         else:
@@ -205,7 +221,7 @@ class Server:
         self.views.status[i] = L.STATUS_OK
 
     def _fail_env(self, i: int, phase: str, exc: BaseException) -> None:
-        _error(self.conn, i, phase, exc)
+        self.outbox.append(pickle.dumps(("error", i, phase, type(exc).__name__, traceback.format_exc())))
         self.views.info_mask[i] = 0
         self.views.status[i] = L.STATUS_ERROR
 
@@ -239,6 +255,8 @@ class Server:
             else:
                 self._finish_env(i, info)
             wire.publish(i)
+            if self.outbox:
+                self.flush()
 
     def message(self, msg) -> None:
         op = msg[0]
@@ -284,6 +302,7 @@ class Server:
         except Exception as exc:
             self._failed(None, op, exc)
             return
+        self.flush()
         try:
             self.conn.send(("reply", value))
         except Exception as exc:
