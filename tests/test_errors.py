@@ -17,6 +17,14 @@ def faulty(fail_in, at=2, how="raise"):
 ZEROS = np.zeros(4, dtype=np.int64)
 
 
+def step_all(pool, mode):
+    """One step of every env: ``step()``, or ``send()`` then ``recv()``."""
+    if mode == "sync":
+        return pool.step(ZEROS)
+    pool.send(ZEROS)
+    return pool.recv()
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_exception_in_step_names_env_and_keeps_traceback(mode, no_leaks):
     env_fns = [faulty("never")] * 3 + [faulty("step", at=2)]
@@ -25,11 +33,7 @@ def test_exception_in_step_names_env_and_keeps_traceback(mode, no_leaks):
         pool.step(ZEROS)
         t0 = time.monotonic()
         with pytest.raises(EnvError) as err:
-            if mode == "sync":
-                pool.step(ZEROS)
-            else:
-                pool.send(ZEROS)
-                pool.recv()
+            step_all(pool, mode)
         assert time.monotonic() - t0 < 1.0
         e = err.value
         assert e.env_id == 3 and e.worker == 1 and e.phase == "step" and e.remote_type == "ValueError"
@@ -67,11 +71,7 @@ def test_dead_worker_raises_within_a_second(how, detail, mode, no_leaks):
         pool.step(ZEROS)
         t0 = time.monotonic()
         with pytest.raises(WorkerDiedError, match=rf"worker 1 \(pid \d+, cpu \d+, envs 2..3\) {detail}") as err:
-            if mode == "sync":
-                pool.step(ZEROS)
-            else:
-                pool.send(ZEROS)
-                pool.recv()
+            step_all(pool, mode)
         assert time.monotonic() - t0 < 1.0
         assert err.value.worker == 1
         assert pool.closed
