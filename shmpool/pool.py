@@ -24,6 +24,7 @@ from gymnasium.vector import AutoresetMode
 
 from . import _core
 from . import layout as L
+from .actions import ActionWriter
 from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
 from .errors import EnvError, PoolClosedError, WorkerDiedError
 from .infos import InfoReader, add_info
@@ -247,11 +248,7 @@ class Pool:
         self._wire.bind_results(layout.offsets["status"], layout.offsets["info_mask"])
         self._infos = InfoReader(views, self._region)
         self._obs_views = L.assemble(obs_space, views.obs)
-        self._act_leaves = [(a, lf.shape, lf.dtype) for a, lf in zip(views.act, layout.act_leaves)]
-        self._act_is_leaf = len(layout.act_leaves) == 1 and not isinstance(
-            act_space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple))
-        # step()'s fast path: an array of exactly the slots' shape and dtype.
-        self._act_fast = views.act[0] if self._act_is_leaf else None
+        self._actions = ActionWriter(act_space, layout, views)
         self._sync_seq = 0
         self._step_target: int | None = None   # sync-counter value a pending step_async waits for
         self._tail = 0
@@ -329,12 +326,7 @@ class Pool:
                 "recv() them first")
         if self.autoreset_mode == DISABLED:
             self._refuse_ended_envs()
-        dst = self._act_fast
-        if (dst is not None and type(actions) is np.ndarray and actions.dtype == dst.dtype
-                and actions.shape == dst.shape):
-            dst[...] = actions
-        else:
-            self._write_actions(actions, None)
+        self._actions.write(actions)
         self._step_target = (self._sync_seq + self.num_workers) & 0xFFFFFFFF
         self._wire.post_all(_core.CMD_STEP)
 
@@ -379,7 +371,7 @@ class Pool:
         try:
             if self.autoreset_mode == DISABLED:
                 self._refuse_ended_envs(ids)
-            self._write_actions(actions, ids)
+            self._actions.write(actions, ids)
         except BaseException:
             self._in_flight[ids] = 0
             raise
@@ -527,8 +519,7 @@ class Pool:
         self._wire = None
         self._views = None
         self._obs_views = None
-        self._act_leaves = []
-        self._act_fast = None
+        self._actions = None
         if self._region is not None:
             try:
                 self._region.close()
@@ -610,31 +601,6 @@ class Pool:
         if not self._copy:
             return self._obs_views
         return L.assemble(self.single_observation_space, [a.copy() for a in self._views.obs])
-
-    def _write_actions(self, actions, ids) -> None:
-        """Validate a batch of actions and copy it into the action slots."""
-        rows = self.num_envs if ids is None else len(ids)
-        if self._act_is_leaf:
-            self._write_leaf(self._act_leaves[0], actions, ids, rows, "actions")
-            return
-        parts = L.split(self.single_action_space, actions)
-        for leaf, part, lf in zip(self._act_leaves, parts, self._layout.act_leaves):
-            self._write_leaf(leaf, part, ids, rows, f"actions{''.join(f'[{p!r}]' for p in lf.path)}")
-
-    @staticmethod
-    def _write_leaf(leaf, value, ids, rows: int, what: str) -> None:
-        dst, shape, dtype = leaf
-        a = value if type(value) is np.ndarray else np.asarray(value)
-        if a.shape != (rows, *shape):
-            raise ValueError(
-                f"{what} have shape {a.shape}; expected {(rows, *shape)} "
-                f"({rows} envs x action shape {shape})")
-        if a.dtype != dtype and not np.can_cast(a.dtype, dtype, "same_kind"):
-            raise ValueError(f"{what} have dtype {a.dtype}, which cannot be cast to the action dtype {dtype}")
-        if ids is None:
-            np.copyto(dst, a, casting="same_kind")
-        else:
-            dst[ids] = a
 
     def _refuse_ended_envs(self, ids: np.ndarray | None = None) -> None:
         """Without autoreset, stepping an env whose episode ended is a caller bug."""

@@ -129,6 +129,16 @@ class TestBadInputIsRejectedBeforeTheWorkers:
         with pytest.raises(ValueError, match="actions have dtype float64, which cannot be cast to the action dtype"):
             pool.step(np.zeros(4))
 
+    def test_discrete_action_out_of_range(self, pool):
+        with pytest.raises(ValueError, match=r"actions outside Discrete\(2\) for env 1: 2, env 3: -1"):
+            pool.step(np.array([0, 2, 1, -1]))
+        with pytest.raises(ValueError, match=r"actions outside Discrete\(2\) for env 2: 5"):
+            pool.send(np.array([5], dtype=np.int32), np.array([2]))
+        # nothing was sent: env 2 is not in flight and can be sent again
+        pool.send(np.array([0], dtype=np.int32), np.array([2]))
+        pool.send(np.array([1], dtype=np.int32), np.array([3]))
+        pool.recv()
+
     def test_env_ids(self, pool):
         with pytest.raises(ValueError, match=r"env ids \[4\] are out of range for a pool of 4 envs"):
             pool.send(np.zeros(2, dtype=np.int64), np.array([0, 4]))
@@ -221,3 +231,40 @@ def test_step_async_wait_and_a_timeout_that_keeps_the_step_pending(no_leaks):
         obs, rew, *_ = pool.step_wait(timeout=5)
         assert rew.tolist() == [1.0, 1.0] and obs[:, 0].tolist() == [1.0, 1.0]
         assert not pool.closed
+
+
+def test_continuous_and_multi_discrete_action_policy(no_leaks):
+    import gymnasium as gym
+    from gymnasium import spaces
+
+    class MultiEnv(gym.Env):
+        observation_space = spaces.Box(-1, 1, (1,), np.float32)
+        action_space = spaces.Dict({"md": spaces.MultiDiscrete([2, 3]), "mb": spaces.MultiBinary(2),
+                                    "free": spaces.Box(-np.inf, np.inf, (1,), np.float64)})
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(1, np.float32), 0.0, False, False, {}
+
+    with shmpool.Pool("Pendulum-v1", 2, num_workers=1) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(ValueError, match=r"actions NaN or infinite \(the space is Box.*\) for env 1: \[nan\]"):
+            pool.step(np.array([[0.5], [np.nan]], dtype=np.float32))
+        with pytest.raises(ValueError, match=r"for env 0: \[inf\]"):
+            pool.step(np.array([[np.inf], [0.0]]))
+        pool.step(np.array([[5.0], [-5.0]]))  # finite values outside the bounds: the env clips them
+
+    with shmpool.Pool(MultiEnv, 2, num_workers=1) as pool:
+        pool.reset()
+        ok = {"md": np.array([[1, 2], [0, 0]]), "mb": np.array([[0, 1], [1, 1]], np.int8),
+              "free": np.array([[np.inf], [-np.inf]])}
+        pool.step(ok)  # inf is fine where the bound is infinite
+        with pytest.raises(ValueError, match=r"actions\['md'\] outside MultiDiscrete\(\[2 3\]\) for env 0: \[2, 0\]"):
+            pool.step({**ok, "md": np.array([[2, 0], [0, 0]])})
+        with pytest.raises(ValueError, match=r"actions\['mb'\] outside MultiBinary\(2\) for env 1: \[1, 2\]"):
+            pool.step({**ok, "mb": np.array([[0, 0], [1, 2]], np.int8)})
+        with pytest.raises(ValueError, match=r"actions\['free'\] NaN for env 1"):
+            pool.step({**ok, "free": np.array([[0.0], [np.nan]])})
+        pool.step(ok)

@@ -1,0 +1,115 @@
+"""Actions: checked in the parent, then copied into their shared-memory slots.
+
+Nothing invalid reaches a worker.  The policy, per leaf of the action space:
+
+- shape must be ``(rows, *space.shape)``; the dtype must cast to the space's
+  dtype under numpy's ``same_kind`` rule (float64 policy outputs into a
+  float32 Box are fine, floats into a Discrete are not);
+- Discrete, MultiDiscrete and MultiBinary values must lie in the space;
+- Box values may not be NaN, nor infinite where that side's bound is finite.
+  Finite values outside a Box's bounds pass through, as with gymnasium's
+  vector envs: envs clip them (or wrap with ``ClipAction``).
+"""
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+
+from . import _core
+from . import layout as L
+
+
+def leaf_spaces(space: spaces.Space) -> list[spaces.Space]:
+    """The leaf spaces of ``space`` in ``layout.leaves`` order."""
+    if isinstance(space, spaces.Dict):
+        return [leaf for sub in space.spaces.values() for leaf in leaf_spaces(sub)]
+    if isinstance(space, spaces.Tuple):
+        return [leaf for sub in space.spaces for leaf in leaf_spaces(sub)]
+    return [space]
+
+
+class _Slot:
+    """One leaf: its shared array, its space, and how to check values for it."""
+
+    def __init__(self, dst: np.ndarray, space: spaces.Space, what: str) -> None:
+        self.dst = dst
+        self.space = space
+        self.what = what
+        self.shape = dst.shape[1:]
+        self.dtype = dst.dtype
+        self.lo = self.hi = None
+        if isinstance(space, spaces.Discrete):
+            self.lo, self.hi = int(space.start), int(space.start + space.n)  # [lo, hi)
+        elif isinstance(space, spaces.MultiDiscrete):
+            self.lo, self.hi = space.start, space.start + space.nvec
+        elif isinstance(space, spaces.MultiBinary):
+            self.lo, self.hi = 0, 2
+        elif isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
+            # inf is allowed only where the bound itself is infinite
+            self.inf_ok = not (np.isfinite(space.low).any() or np.isfinite(space.high).any())
+
+    def write(self, value, ids: np.ndarray | None, rows: int) -> None:
+        a = value if type(value) is np.ndarray else np.asarray(value)
+        if a.shape != (rows, *self.shape):
+            raise ValueError(
+                f"{self.what} have shape {a.shape}; expected {(rows, *self.shape)} "
+                f"({rows} envs x action shape {self.shape})")
+        if a.dtype != self.dtype and not np.can_cast(a.dtype, self.dtype, "same_kind"):
+            raise ValueError(
+                f"{self.what} have dtype {a.dtype}, which cannot be cast to the action dtype {self.dtype}")
+        self.check_values(a, ids)
+        if ids is None:
+            np.copyto(self.dst, a, casting="same_kind")
+        else:
+            self.dst[ids] = a
+
+    def check_values(self, a: np.ndarray, ids: np.ndarray | None) -> None:
+        if self.lo is not None:
+            if isinstance(self.lo, int) and a.dtype == np.int64 and a.flags.c_contiguous:
+                if _core.first_outside(a.reshape(-1), self.lo, self.hi) < 0:
+                    return  # the common case, one C pass
+            bad = (a < self.lo) | (a >= self.hi)
+            if bad.any():
+                self._refuse(a, ids, bad, f"outside {self.space}")
+        elif isinstance(self.space, spaces.Box) and a.dtype.kind == "f":
+            bad = np.isnan(a) if self.inf_ok else ~np.isfinite(a)
+            if bad.any():
+                self._refuse(a, ids, bad, "NaN" if self.inf_ok else f"NaN or infinite (the space is {self.space})")
+
+    def _refuse(self, a, ids, bad, why: str) -> None:
+        rows = np.flatnonzero(bad.reshape(len(a), -1).any(axis=1))
+        envs = rows if ids is None else np.asarray(ids)[rows]
+        shown = ", ".join(f"env {e}: {a[r].tolist()}" for e, r in zip(envs[:4], rows[:4]))
+        more = f" and {len(rows) - 4} more" if len(rows) > 4 else ""
+        raise ValueError(f"{self.what} {why} for {shown}{more}")
+
+
+class ActionWriter:
+    """Checks a batch of actions (batched like the action space) and writes it to the slots."""
+
+    def __init__(self, space: spaces.Space, layout: L.Layout, views: L.Views) -> None:
+        self.space = space
+        self.is_leaf = not isinstance(space, (spaces.Dict, spaces.Tuple))
+        self.slots = [
+            _Slot(dst, sub, "actions" + "".join(f"[{p!r}]" for p in leaf.path))
+            for dst, sub, leaf in zip(views.act, leaf_spaces(space), layout.act_leaves)
+        ]
+        # The fast path of a sync step: one array of exactly the slots' shape and dtype.
+        self.fast = self.slots[0] if self.is_leaf else None
+
+    def write(self, actions, ids: np.ndarray | None = None) -> None:
+        """``actions`` for every env (``ids`` None) or for ``ids``, in their order."""
+        fast = self.fast
+        if (ids is None and fast is not None and type(actions) is np.ndarray
+                and actions.dtype == fast.dtype and actions.shape == fast.dst.shape):
+            fast.check_values(actions, None)
+            fast.dst[...] = actions
+            return
+        rows = len(self.slots[0].dst) if ids is None else len(ids)
+        if self.is_leaf:
+            self.slots[0].write(actions, ids, rows)
+            return
+        # A leaf refused after others were written leaves stale slots behind,
+        # which is harmless: slots are only read for envs that get dispatched.
+        for slot, part in zip(self.slots, L.split(self.space, actions)):
+            slot.write(part, ids, rows)
