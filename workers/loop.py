@@ -16,6 +16,7 @@ from multiprocessing.reduction import recv_handle
 
 import cloudpickle
 import psutil
+from threadpoolctl import threadpool_limits  # imported here so forked workers inherit it
 
 from shmpool import _core
 from shmpool import layout as L
@@ -64,9 +65,8 @@ def _setup_process(cpu: int | None, parent_pid: int, parent_started: float) -> P
     for var in THREAD_ENV_VARS:
         os.environ[var] = "1"
     try:
-        from threadpoolctl import threadpool_limits
         threadpool_limits(1)
-    except Exception:  # pragma: no cover - threadpoolctl is a dependency; never fatal
+    except Exception:  # pragma: no cover - a BLAS that refuses is not worth dying for
         pass
     return watch
 
