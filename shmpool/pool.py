@@ -8,6 +8,7 @@ import mmap
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import warnings
 import weakref
@@ -177,7 +178,7 @@ class Pool:
 
     def _start(self, fns, seeds, policy, start_method, startup_timeout) -> None:
         ctx = mp.get_context(start_method)
-        me = (os.getpid(), psutil.Process().create_time())
+        me = (os.getpid(), psutil.Process().create_time(), threading.current_thread() is threading.main_thread())
         saved = {k: os.environ.get(k) for k in loop.THREAD_ENV_VARS}
         os.environ.update({k: "1" for k in loop.THREAD_ENV_VARS})  # spawned workers start with 1 thread
         try:

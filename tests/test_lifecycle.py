@@ -155,3 +155,17 @@ def test_spinning_on_shared_cores_warns(no_leaks):
     cpu = min(os.sched_getaffinity(0))
     with pytest.warns(RuntimeWarning, match=rf"wait_policy 'spin' with 2 workers on cpus \[{cpu}\]"):
         shmpool.Pool(EmptyEnv, 2, num_workers=2, cpus=[cpu], wait_policy="spin").close()
+
+
+def test_pool_built_in_a_thread_outlives_the_thread(no_leaks):
+    """PR_SET_PDEATHSIG fires when the forking *thread* exits; a pool built in a
+    worker thread must keep its workers after that thread is gone."""
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("pool", shmpool.Pool("CartPole-v1", 2, num_workers=2)))
+    t.start()
+    t.join()
+    with box["pool"] as pool:
+        time.sleep(0.2)
+        pool.reset(seed=0)
+        obs, rew, *_ = pool.step(np.zeros(2, dtype=np.int64))
+        assert rew.tolist() == [1.0, 1.0]

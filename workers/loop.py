@@ -30,15 +30,19 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
 class ParentWatch:
     """Tells whether the pool's process is still alive.
 
-    A direct child (fork, spawn) asks the kernel for SIGKILL when its parent
-    dies and compares getppid(); under forkserver the parent is the server,
-    so the pool's pid and start time are checked instead (pid reuse safe)."""
+    A direct child (fork, spawn) compares getppid(); under forkserver the
+    parent is the server, so the pool's pid and start time are checked
+    instead (pid reuse safe).  The kernel's parent-death signal is asked for
+    only when the pool was built on the main thread: it fires when the
+    *thread* that forked exits, which would kill a pool built in a
+    short-lived thread while the process still uses it."""
 
-    def __init__(self, parent_pid: int, parent_started: float) -> None:
+    def __init__(self, parent_pid: int, parent_started: float, main_thread: bool) -> None:
         self.parent_pid = parent_pid
         self.direct = os.getppid() == parent_pid
         if self.direct:
-            _core.set_parent_death_signal(signal.SIGKILL)
+            if main_thread:
+                _core.set_parent_death_signal(signal.SIGKILL)
             # The parent may have died before prctl ran.
             if os.getppid() != parent_pid:
                 os._exit(1)
@@ -56,8 +60,8 @@ class ParentWatch:
             return False
 
 
-def _setup_process(cpu: int | None, parent_pid: int, parent_started: float) -> ParentWatch:
-    watch = ParentWatch(parent_pid, parent_started)
+def _setup_process(cpu: int | None, parent_pid: int, parent_started: float, main_thread: bool) -> ParentWatch:
+    watch = ParentWatch(parent_pid, parent_started, main_thread)
     # Ctrl-C reaches the whole process group; the parent decides what to do.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cpu is not None:
@@ -83,11 +87,11 @@ def _pickled_extra(env_id: int, extra: dict) -> bytes:
                                                for k, v in extra.items()}))
 
 
-def main(conn, index: int, cpu: int | None, parent: tuple[int, float], env_fns_blob: bytes, start: int,
+def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], env_fns_blob: bytes, start: int,
          seeds: list) -> None:
     """Entry point of worker ``index`` owning envs ``start..start+len(env_fns)-1``.
 
-    ``parent`` is the pool process's (pid, psutil create_time)."""
+    ``parent`` is the pool process's (pid, psutil create_time, built on its main thread)."""
     watch = _setup_process(cpu, *parent)
     try:
         _run(conn, index, watch, env_fns_blob, start, seeds)
