@@ -7,16 +7,18 @@ class ShmpoolError(RuntimeError):
 
 
 class EnvError(ShmpoolError):
-    """An env raised inside a worker. ``remote_traceback`` holds the worker's traceback."""
+    """An env raised inside a worker. ``remote_traceback`` holds the worker's traceback and
+    ``remote_exception`` the exception object (None if it could not be pickled)."""
 
     def __init__(self, message: str, *, env_id: int | None, worker: int, phase: str,
-                 remote_type: str, remote_traceback: str) -> None:
+                 remote_type: str, remote_traceback: str, remote_exception: BaseException | None = None) -> None:
         super().__init__(message)
         self.env_id = env_id
         self.worker = worker
         self.phase = phase
         self.remote_type = remote_type
         self.remote_traceback = remote_traceback
+        self.remote_exception = remote_exception  # the env's exception itself, when it could be unpickled
 
 
 class WorkerDiedError(ShmpoolError):

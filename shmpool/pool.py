@@ -7,6 +7,7 @@ import itertools
 import mmap
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import threading
 import time
@@ -287,17 +288,23 @@ class Pool:
         """Reset every env; returns ``(obs, infos)``.
 
         ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one per env.
+        ``options``: one dict for every env, or a list with one dict (or None) per env.
         ``options["reset_mask"]`` (bool array, one per env) resets only those envs,
         as gymnasium's vector envs do; the other envs keep their observations."""
         self._check_open()
         seeds = self._seed_list(seed)
         mask = None
-        if options is not None and "reset_mask" in options:
+        if isinstance(options, (list, tuple)):
+            if len(options) != self.num_envs:
+                raise ValueError(f"options list has {len(options)} entries, the pool has {self.num_envs} envs")
+            options = list(options)
+        elif options is not None and "reset_mask" in options:
             options = dict(options)
             mask = self._check_reset_mask(options.pop("reset_mask"))
         self._drain_in_flight()
         for k, (a, b) in enumerate(self._bounds):
-            self._conns[k].send(("reset", seeds[a:b], options, None if mask is None else mask[a:b].tolist()))
+            shard_options = options[a:b] if isinstance(options, list) else options
+            self._conns[k].send(("reset", seeds[a:b], shard_options, None if mask is None else mask[a:b].tolist()))
             self._wire.post(k, _core.CMD_MESSAGE)
         self._replies("reset")
         self._blocked = None
@@ -424,16 +431,23 @@ class Pool:
     def call(self, name: str, *args, env_ids=None, **kwargs) -> tuple:
         """Call ``env.name(*args, **kwargs)`` (or read the attribute if it is not
         callable) in every env, or in ``env_ids`` only (the keyword is reserved);
-        results in env order, or in the order of ``env_ids``."""
+        results in env order, or in the order of ``env_ids``.  Names are looked up
+        through wrappers (``env.get_wrapper_attr``) as gymnasium's vector envs do."""
         return self._per_env("call", name, env_ids, lambda n: [(args, kwargs)] * n)
 
+    def apply(self, fn: Callable[..., Any], *args, env_ids=None, **kwargs) -> tuple:
+        """``fn(env, *args, **kwargs)`` run inside the workers for every env (or ``env_ids``);
+        ``fn`` is cloudpickled, its results come back pickled, in env (or ``env_ids``) order."""
+        blob = cloudpickle.dumps(fn)
+        return self._per_env("apply", getattr(fn, "__name__", "fn"), env_ids, lambda n: [(blob, args, kwargs)] * n)
+
     def get_attr(self, name: str, env_ids=None) -> tuple:
-        """``getattr(env, name)`` of every env or of ``env_ids`` (methods are returned, not called)."""
+        """``env.get_wrapper_attr(name)`` of every env or of ``env_ids`` (methods are returned, not called)."""
         return self._per_env("get_attr", name, env_ids, lambda n: [None] * n)
 
     def set_attr(self, name: str, values, env_ids=None) -> None:
-        """Set ``name`` on every env or on ``env_ids``: a list/tuple gives one value per env, anything
-        else is shared."""
+        """Set ``name`` (``env.set_wrapper_attr``) on every env or on ``env_ids``: a list/tuple gives
+        one value per env, anything else is shared."""
         def per_env(n):
             if not isinstance(values, (list, tuple)):
                 return [values] * n
@@ -810,13 +824,26 @@ class Pool:
         return infos
 
     def _env_error(self, k: int, msg, then: str | None = None) -> EnvError:
-        _, env_id, phase, typ, tb = msg
+        env_id, phase, typ, tb = msg[1:5]
+        original = _unpickle_quietly(msg[5]) if len(msg) > 5 else None
         who = f"env {env_id} (worker {k}, pid {self._procs[k].pid})" if env_id is not None else f"worker {k}"
         lines = tb.strip().splitlines()
         what = lines[-1] if lines else typ
         tail = f"; {then}" if then else ""
         return EnvError(f"{who} raised in {phase}: {what}{tail}\n--- remote traceback ---\n{tb}",
-                        env_id=env_id, worker=k, phase=phase, remote_type=typ, remote_traceback=tb)
+                        env_id=env_id, worker=k, phase=phase, remote_type=typ, remote_traceback=tb,
+                        remote_exception=original)
+
+
+def _unpickle_quietly(data: bytes | None) -> BaseException | None:
+    """The env's own exception, when its class can be rebuilt here."""
+    if data is None:
+        return None
+    try:
+        exc = pickle.loads(data)
+    except Exception:
+        return None
+    return exc if isinstance(exc, BaseException) else None
 
 
 def _kill_processes(procs) -> None:

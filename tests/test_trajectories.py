@@ -297,3 +297,33 @@ def test_side_messages_larger_than_a_pipe_do_not_stall(mode, no_leaks):
                     if r[4].get("_final_obs", np.zeros(n, bool))[i]:
                         tree_equal(r[4]["final_obs"][i], got[i][4]["final_obs"], f"final_obs of env {i}")
     ref.close()
+
+
+def test_attributes_are_looked_up_through_wrappers_like_gymnasium(no_leaks):
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    with shmpool.Pool("CartPole-v1", 2, num_workers=2) as pool:
+        assert pool.get_attr("gravity") == ref.get_attr("gravity") == (9.8, 9.8)
+        pool.set_attr("gravity", [1.0, 2.0])
+        ref.set_attr("gravity", [1.0, 2.0])
+        assert pool.call("gravity") == ref.call("gravity") == (1.0, 2.0)
+        # apply: any function of the env, run in its worker
+        assert pool.apply(lambda env, k: env.unwrapped.gravity * k, 10, env_ids=[1]) == (20.0,)
+        assert pool.apply(lambda env: type(env).__name__) == ("TimeLimit", "TimeLimit")
+    ref.close()
+
+
+def test_env_error_carries_the_original_exception(no_leaks):
+    with shmpool.Pool("CartPole-v1", 2, num_workers=1) as pool:
+        with pytest.raises(shmpool.EnvError) as err:
+            pool.get_attr("no_such_attribute")
+        assert isinstance(err.value.remote_exception, AttributeError)
+        assert "no_such_attribute" in str(err.value.remote_exception)
+
+
+def test_reset_options_per_env(no_leaks):
+    with shmpool.Pool(DictEnv, 3, num_workers=2) as pool:
+        _, infos = pool.reset(seed=0, options=[{"note": "a"}, None, {"note": "c"}])
+        assert infos["note"].tolist() == ["a", None, "c"]
+        assert infos["_note"].tolist() == [True, False, True]
+        with pytest.raises(ValueError, match="options list has 2 entries, the pool has 3 envs"):
+            pool.reset(options=[None, None])

@@ -75,8 +75,32 @@ def _setup_process(cpu: int | None, parent_pid: int, parent_started: float, main
     return watch
 
 
+def error_message(kind: str, env_id, phase: str, exc: BaseException) -> tuple:
+    """What the parent needs to raise: where, the type name, the formatted
+    traceback, and the exception itself pickled when it can be (else None)."""
+    try:
+        original = pickle.dumps(exc)
+    except Exception:
+        original = None
+    return (kind, env_id, phase, type(exc).__name__, traceback.format_exc(), original)
+
+
 def _error(conn, env_id, phase: str, exc: BaseException) -> None:
-    conn.send(("error", env_id, phase, type(exc).__name__, traceback.format_exc()))
+    conn.send(error_message("error", env_id, phase, exc))
+
+
+def _get(env, name: str):
+    """gymnasium's lookup through wrappers, as its vector envs do; plain getattr otherwise."""
+    getter = getattr(env, "get_wrapper_attr", None)
+    return getter(name) if getter is not None else getattr(env, name)
+
+
+def _set(env, name: str, value) -> None:
+    setter = getattr(env, "set_wrapper_attr", None)
+    if setter is not None:
+        setter(name, value)
+    else:
+        setattr(env, name, value)
 
 
 def _pickled_extra(env_id: int, extra: dict) -> bytes:
@@ -225,7 +249,7 @@ class Server:
         self.views.status[i] = L.STATUS_OK
 
     def _fail_env(self, i: int, phase: str, exc: BaseException) -> None:
-        self.outbox.append(pickle.dumps(("error", i, phase, type(exc).__name__, traceback.format_exc())))
+        self.outbox.append(pickle.dumps(error_message("error", i, phase, exc)))
         self.views.info_mask[i] = 0
         self.views.status[i] = L.STATUS_ERROR
 
@@ -268,6 +292,7 @@ class Server:
         try:
             if op == "reset":
                 _, seeds, options, mask = msg
+                per_env = isinstance(options, list)
                 for k, i in enumerate(range(shard.start, shard.stop)):
                     if mask is not None and not mask[k]:
                         # A partial reset leaves this env alone; its old infos
@@ -276,7 +301,7 @@ class Server:
                         self.views.status[i] = L.STATUS_OK
                         continue
                     try:
-                        info = shard.reset(i, seeds[k], options)
+                        info = shard.reset(i, seeds[k], options[k] if per_env else options)
                     except Exception as exc:
                         self._fail_env(i, "reset", exc)
                         continue
@@ -285,19 +310,22 @@ class Server:
             elif op == "seed":
                 shard.pending_seeds = list(msg[1])
                 value = None
-            elif op in ("call", "get_attr", "set_attr"):
+            elif op in ("call", "get_attr", "set_attr", "apply"):
                 _, name, ks, items = msg
                 value = []
                 for k, item in zip(ks, items):
                     env = shard.envs[k]
                     try:
                         if op == "call":
-                            attr = getattr(env, name)
+                            attr = _get(env, name)
                             value.append(attr(*item[0], **item[1]) if callable(attr) else attr)
                         elif op == "get_attr":
-                            value.append(getattr(env, name))
+                            value.append(_get(env, name))
+                        elif op == "set_attr":
+                            _set(env, name, item)
                         else:
-                            setattr(env, name, item)
+                            fn, args, kwargs = item
+                            value.append(cloudpickle.loads(fn)(env, *args, **kwargs))
                     except Exception as exc:
                         self._failed(shard.start + k, f"{op} {name!r}", exc)
                         return
@@ -314,7 +342,7 @@ class Server:
 
     def _failed(self, env_id, phase: str, exc: BaseException) -> None:
         """A message command failed as a whole: this is its reply."""
-        self.conn.send(("failed", env_id, phase, type(exc).__name__, traceback.format_exc()))
+        self.conn.send(error_message("failed", env_id, phase, exc))
 
     def exit(self, seq: int) -> None:
         errors = []
