@@ -3,6 +3,7 @@ from ._core import WaitPolicy
 from .errors import EnvError, PoolClosedError, ShmpoolError, WorkerDiedError
 from .pool import Pool
 from .topology import allowed_cpus, parse_cpu_list
+from .vector import VectorEnv, make, make_vec
 
 __version__ = "0.1.0"
 
@@ -12,8 +13,11 @@ __all__ = [
     "PoolClosedError",
     "ShmpoolError",
     "WaitPolicy",
+    "VectorEnv",
     "WorkerDiedError",
     "__version__",
     "allowed_cpus",
+    "make",
+    "make_vec",
     "parse_cpu_list",
 ]

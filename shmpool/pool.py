@@ -30,6 +30,7 @@ from .actions import ActionWriter
 from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
 from .errors import EnvError, PoolClosedError, WorkerDiedError
 from .infos import InfoReader, add_info
+from .resets import check_reset_mask, seed_list
 from .topology import allowed_cpus, oversubscribed, resolve_cpus, resolve_wait_policy
 from .workers import loop
 
@@ -49,7 +50,8 @@ def _env_fns(env, num_envs: int | None, env_kwargs: dict) -> list[Callable[[], A
             raise ValueError("num_envs is required when the env is given by id")
         return [functools.partial(_make_env, env, env_kwargs)] * num_envs
     if env_kwargs:
-        raise ValueError("env kwargs are only accepted with a gymnasium env id")
+        raise TypeError(f"unexpected keyword arguments {sorted(env_kwargs)}: env kwargs are only accepted "
+                        "with a gymnasium id")
     if callable(env):
         if num_envs is None:
             raise ValueError("num_envs is required when the env is given by one callable")
@@ -292,7 +294,7 @@ class Pool:
         ``options["reset_mask"]`` (bool array, one per env) resets only those envs,
         as gymnasium's vector envs do; the other envs keep their observations."""
         self._check_open()
-        seeds = self._seed_list(seed)
+        seeds = seed_list(seed, self.num_envs)
         mask = None
         if isinstance(options, (list, tuple)):
             if len(options) != self.num_envs:
@@ -300,7 +302,7 @@ class Pool:
             options = list(options)
         elif options is not None and "reset_mask" in options:
             options = dict(options)
-            mask = self._check_reset_mask(options.pop("reset_mask"))
+            mask = check_reset_mask(options.pop("reset_mask"), self.num_envs)
         self._drain_in_flight()
         for k, (a, b) in enumerate(self._bounds):
             shard_options = options[a:b] if isinstance(options, list) else options
@@ -467,7 +469,10 @@ class Pool:
             if bad:
                 raise ValueError(f"env ids {bad} are out of range for a pool of {self.num_envs} envs")
         items = payloads(len(ids))
-        self._drain_in_flight()
+        if self._step_target is not None:
+            raise RuntimeError("a step_async() is pending; call step_wait() first")
+        # Envs in flight from send() stay in flight: the workers serve them
+        # before the message, and recv() still returns them.
         by_worker: dict[int, list[int]] = {}
         for pos, env_id in enumerate(ids):
             by_worker.setdefault(int(self._owner[env_id]), []).append(pos)
@@ -585,32 +590,6 @@ class Pool:
     def _check_open(self) -> None:
         if self._closed:
             raise PoolClosedError("the pool is closed")
-
-    def _seed_list(self, seed) -> list:
-        n = self.num_envs
-        if seed is None:
-            return [None] * n
-        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-            return [int(seed) + i for i in range(n)]
-        seeds = list(seed)
-        if len(seeds) != n:
-            raise ValueError(f"seed list has {len(seeds)} entries, the pool has {n} envs")
-        return seeds
-
-    def _check_reset_mask(self, mask) -> np.ndarray:
-        """gymnasium's checks on ``options["reset_mask"]``, with its messages."""
-        n = self.num_envs
-        if not isinstance(mask, np.ndarray):
-            raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
-        if mask.shape != (n,):
-            raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
-        if mask.dtype != np.bool_:
-            raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
-        if not np.any(mask):
-            raise ValueError(
-                "`options['reset_mask']` must contain a boolean array with at least one True value, "
-                f"got reset_mask={mask}")
-        return mask
 
     def _out_obs(self):
         if not self._copy:

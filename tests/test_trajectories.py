@@ -327,3 +327,14 @@ def test_reset_options_per_env(no_leaks):
         assert infos["_note"].tolist() == [True, False, True]
         with pytest.raises(ValueError, match="options list has 2 entries, the pool has 3 envs"):
             pool.reset(options=[None, None])
+
+
+def test_calls_while_envs_are_in_flight_keep_them(no_leaks):
+    with shmpool.Pool("CartPole-v1", 4, num_workers=2, batch_size=2, seed=0) as pool:
+        pool.async_reset()
+        pool.recv()
+        pool.recv()
+        pool.send(np.zeros(4, dtype=np.int64))
+        assert pool.get_attr("gravity") == (9.8,) * 4   # envs in flight are served first, not dropped
+        got = sorted(pool.recv()[4]["env_id"].tolist() + pool.recv()[4]["env_id"].tolist())
+        assert got == [0, 1, 2, 3]

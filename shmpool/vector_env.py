@@ -1,0 +1,424 @@
+"""A gymnasium ``VectorEnv`` over a :class:`shmpool.Pool`: drop-in for ``AsyncVectorEnv``.
+
+The pool does the stepping, autoreset and info batching; this face adds what
+gymnasium's own vector envs promise on top: copied observations, the
+``AsyncVectorEnv`` state machine with its exception types and messages, and
+``call``/``get_attr``/``set_attr`` that see through wrappers the way
+``SyncVectorEnv`` does (``env.get_wrapper_attr``/``set_wrapper_attr``).
+"""
+from __future__ import annotations
+
+import builtins
+import copy as _copy
+import functools
+import inspect
+import multiprocessing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import logger
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+from gymnasium.spaces import Dict, Tuple
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.async_vector_env import AsyncState
+from gymnasium.vector.utils import batch_space
+
+from .autoreset import NEXT_STEP, as_gymnasium, parse_autoreset_mode
+from .errors import EnvError
+from .pool import Pool
+from .resets import check_reset_mask, seed_list
+
+__all__ = ["POOL_PARAMETERS", "VECTOR_PARAMETERS", "VectorEnv", "WaitTimeoutError"]
+
+# AsyncVectorEnv refuses to run these through ``call`` (they would desync the vector env).
+_NOT_CALLABLE = ("reset", "step", "close", "_setattr", "_check_spaces")
+# Pool parameters a VectorEnv forwards; any other keyword is an env kwarg (gymnasium ids only).
+POOL_PARAMETERS = frozenset(inspect.signature(Pool).parameters) - {"env", "num_envs", "env_kwargs"}
+# Keywords a VectorEnv takes besides its envs: its own and the pool's.
+VECTOR_PARAMETERS = POOL_PARAMETERS | {"copy", "autoreset_mode"}
+
+
+class WaitTimeoutError(multiprocessing.TimeoutError, TimeoutError):
+    """``step_wait(timeout)`` ran out of time; the step is still pending.
+
+    Both ``multiprocessing.TimeoutError`` (what ``AsyncVectorEnv`` raises) and
+    the builtin ``TimeoutError`` (what the pool raises) catch it."""
+
+
+class VectorEnv(gymnasium.vector.VectorEnv):
+    """gymnasium ``VectorEnv`` whose envs run in a :class:`shmpool.Pool`.
+
+    ``env_fns`` is one of:
+
+    - a list of callables returning envs (drop-in for ``AsyncVectorEnv(env_fns)``),
+    - a gymnasium id with ``num_envs`` (other keywords that are not pool
+      parameters go to ``gymnasium.make``),
+    - one callable with ``num_envs``,
+    - an already built :class:`shmpool.Pool`; the VectorEnv then owns it and
+      closes it.
+
+    ``copy=True`` (gymnasium's default) returns a fresh copy of the observations
+    from ``reset``/``step``; ``copy=False`` returns the pool's shared-memory
+    buffers, overwritten by the next call.  Rewards (float64, ``(num_envs,)``)
+    and terminated/truncated flags (bool, ``(num_envs,)``) are always fresh
+    arrays, as gymnasium returns them.
+
+    ``autoreset_mode``: ``AutoresetMode`` or its name; default NEXT_STEP, or
+    the pool's own mode when a pool is given.  ``**pool_kwargs`` go to
+    :class:`shmpool.Pool` (``num_workers``, ``batch_size``, ``cpus``, ``seed``,
+    ``wait_policy``, ``step_timeout``, ...).
+
+    Shapes: observations are batched like ``observation_space``
+    (``batch_space(single_observation_space, num_envs)``), actions like
+    ``action_space``; infos are gymnasium's vector layout (``key`` array plus
+    ``_key`` bool mask, nested dicts recursed).
+
+    The EnvPool-style path (``async_reset``, ``send``, ``recv``,
+    ``step(actions, env_id)``) goes straight to the pool; with
+    ``batch_size < num_envs`` ``recv`` returns the first ``batch_size`` envs
+    to finish, with ``infos["env_id"]`` (int32).
+    """
+
+    def __init__(
+        self,
+        env_fns: str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]] | Pool,
+        num_envs: int | None = None,
+        *,
+        copy: bool = True,
+        autoreset_mode: str | AutoresetMode | None = None,
+        **pool_kwargs: Any,
+    ) -> None:
+        self._pool: Pool | None = None
+        self.closed = True  # until the pool exists: __del__ and close() have nothing to do
+        if isinstance(env_fns, Pool):
+            pool = env_fns
+            if pool_kwargs:
+                raise TypeError(f"pool options {sorted(pool_kwargs)} cannot be given with an already built Pool")
+            if num_envs is not None and num_envs != pool.num_envs:
+                raise ValueError(f"num_envs={num_envs} but the pool has {pool.num_envs} envs")
+            if autoreset_mode is not None and parse_autoreset_mode(autoreset_mode) != pool.autoreset_mode:
+                raise ValueError(
+                    f"autoreset_mode={autoreset_mode!r} but the pool was built with {pool.autoreset_mode!r}")
+        else:
+            # The pool takes ids, callables and env kwargs itself.
+            pool = Pool(env_fns, num_envs, autoreset_mode=NEXT_STEP if autoreset_mode is None else autoreset_mode,
+                        **pool_kwargs)
+        self._pool = pool
+        self.copy = copy
+        self.autoreset_mode: AutoresetMode = as_gymnasium(pool.autoreset_mode)
+        self.num_envs = pool.num_envs
+        self.single_observation_space = pool.single_observation_space
+        self.single_action_space = pool.single_action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        # A copy, as SyncVectorEnv makes, so the env's class-level metadata is never touched.
+        self.metadata = dict(pool.metadata)
+        self.metadata["autoreset_mode"] = self.autoreset_mode
+        self.render_mode = pool.render_mode
+        # Like Sync/AsyncVectorEnv: no spec unless make_vec sets one (the env's own
+        # spec does not describe how to rebuild the vector env).
+        self.spec = None
+        self._structured_actions = isinstance(self.single_action_space, (Dict, Tuple))
+        self._state = AsyncState.DEFAULT
+        self._pending: tuple = ()
+        self.closed = False
+
+    # --- properties gymnasium's vector envs have --------------------------
+
+    @property
+    def pool(self) -> Pool:
+        """The :class:`shmpool.Pool` doing the work."""
+        return self._pool
+
+    @property
+    def batch_size(self) -> int:
+        """How many envs ``recv()`` returns (EnvPool's ``batch_size``)."""
+        return self._pool.batch_size
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        """Each env's ``np_random_seed``, as ``SyncVectorEnv``/``AsyncVectorEnv`` report it."""
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        """Copies of each env's random generator."""
+        return self.get_attr("np_random")
+
+    # --- reset ------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset the envs; returns ``(obs, infos)``.
+
+        ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one per env.
+        ``options["reset_mask"]`` (bool ``(num_envs,)``) resets only those envs."""
+        self.reset_async(seed=seed, options=options)
+        return self.reset_wait()
+
+    def reset_async(
+        self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> None:
+        """Check and record a reset; ``reset_wait()`` performs it and returns its results.
+
+        The pool resets with seeds and options only synchronously, so the work
+        happens in ``reset_wait``; errors in the arguments are raised here, as
+        ``AsyncVectorEnv`` raises them."""
+        self._assert_is_running()
+        seeds = seed_list(seed, self.num_envs)
+        if self._state != AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"Calling `reset_async` while waiting for a pending call to `{self._state.value}` to complete",
+                str(self._state.value))
+        if options is not None and "reset_mask" in options:
+            # Checked here, where AsyncVectorEnv checks it; unlike gymnasium, the
+            # caller's dict keeps its "reset_mask" (the pool takes it out of a copy).
+            check_reset_mask(options["reset_mask"], self.num_envs)
+        self._pending = (seeds, options)
+        self._state = AsyncState.WAITING_RESET
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """Results of the reset recorded by ``reset_async()``: ``(obs, infos)``.
+
+        ``timeout`` is accepted for ``AsyncVectorEnv`` compatibility but not
+        enforced (the pool's ``step_timeout`` bounds the reset)."""
+        self._assert_is_running()
+        if self._state != AsyncState.WAITING_RESET:
+            raise NoAsyncCallError(
+                "Calling `reset_wait` without any prior call to `reset_async`.", AsyncState.WAITING_RESET.value)
+        seeds, options = self._pending
+        self._state, self._pending = AsyncState.DEFAULT, ()
+        try:
+            obs, infos = self._pool.reset(seed=seeds, options=options)
+        except EnvError as err:
+            raise _retyped(err) from None
+        return self._out(obs), infos
+
+    # --- step -------------------------------------------------------------
+
+    def step(self, actions, env_id=None):
+        """Step every env; returns ``(obs, rewards, terminated, truncated, infos)`` in env order.
+
+        ``actions`` is batched like ``action_space``.  EnvPool's form
+        ``step(actions, env_id)`` sends to those envs and returns ``recv()``."""
+        if env_id is not None:
+            self.send(actions, env_id)
+            return self.recv()
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions) -> None:
+        """Start stepping every env with ``actions``; ``step_wait()`` returns the results.
+
+        A wrong number of actions raises ``ValueError`` before any env steps (so
+        does a wrong shape or dtype); an action batch that is not iterable
+        raises gymnasium's ``TypeError``."""
+        self._assert_is_running()
+        if self._state != AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"Calling `step_async` while waiting for a pending call to `{self._state.value}` to complete.",
+                str(self._state.value))
+        if not self._structured_actions and type(actions) is not np.ndarray:
+            try:
+                iter(actions)
+            except TypeError:
+                raise TypeError(f"Unable to iterate over the following elements: {actions}") from None
+        self._pool.step_async(actions)
+        self._state = AsyncState.WAITING_STEP
+
+    def step_wait(self, timeout: float | None = None):
+        """Results of the pending ``step_async()``: ``(obs, rewards, terminated, truncated, infos)``.
+
+        ``obs`` batched like ``observation_space``; rewards float64 and flags
+        bool, each ``(num_envs,)``.  ``timeout`` (seconds) raises
+        :class:`WaitTimeoutError` (a ``multiprocessing.TimeoutError``, as
+        ``AsyncVectorEnv`` raises) and, unlike ``AsyncVectorEnv``, leaves the step
+        pending, so ``step_wait()`` can be called again."""
+        self._assert_is_running()
+        if self._state != AsyncState.WAITING_STEP:
+            raise NoAsyncCallError(
+                "Calling `step_wait` without any prior call to `step_async`.", AsyncState.WAITING_STEP.value)
+        try:
+            obs, rewards, terminated, truncated, infos = self._pool.step_wait(timeout)
+        except TimeoutError:
+            if self._pool.closed:  # the pool's own step_timeout is fatal: pass it on as it is
+                self._state = AsyncState.DEFAULT
+                raise
+            raise WaitTimeoutError(f"The call to `step_wait` has timed out after {timeout} second(s).") from None
+        except EnvError as err:
+            self._state = AsyncState.DEFAULT
+            raise _retyped(err) from None
+        except BaseException:
+            self._state = AsyncState.DEFAULT
+            raise
+        self._state = AsyncState.DEFAULT
+        return self._out(obs), rewards.copy(), terminated.copy(), truncated.copy(), infos
+
+    # --- EnvPool-style async ----------------------------------------------
+
+    def async_reset(self) -> None:
+        """Reset every env without waiting; the results arrive through ``recv()``."""
+        self._assert_idle("async_reset")
+        self._pool.async_reset()
+
+    def send(self, actions, env_id=None) -> None:
+        """Start stepping the envs ``env_id`` (all when None) with ``actions``; returns at once.
+
+        ``actions`` has ``len(env_id)`` rows, each like ``single_action_space``."""
+        self._assert_idle("send")
+        self._pool.send(actions, env_id)
+
+    def recv(self):
+        """The first ``batch_size`` envs to finish: ``(obs, rewards, terminated, truncated, infos)``.
+
+        Rows are in completion order; ``infos["env_id"]`` (int32) names each
+        row's env.  All arrays are fresh."""
+        self._assert_idle("recv")
+        try:
+            return self._pool.recv()
+        except EnvError as err:
+            raise _retyped(err) from None
+
+    # --- calls and attributes ---------------------------------------------
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """``env.get_wrapper_attr(name)(*args, **kwargs)`` in every env (the attribute itself
+        if it is not callable); one result per env, in env order."""
+        self.call_async(name, *args, **kwargs)
+        return self.call_wait()
+
+    def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
+        """Record a call; ``call_wait()`` performs it (the pool answers calls synchronously)."""
+        self._assert_is_running()
+        if self._state != AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"Calling `call_async` while waiting for a pending call to `{self._state.value}` to complete.",
+                str(self._state.value))
+        self._pending = (name, args, kwargs)
+        self._state = AsyncState.WAITING_CALL
+
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """Results of the call recorded by ``call_async()``, one per env.
+
+        ``timeout`` is accepted for ``AsyncVectorEnv`` compatibility but not enforced."""
+        self._assert_is_running()
+        if self._state != AsyncState.WAITING_CALL:
+            raise NoAsyncCallError(
+                "Calling `call_wait` without any prior call to `call_async`.", AsyncState.WAITING_CALL.value)
+        name, args, kwargs = self._pending
+        self._state, self._pending = AsyncState.DEFAULT, ()
+        if name in _NOT_CALLABLE:
+            raise ValueError(f"Trying to call function `{name}` with `call`, use `{name}` directly instead.")
+        try:
+            return self._pool.call(name, *args, **kwargs)
+        except EnvError as err:
+            raise _retyped(err) from None
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """``name`` of every env, in env order.  As in gymnasium, this is ``call(name)``:
+        a method is called (without arguments) and its result returned."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Set ``name`` in every env (``env.set_wrapper_attr``): a list or tuple gives one
+        value per env, anything else is given to all."""
+        self._assert_is_running()
+        per_env = isinstance(values, (list, tuple))
+        if per_env and len(values) != self.num_envs:
+            raise ValueError(
+                "Values must be a list or tuple with length equal to the number of environments. "
+                f"Got `{len(values)}` values for {self.num_envs} environments.")
+        if self._state != AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"Calling `set_attr` while waiting for a pending call to `{self._state.value}` to complete.",
+                str(self._state.value))
+        try:
+            self._pool.set_attr(name, list(values) if per_env else values)
+        except EnvError as err:
+            raise _retyped(err) from None
+
+    def render(self) -> tuple[Any, ...] | None:
+        """Every env's ``render()``, in env order (``AsyncVectorEnv.render`` semantics)."""
+        return self.call("render")
+
+    # --- closing ------------------------------------------------------------
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Close the envs and stop the workers.
+
+        ``timeout``/``terminate`` are accepted for ``AsyncVectorEnv``
+        compatibility; the pool bounds closing itself (envs get a few seconds
+        to close, then workers are killed)."""
+        if self._state != AsyncState.DEFAULT:
+            logger.warn(f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete.")
+        self._state, self._pending = AsyncState.DEFAULT, ()
+        if self._pool is not None:
+            self._pool.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self.closed:
+                self.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> VectorEnv:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- internals ----------------------------------------------------------
+
+    def _assert_is_running(self) -> None:
+        if self.closed:
+            raise ClosedEnvironmentError(f"Trying to operate on `{type(self).__name__}`, after a call to `close()`.")
+        if self._pool.closed:
+            raise ClosedEnvironmentError(
+                f"Trying to operate on `{type(self).__name__}`, whose pool was closed by an earlier error.")
+
+    def _assert_idle(self, op: str) -> None:
+        self._assert_is_running()
+        if self._state != AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"Calling `{op}` while waiting for a pending call to `{self._state.value}` to complete.",
+                str(self._state.value))
+
+    def _out(self, obs):
+        if not self.copy:
+            return obs
+        if type(obs) is np.ndarray:
+            return obs.copy()
+        return _copy.deepcopy(obs)  # what gymnasium does; dict/tuple observations
+
+
+# --- exceptions of the env's own type -------------------------------------------
+
+
+@functools.cache
+def _combined_error(name: str) -> type | None:
+    """``EnvError`` that is also the builtin exception ``name`` (None if impossible)."""
+    typ = getattr(builtins, name, None)
+    if (not isinstance(typ, type) or not issubclass(typ, Exception) or issubclass(EnvError, typ)
+            or issubclass(typ, (StopIteration, StopAsyncIteration))):
+        return None
+    try:
+        # BaseException's __str__: KeyError and friends would otherwise quote the message.
+        return type(f"EnvError[{name}]", (EnvError, typ), {"__str__": BaseException.__str__,
+                                                          "__module__": __name__})
+    except TypeError:  # incompatible instance layouts
+        return None
+
+
+def _retyped(err: EnvError) -> EnvError:
+    """The pool's ``EnvError``, made an instance of the env's exception type too when that is
+    a builtin: ``AsyncVectorEnv`` re-raises the env's own type, so ``except ValueError`` works."""
+    cls = _combined_error(err.remote_type) if isinstance(err.remote_type, str) else None
+    if cls is None:
+        return err
+    new = cls(str(err), env_id=err.env_id, worker=err.worker, phase=err.phase, remote_type=err.remote_type,
+              remote_traceback=err.remote_traceback, remote_exception=err.remote_exception)
+    return new.with_traceback(err.__traceback__)
