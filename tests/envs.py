@@ -81,6 +81,10 @@ class FaultyEnv(gym.Env):
             time.sleep(3600)
         if self.how == "bad_obs":
             return np.zeros(5, np.float32)
+        if self.how == "bad_dtype":
+            return np.zeros(4, np.complex64)
+        if self.how == "nan_reward":
+            return "nan_reward"
         return None
 
     def reset(self, *, seed=None, options=None):
@@ -92,12 +96,14 @@ class FaultyEnv(gym.Env):
 
     def step(self, action):
         self.steps += 1
-        obs = np.full(4, self.steps, np.float32)
+        obs, reward = np.full(4, self.steps, np.float32), 1.0
         if self.fail_in == "step" and self.steps >= self.at:
             bad = self._fail("step")
-            if bad is not None:
+            if isinstance(bad, str):
+                reward = float("nan")
+            elif bad is not None:
                 obs = bad
-        return obs, 1.0, False, False, {}
+        return obs, reward, False, False, {}
 
     def close(self):
         if self.fail_in == "close":

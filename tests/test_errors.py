@@ -102,11 +102,19 @@ def test_hanging_env_hits_step_timeout(no_leaks):
         assert pool.closed
 
 
-def test_wrong_observation_shape_is_an_env_error(no_leaks):
-    with shmpool.Pool([faulty("step", 1, "bad_obs")] * 2, num_workers=1) as pool:
+@pytest.mark.parametrize("how,message", [
+    ("bad_obs", r"observation has shape \(5,\), the space says \(4,\)"),
+    ("bad_dtype", r"observation has dtype complex64, which the space's float32 cannot hold"),
+    ("nan_reward", r"reward is nan: rewards must be finite"),
+])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_results_that_break_the_space_are_env_errors(how, message, mode, no_leaks):
+    with shmpool.Pool([faulty("never"), faulty("step", 1, how)] * 2, num_workers=2) as pool:
         pool.reset()
-        with pytest.raises(EnvError, match=r"observation has shape \(5,\), the space says \(4,\)"):
-            pool.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(EnvError, match=message) as err:
+            step_all(pool, mode)
+        assert err.value.env_id in (1, 3) and err.value.phase == "step"
+        pool.reset()  # usable again
 
 
 class TestBadInputIsRejectedBeforeTheWorkers:

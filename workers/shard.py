@@ -1,6 +1,8 @@
 """A worker's envs and how one result is written into shared memory."""
 from __future__ import annotations
 
+from math import isfinite
+
 import numpy as np
 from gymnasium.spaces import Dict, Tuple
 
@@ -15,14 +17,17 @@ class ResultError(Exception):
 
 def _leaf_writer(arr: np.ndarray):
     """Copies one env's value of a leaf into its row, refusing a wrong shape
-    (numpy would broadcast it silently)."""
-    shape = arr.shape[1:]
+    (numpy would broadcast it silently) or a dtype that only an unsafe cast
+    fits (floats into an integer space would be truncated silently)."""
+    shape, dtype = arr.shape[1:], arr.dtype
 
     def write(i, value):
         if type(value) is not np.ndarray:
             value = np.asarray(value)
         if value.shape != shape:
             raise ResultError(f"observation has shape {value.shape}, the space says {shape}")
+        if value.dtype != dtype and not np.can_cast(value.dtype, dtype, "same_kind"):
+            raise ResultError(f"observation has dtype {value.dtype}, which the space's {dtype} cannot hold")
         arr[i] = value
     return write
 
@@ -77,6 +82,8 @@ class Shard:
             v.truncated[i] = False
         else:
             obs, reward, terminated, truncated, info = env.step(self.action(i))
+            if not isfinite(reward):
+                raise ResultError(f"reward is {reward}: rewards must be finite")
             v.reward[i] = reward
             v.terminated[i] = terminated
             v.truncated[i] = truncated
