@@ -573,6 +573,11 @@ class Pool:
         return self._closed
 
     @property
+    def in_flight(self) -> int:
+        """How many envs were sent (or async-reset) and not received yet."""
+        return self._n_flight
+
+    @property
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 

@@ -1,0 +1,185 @@
+"""Soak: run pools through random send/recv/step/reset/call patterns and injected env
+failures for a while, then check that nothing was left behind.
+
+    python -m bench.soak --minutes 10          # a long run
+    python -m bench.soak --seconds 5           # what CI runs (tests/test_soak.py)
+
+At the end, RSS, open file descriptors, threads, child processes and /dev/shm
+entries are compared with a baseline taken after a warm-up pool; the process
+exits 1 if any is not back.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import gymnasium as gym
+import numpy as np
+import psutil
+from gymnasium import spaces
+
+import shmpool
+
+RSS_SLACK_MB = 32.0   # allocator caches and numpy's pools; a leak per step grows far past it
+
+
+class SoakEnv(gym.Env):
+    """Random episodes, mixed infos, and a failure rate that can be set through set_attr."""
+
+    observation_space = spaces.Dict({"x": spaces.Box(-1, 1, (6,), np.float32), "k": spaces.Discrete(9)})
+    action_space = spaces.Box(-1, 1, (2,), np.float32)
+
+    def __init__(self):
+        self.fail_rate = 0.0
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {"start": float(self.np_random.uniform())}
+
+    def _obs(self):
+        return {"x": self.np_random.uniform(-1, 1, 6).astype(np.float32), "k": int(self.t % 9)}
+
+    def step(self, action):
+        self.t += 1
+        if self.np_random.uniform() < self.fail_rate:
+            raise RuntimeError(f"injected failure at step {self.t}")
+        info = {"t": self.t}
+        if self.t % 7 == 0:
+            info["note"] = "seventh"
+        return self._obs(), float(np.sum(action)), self.np_random.uniform() < 0.05, self.t >= 40, info
+
+
+@dataclass
+class Resources:
+    rss_mb: float
+    fds: int
+    threads: int
+    children: int
+    shm: int
+
+    @classmethod
+    def now(cls) -> Resources:
+        me = psutil.Process()
+        kids = [c for c in me.children(recursive=True) if not _mp_helper(c)]
+        shm = len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
+        return cls(me.memory_info().rss / 2**20, me.num_fds(), me.num_threads(), len(kids), shm)
+
+
+def _mp_helper(proc: psutil.Process) -> bool:
+    try:
+        cmd = " ".join(proc.cmdline())
+    except psutil.Error:
+        return True
+    return "resource_tracker" in cmd or "forkserver" in cmd
+
+
+@dataclass
+class Report:
+    seconds: float
+    pools: int
+    env_steps: int
+    env_errors: int
+    baseline: Resources
+    final: Resources
+    problems: list[str]
+
+
+def _one_pool(rng: np.random.Generator, deadline: float, counts: dict) -> None:
+    n = int(rng.integers(2, 9))
+    batch = int(rng.integers(1, n + 1))
+    with shmpool.Pool(SoakEnv, n, num_workers=int(rng.integers(1, 3)), batch_size=batch,
+                      seed=int(rng.integers(2**31)), step_timeout=30) as pool:
+        pool.reset(seed=int(rng.integers(2**31)))
+        for _ in range(int(rng.integers(20, 200))):
+            if time.monotonic() > deadline:
+                return
+            op = rng.choice(["step", "async", "reset", "call", "fail"], p=[0.5, 0.3, 0.05, 0.1, 0.05])
+            try:
+                if op == "step":
+                    pool.step(rng.uniform(-1, 1, (n, 2)).astype(np.float32))
+                    counts["steps"] += n
+                elif op == "async":
+                    _async_round(pool, rng, n, batch, counts)
+                elif op == "reset":
+                    pool.reset(seed=int(rng.integers(2**31)))
+                elif op == "call":
+                    assert len(pool.get_attr("t")) == n
+                    pool.set_attr("fail_rate", 0.0)
+                else:
+                    pool.set_attr("fail_rate", float(rng.uniform(0, 0.2)))
+            except shmpool.EnvError:
+                counts["errors"] += 1
+                pool.set_attr("fail_rate", 0.0)
+                pool.reset()
+
+
+def _async_round(pool, rng, n: int, batch: int, counts: dict) -> None:
+    pool.async_reset()
+    for _ in range(int(rng.integers(1, 20))):
+        *_, infos = pool.recv()
+        ids = infos["env_id"]
+        counts["steps"] += len(ids)
+        pool.send(rng.uniform(-1, 1, (len(ids), 2)).astype(np.float32), ids)
+    while pool.in_flight >= batch:
+        pool.recv()
+    if pool.in_flight:
+        pool.reset()  # fewer than a batch left: reset() drops them
+
+
+def soak(seconds: float, seed: int = 0) -> Report:
+    """Run random pools for ``seconds``; return what was measured and any resource not back."""
+    rng = np.random.default_rng(seed)
+    _one_pool(np.random.default_rng(seed + 1), time.monotonic() + 1.0, {"steps": 0, "errors": 0})  # warm-up
+    gc.collect()
+    baseline = Resources.now()
+    counts = {"steps": 0, "errors": 0, "pools": 0}
+    start = time.monotonic()
+    deadline = start + seconds
+    while time.monotonic() < deadline:
+        _one_pool(rng, deadline, counts)
+        counts["pools"] += 1
+    gc.collect()
+    time.sleep(0.2)
+    final = Resources.now()
+    problems = []
+    if final.children:
+        problems.append(f"{final.children} child processes left")
+    if final.shm > baseline.shm:
+        problems.append(f"/dev/shm has {final.shm - baseline.shm} more entries")
+    if final.fds > baseline.fds:
+        problems.append(f"{final.fds - baseline.fds} more open file descriptors")
+    if final.threads > baseline.threads:
+        problems.append(f"{final.threads - baseline.threads} more threads")
+    if final.rss_mb > baseline.rss_mb + RSS_SLACK_MB:
+        problems.append(f"RSS grew {final.rss_mb - baseline.rss_mb:.1f} MB (slack {RSS_SLACK_MB} MB)")
+    return Report(time.monotonic() - start, counts["pools"], counts["steps"], counts["errors"], baseline, final,
+                  problems)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=None)
+    p.add_argument("--seconds", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the report here")
+    args = p.parse_args(argv)
+    seconds = 60.0 * args.minutes if args.minutes is not None else (args.seconds or 60.0)
+    report = soak(seconds, args.seed)
+    print(f"soak: {report.seconds:.0f} s, {report.pools} pools, {report.env_steps:,} env steps, "
+          f"{report.env_errors} injected env errors")
+    print(f"baseline {report.baseline}\nfinal    {report.final}")
+    print("OK: everything back to baseline" if not report.problems else "LEAKS: " + "; ".join(report.problems))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(asdict(report), f, indent=2)
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

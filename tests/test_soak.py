@@ -1,0 +1,9 @@
+"""A short soak in CI: random usage patterns and injected failures leave nothing behind."""
+from bench.soak import soak
+
+
+def test_short_soak_leaves_nothing_behind(no_leaks):
+    report = soak(seconds=6.0, seed=1)
+    assert report.pools >= 3 and report.env_steps > 1000, report
+    assert report.env_errors > 0, "the soak must exercise env failures"
+    assert report.problems == [], report.problems
