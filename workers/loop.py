@@ -205,7 +205,7 @@ class Server:
                     os._exit(0)
                 continue
             # Commands posted since ``seen`` may overwrite one another; only an
-            # async command can be overtaken (the parent posts anything else
+            # async command can be overtaken (the parent steps or resets only
             # with nothing in flight), and its requests are served anyway.
             seq, cmd = wire.command(index)
             if cmd == _core.CMD_STEP:
@@ -217,7 +217,15 @@ class Server:
                 self.drain()
                 wire.finish(index, seq)
             elif cmd == _core.CMD_MESSAGE:
-                self.message(self.conn.recv())
+                # A call may come while envs are in flight (their async command
+                # overwritten by this one): serve them first, recv() gets them.
+                self.drain()
+                # The message is in the pipe before its command is posted. The
+                # command word can be read as a newer post's while its sequence
+                # is still the older one's, so the same message command may be
+                # seen twice: only a message actually waiting is answered.
+                if self.conn.poll(0):
+                    self.message(self.conn.recv())
                 wire.finish(index, seq)
             elif cmd == _core.CMD_EXIT:
                 self.exit(seq)
