@@ -1,0 +1,127 @@
+"""Single-core cost of one ``env.step``: shmpool's MuJoCo recipe vs gymnasium's v5 env.
+
+``python -m bench.recipe_cost --task Ant-v5 [--steps 5000 --repeats 3]`` (``--task all``
+for every recipe).  Every side gets the same float32 actions.  The machine is a noisy
+VM, so the sides are interleaved finely: blocks of ``--block`` steps alternate between
+them (recipe, gymnasium, gymnasium unwrapped, bare mj_step, recipe, ...), and the whole
+run is repeated ``--repeats`` times; the median µs/step is printed.  Resets at episode
+ends are not timed.
+
+Columns: ``recipe``; ``physics`` (the part of the recipe's step spent in ``data.ctrl[:] =
+a``, ``mj_step(nstep=frame_skip)`` and, for contact-force tasks, ``mj_rnePostConstraint``:
+the floor); ``gymnasium`` (``gym.make``: TimeLimit, OrderEnforcing, PassiveEnvChecker);
+``ratio`` = gymnasium / recipe; ``gym unwrapped`` (the bare v5 env under a TimeLimit);
+and, with physics stubbed out (``mj_step`` and ``mj_rnePostConstraint`` replaced by
+no-ops, so physics cost and its drift drop out), the Python overhead per step of the
+recipe and of gymnasium.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+from shmpool.workers.recipes.mujoco import TASKS
+
+Runner = Callable[[np.ndarray], int]   # steps a block of actions, returns elapsed ns
+
+
+def _stepper(env: gym.Env, seed: int) -> Runner:
+    """Times ``env.step`` over a block of actions; resets (untimed) at episode ends."""
+    env.reset(seed=seed)
+    step, clock = env.step, time.perf_counter_ns
+
+    def run(actions: np.ndarray) -> int:
+        total = 0
+        for a in actions:
+            t0 = clock()
+            _, _, terminated, truncated, _ = step(a)
+            total += clock() - t0
+            if terminated or truncated:
+                env.reset()
+        return total
+    return run
+
+
+def _time_physics(env) -> list[int]:
+    """Accumulates ``[ns, calls]`` spent in the recipe's ``_simulate`` (ctrl write, ``mj_step``,
+    ``mj_rnePostConstraint`` where needed), i.e. the physics share of its own steps."""
+    acc, simulate, clock = [0, 0], env._simulate, time.perf_counter_ns
+
+    def timed(action: np.ndarray) -> None:
+        t0 = clock()
+        simulate(action)
+        acc[0] += clock() - t0
+        acc[1] += 1
+    env._simulate = timed
+    return acc
+
+
+def _interleaved(runners: dict[str, Runner], actions: np.ndarray, block: int, repeats: int) -> dict[str, float]:
+    """Median over ``repeats`` of µs/step per runner, blocks of ``block`` steps alternating."""
+    samples: dict[str, list[float]] = {name: [] for name in runners}
+    for run in runners.values():   # warm-up: caches, lazy imports, the env checker's first call
+        run(actions[:block])
+    for _ in range(repeats):
+        totals = dict.fromkeys(runners, 0)
+        for start in range(0, len(actions), block):
+            chunk = actions[start:start + block]
+            for name, run in runners.items():
+                totals[name] += run(chunk)
+        for name in runners:
+            samples[name].append(totals[name] / 1e3 / len(actions))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def measure(task: str, steps: int, repeats: int, block: int) -> dict[str, float]:
+    """Median µs/step of each side for ``task`` (keys as in the printed columns)."""
+    def sides() -> tuple[gym.Env, gym.Env, gym.Env]:
+        reference = gym.make(task)
+        unwrapped = gym.wrappers.TimeLimit(gym.make(task).unwrapped, reference.spec.max_episode_steps)
+        return TASKS[task](), reference, unwrapped
+
+    recipe, reference, unwrapped = sides()
+    space = reference.action_space
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(space.low, space.high, size=(steps, *space.shape)).astype(np.float32)
+    physics = _time_physics(recipe)
+    result = _interleaved({"recipe": _stepper(recipe, 0), "gymnasium": _stepper(reference, 0),
+                           "gym unwrapped": _stepper(unwrapped, 0)}, actions, block, repeats)
+    result["physics"] = physics[0] / 1e3 / physics[1]
+    real = mujoco.mj_step, mujoco.mj_rnePostConstraint
+    mujoco.mj_step = lambda m, d, nstep=1: None
+    mujoco.mj_rnePostConstraint = lambda m, d: None
+    try:
+        recipe, reference, _ = sides()
+        overhead = _interleaved({"recipe overhead": _stepper(recipe, 0), "gym overhead": _stepper(reference, 0)},
+                                actions, block, repeats)
+    finally:
+        mujoco.mj_step, mujoco.mj_rnePostConstraint = real
+    return {**result, **overhead}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="Ant-v5", help=f"one of {sorted(TASKS)} or 'all'")
+    parser.add_argument("--steps", type=int, default=5000, help="timed steps per repetition")
+    parser.add_argument("--repeats", type=int, default=3, help="repetitions (median reported)")
+    parser.add_argument("--block", type=int, default=50, help="steps per side before switching sides")
+    args = parser.parse_args(argv)
+    tasks = list(TASKS) if args.task == "all" else [args.task]
+    print("µs/step, median of", args.repeats, "interleaved runs of", args.steps, "steps")
+    print(f"{'task':26s} {'recipe':>8s} {'physics':>8s} {'gymnasium':>9s} {'ratio':>6s} {'gym unwr.':>9s}"
+          f" | python overhead: {'recipe':>6s} {'gym':>6s}")
+    for task in tasks:
+        r = measure(task, args.steps, args.repeats, args.block)
+        print(f"{task:26s} {r['recipe']:8.1f} {r['physics']:8.1f} {r['gymnasium']:9.1f}"
+              f" {r['gymnasium'] / r['recipe']:5.2f}x {r['gym unwrapped']:9.1f} | {'':16s}"
+              f" {r['recipe overhead']:6.1f} {r['gym overhead']:6.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""MuJoCo recipes must reproduce gymnasium's v5 envs: same seed + same actions -> same everything."""
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("mujoco")
+
+from shmpool.workers.recipes import mujoco as recipes  # noqa: E402
+
+import shmpool  # noqa: E402
+
+# task id -> (steps, extra kwargs for both sides): each crosses at least one episode end.
+CASES = {
+    "Ant-v5": (300, {"max_episode_steps": 120}),                       # truncation
+    "Ant-v5-unhealthy": (300, {"healthy_z_range": (0.45, 1.0)}),       # termination
+    "HalfCheetah-v5": (300, {"max_episode_steps": 100}),
+    "Hopper-v5": (300, {}),
+    "Walker2d-v5": (300, {}),
+    "Swimmer-v5": (300, {"max_episode_steps": 100}),
+    "InvertedPendulum-v5": (300, {}),
+    "InvertedDoublePendulum-v5": (300, {}),
+    "Reacher-v5": (300, {}),                                           # 50-step limit
+    "Humanoid-v5": (300, {}),
+    "HumanoidStandup-v5": (300, {"max_episode_steps": 100}),
+}
+
+
+def _same(a, b, what):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape, f"{what}: shape {a.shape} vs {b.shape}"
+    # Bit-exact today (same model, same mj_step, same reduction order); the tolerance is
+    # only the brief's guard against a future mujoco/numpy changing summation order.
+    np.testing.assert_allclose(b.astype(np.float64), a.astype(np.float64), rtol=1e-12, atol=1e-12, err_msg=what)
+
+
+def _same_info(ref: dict, got: dict, what: str) -> None:
+    assert ref.keys() == got.keys(), f"{what}: keys differ {set(ref) ^ set(got)}"
+    for k in ref:
+        _same(ref[k], got[k], f"{what}[{k!r}]")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_gymnasium(case):
+    task_id = case.removesuffix("-unhealthy")
+    steps, kwargs = CASES[case]
+    ref, env = gym.make(task_id, **kwargs), recipes.TASKS[task_id](**kwargs)
+    assert env.observation_space == ref.observation_space
+    assert env.action_space == ref.action_space
+    rng = np.random.default_rng(1)
+    low, high = ref.action_space.low, ref.action_space.high
+    episode = 0
+    o_ref, i_ref = ref.reset(seed=7)
+    o, i = env.reset(seed=7)
+    _same(o_ref, o, "reset obs")
+    _same_info(i_ref, i, "reset info")
+    ends = 0
+    for t in range(steps):
+        action = rng.uniform(low, high).astype(np.float32)
+        r_ref, r = ref.step(action), env.step(action)
+        for name, a, b in zip(("obs", "reward", "terminated", "truncated"), r_ref[:4], r[:4]):
+            _same(a, b, f"{name} at step {t}")
+        assert np.asarray(r[1]).dtype == np.asarray(r_ref[1]).dtype, f"reward dtype at step {t}"
+        assert r[2] == r_ref[2] and r[3] == r_ref[3]
+        _same_info(r_ref[4], r[4], f"info at step {t}")
+        if r_ref[2] or r_ref[3]:
+            ends += 1
+            episode += 1
+            o_ref, i_ref = ref.reset(seed=100 + episode)
+            o, i = env.reset(seed=100 + episode)
+            _same(o_ref, o, "reset obs")
+            _same_info(i_ref, i, "reset info")
+    assert ends >= 1, f"{case}: no episode ended, the test does not cover termination/truncation"
+    env.close()
+    ref.close()
+
+
+def test_register_makes_tasks():
+    ids = recipes.register()
+    assert set(ids) == set(recipes.TASKS)
+    from shmpool.registration import _TASKS
+    fns = _TASKS["Ant-v5"](num_envs=3, max_episode_steps=10)
+    assert len(fns) == 3 and isinstance(fns[0](), recipes.Ant)
+
+
+def test_in_pool_matches_sync_vector_env():
+    n, steps = 2, 150
+    kwargs = {"max_episode_steps": 60}
+    fns = [lambda: recipes.Ant(**kwargs)] * n
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("Ant-v5", **kwargs)] * n)
+    rng = np.random.default_rng(2)
+    pool = shmpool.Pool(fns, num_workers=1)
+    try:
+        o_ref, _ = ref.reset(seed=5)
+        o, _ = pool.reset(seed=5)
+        _same(o_ref, o, "reset obs")
+        for t in range(steps):
+            actions = rng.uniform(-1, 1, size=(n, 8)).astype(np.float32)
+            r_ref, r = ref.step(actions), pool.step(actions)
+            for name, a, b in zip(("obs", "reward", "terminated", "truncated"), r_ref[:4], r[:4]):
+                _same(a, b, f"{name} at step {t}")
+            info_ref, info = r_ref[4], r[4]
+            for k in info_ref:   # after an autoreset step only the reset keys are present
+                if k.startswith("_"):
+                    continue
+                mask = info_ref["_" + k]
+                np.testing.assert_array_equal(info["_" + k], mask, err_msg=f"info mask {k!r} at step {t}")
+                _same(info_ref[k][mask], info[k][mask], f"info[{k!r}] at step {t}")
+    finally:
+        pool.close()
+        ref.close()
+
+
+@pytest.mark.parametrize("task_id", ["Ant-v5", "Humanoid-v5", "Hopper-v5"])
+def test_bind_obs_writes_in_place(task_id):
+    plain, bound = recipes.TASKS[task_id](), recipes.TASKS[task_id]()
+    slots = np.zeros((3, *bound.observation_space.shape))   # stand-in for a shared-memory batch
+    assert bound.bind_obs(slots[1]) is not None
+    o, _ = plain.reset(seed=0)
+    ob, _ = bound.reset(seed=0)
+    assert ob is slots[1] or np.shares_memory(ob, slots)
+    _same(o, slots[1], "reset obs")
+    rng = np.random.default_rng(0)
+    for t in range(50):
+        a = rng.uniform(-0.4, 0.4, size=plain.action_space.shape).astype(np.float32)
+        r, rb = plain.step(a), bound.step(a)
+        _same(r[0], slots[1], f"obs at step {t}")
+        _same(r[1], rb[1], f"reward at step {t}")
+    assert not slots[0].any() and not slots[2].any()
+    with pytest.raises(ValueError):
+        bound.bind_obs(np.zeros(3))
