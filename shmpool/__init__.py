@@ -3,7 +3,7 @@ from ._core import WaitPolicy
 from .errors import EnvError, PoolClosedError, ShmpoolError, WorkerDiedError
 from .pool import Pool
 from .topology import allowed_cpus, parse_cpu_list
-from .vector import VectorEnv, make, make_vec
+from .vector import VectorEnv, list_tasks, make, make_vec
 
 __version__ = "0.1.0"
 
@@ -17,6 +17,7 @@ __all__ = [
     "WorkerDiedError",
     "__version__",
     "allowed_cpus",
+    "list_tasks",
     "make",
     "make_vec",
     "parse_cpu_list",

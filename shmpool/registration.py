@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -22,7 +23,8 @@ from gymnasium.envs.registration import EnvSpec, VectorizeMode
 from .topology import allowed_cpus
 from .vector_env import VECTOR_PARAMETERS, VectorEnv
 
-__all__ = ["TWIN_NAMESPACE", "make", "make_vec", "register_envs", "register_task", "twin_id", "vector_entry_point"]
+__all__ = ["TWIN_NAMESPACE", "list_tasks", "make", "make_vec", "register_envs", "register_task", "twin_id",
+           "vector_entry_point"]
 
 TWIN_NAMESPACE = "shmpool"
 
@@ -179,6 +181,30 @@ def register_task(task_id: str, builder: Callable[..., list[Callable[[], gymnasi
     _TASKS[task_id] = builder
 
 
+# Built-in recipe modules and the package each needs; loaded on first use so that
+# importing shmpool never imports mujoco (or ale-py).
+_BUILTIN_RECIPES = {"shmpool.workers.recipes.mujoco": "mujoco"}
+_loaded_builtins = False
+
+
+def _load_builtin_tasks() -> None:
+    global _loaded_builtins
+    if _loaded_builtins:
+        return
+    _loaded_builtins = True
+    for module, needs in _BUILTIN_RECIPES.items():
+        if importlib.util.find_spec(needs) is None:
+            continue  # that extra is not installed: its ids stay plain gymnasium ids
+        importlib.import_module(module).register()
+
+
+def list_tasks() -> list[str]:
+    """Task ids ``make`` builds with shmpool's own recipes (any other gymnasium id works too,
+    through ``gymnasium.make``)."""
+    _load_builtin_tasks()
+    return sorted(_TASKS)
+
+
 def _affinity_cpus(offset: int | None, num_threads: int | None) -> list[int] | None:
     """EnvPool's ``thread_affinity_offset``: workers use allowed cpus from ``offset`` on."""
     if offset is None or offset < 0:  # EnvPool's default -1: no particular core
@@ -202,7 +228,8 @@ def make(
 ) -> VectorEnv:
     """EnvPool's ``envpool.make`` over a shmpool :class:`VectorEnv`.
 
-    - ``task_id``: a gymnasium id (or a task registered with :func:`register_task`).
+    - ``task_id``: a task with a shmpool recipe (:func:`list_tasks`: the MuJoCo v5 tasks
+      when ``mujoco`` is installed) or any gymnasium id.
     - ``env_type``: ``"gymnasium"`` or ``"gym"`` (both give gymnasium's 5-tuple
       API); ``"dm"`` is not supported.
     - ``num_envs``; ``batch_size`` (``None``/0: ``num_envs``): how many envs
@@ -236,6 +263,7 @@ def make(
     num_threads = num_threads or None     # EnvPool's 0 means "the default"
     pool_kwargs = dict(num_workers=num_threads, batch_size=batch_size, seed=seed,
                        cpus=_affinity_cpus(thread_affinity_offset, num_threads))
+    _load_builtin_tasks()
     if task_id in _TASKS:
         env_kwargs, vector_kwargs = _split_vector_kwargs(kwargs)
         env = VectorEnv(_TASKS[task_id](num_envs=num_envs, **env_kwargs), **pool_kwargs, **vector_kwargs)

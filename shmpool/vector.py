@@ -8,6 +8,7 @@ importing shmpool first.
 """
 from .registration import (
     TWIN_NAMESPACE,
+    list_tasks,
     make,
     make_vec,
     register_envs,
@@ -21,6 +22,7 @@ __all__ = [
     "TWIN_NAMESPACE",
     "VectorEnv",
     "WaitTimeoutError",
+    "list_tasks",
     "make",
     "make_vec",
     "register_envs",

@@ -128,3 +128,17 @@ def test_bind_obs_writes_in_place(task_id):
     assert not slots[0].any() and not slots[2].any()
     with pytest.raises(ValueError):
         bound.bind_obs(np.zeros(3))
+
+
+def test_make_builds_recipes_for_listed_tasks(no_leaks):
+    from shmpool.workers.recipes.mujoco import MujocoRecipe
+
+    assert {"Ant-v5", "HalfCheetah-v5", "Humanoid-v5"} <= set(shmpool.list_tasks())
+    env = shmpool.make("Ant-v5", num_envs=2, num_threads=1, seed=0)
+    try:
+        assert env.pool.apply(lambda e: isinstance(e, MujocoRecipe)) == (True, True)
+        env.reset()
+        obs, rew, term, trunc, info = env.step(np.zeros((2, 8), np.float32))
+        assert obs.shape == (2, 105) and obs.dtype == np.float64
+    finally:
+        env.close()
