@@ -147,6 +147,8 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
                        f"env {start + k} has observation/action spaces {env.observation_space}, "
                        f"{env.action_space}; env {start} has {first.observation_space}, "
                        f"{first.action_space}: all envs of a pool must share their spaces"))
+            for env in envs:
+                _close_quietly(env)
             return
     conn.send_bytes(cloudpickle.dumps((
         "spaces", first.observation_space, first.action_space,
