@@ -1,0 +1,463 @@
+"""The built-in task benchmark (issue 4): shmpool's recipes against EnvPool and gymnasium.
+
+    python -m bench.tasks                        # every available task at its N (Ant-v5: 8, 32)
+    python -m bench.tasks --json /tmp/tasks.json # also write every raw measurement
+    python -m bench.tasks --quick                # a few seconds, for tests
+
+For each (task, N), one run measures, with interleaved repetitions (each opens
+a fresh env/pool; opening is not timed):
+
+- gymnasium ``SyncVectorEnv`` and ``AsyncVectorEnv`` (shared memory) over ``gym.make(task)``;
+- shmpool sync (``pool.step``) and async (``batch_size = N/2``: ``recv``, then
+  ``send`` the batch straight back) over shmpool's recipe for the task;
+- EnvPool sync (``step`` of all N, ``batch_size = N``) and async (``batch_size =
+  N/2``, ``async_reset``, ``recv``, ``send(action, env_id)``) over EnvPool's C++ env,
+  with ``num_threads`` = shmpool's number of workers.
+
+Every system gets the same fixed, seeded array of random actions drawn uniformly from
+the action space (async systems send its first ``batch_size`` rows).  The action
+distribution matters: MuJoCo's cost per step depends on how many contacts the bodies
+make, and full-range random actions make an Ant flail and touch the floor a lot, so
+compare numbers only between runs with the same actions.  Throughput is env steps/s.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+import shmpool  # noqa: F401  (the pools below)
+from shmpool.topology import allowed_cpus
+
+from ._timing import Case, Record, Sample, run_interleaved, timed_loop
+from .core import (
+    ASYNC_VEC,
+    POOL_ASYNC,
+    POOL_SYNC,
+    SYNC_VEC,
+    Group,
+    GymVector,
+    PoolAsync,
+    PoolSync,
+    Target,
+    environment,
+    fmt_ratio,
+    fmt_summary,
+    markdown_table,
+    rich_table,
+)
+
+EP_SYNC, EP_ASYNC = "EnvPool sync", "EnvPool async"
+SYSTEMS = (SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC, EP_SYNC, EP_ASYNC)
+ACTION_SEED = 0
+
+
+# --- the tasks -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TaskDef:
+    """One benchmark task: how each system builds it, and at which N it is measured.
+
+    ``recipe`` returns the constructor of shmpool's recipe env (raises ImportError
+    when its optional dependency is missing); ``gym_id`` is what the gymnasium rows
+    ``gym.make``; ``envpool_id`` is EnvPool's task id.  ``missing`` marks a task
+    whose shmpool side does not exist yet (it is listed, not run)."""
+
+    task: str
+    num_envs: tuple[int, ...]
+    recipe: Callable[[], Callable[[], gym.Env]] | None = None
+    gym_id: str | None = None
+    envpool_id: str | None = None
+    missing: str | None = None
+
+    def unavailable(self) -> str | None:
+        """Why this task cannot run here, or None."""
+        if self.missing is not None:
+            return self.missing
+        try:
+            self.recipe()
+            gym.make(self.gym_id).close()
+        except (gym.error.DependencyNotInstalled, ImportError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def _mujoco_recipe(task: str) -> Callable[[], Callable[[], gym.Env]]:
+    def recipe() -> Callable[[], gym.Env]:
+        from shmpool.workers.recipes import mujoco as recipes
+        return recipes.TASKS[task]
+    return recipe
+
+
+TASKS: dict[str, TaskDef] = {
+    t.task: t for t in (
+        TaskDef("Pong-v5", (8, 32), missing="not available yet: shmpool has no Atari recipe (issue 4, part 2)"),
+        TaskDef("Ant-v5", (8, 32), recipe=_mujoco_recipe("Ant-v5"), gym_id="Ant-v5", envpool_id="Ant-v5"),
+        TaskDef("BatchPong-v0", (1024, 16384),
+                missing="not available yet: BatchPong-v0 does not exist (issue 4, part 4)"),
+    )
+}
+DEFAULT_TASKS = tuple(TASKS)
+
+
+def fixed_random_actions(space: gym.Space, n: int) -> np.ndarray:
+    """``n`` actions drawn once from ``space`` (uniform for a bounded Box), seeded: every system gets these."""
+    batched = gym.vector.utils.batch_space(space, n)
+    batched.seed(ACTION_SEED)
+    return batched.sample()
+
+
+# --- EnvPool ---------------------------------------------------------------------------------
+
+def envpool_version() -> tuple[str | None, str | None]:
+    """(version, None) if EnvPool imports, else (None, why not)."""
+    try:
+        import envpool
+    except Exception as exc:   # ImportError, or a broken binary wheel
+        return None, f"{type(exc).__name__}: {exc}"
+    return envpool.__version__, None
+
+
+class EnvPoolSubject:
+    """EnvPool's C++ env: sync (``step`` of all N) or async (``batch_size = N/2``, recv/send)."""
+
+    def __init__(self, system: str, task: str, n: int, num_threads: int, actions: np.ndarray) -> None:
+        import envpool
+        self.batch = n if system == EP_SYNC else max(1, n // 2)
+        self.env = envpool.make(task, env_type="gymnasium", num_envs=n, batch_size=self.batch,
+                                num_threads=num_threads, seed=0)
+        cfg = self.env.config
+        self.info = {"num_threads": cfg["num_threads"], "batch_size": cfg["batch_size"],
+                     "thread_affinity_offset": cfg["thread_affinity_offset"]}
+        acts = np.asarray(actions, dtype=self.env.action_space.dtype)
+        if system == EP_SYNC:
+            self.env.reset()
+            self._step = functools.partial(self.env.step, acts)
+        else:
+            self.actions = acts[: self.batch]
+            self.env.async_reset()
+            self._step = self._recv_send
+
+    def _recv_send(self) -> None:
+        *_, info = self.env.recv()
+        self.env.send(self.actions, info["env_id"])
+
+    def measure(self, seconds: float, warmup: float) -> Sample:
+        return timed_loop(self._step, self.batch, seconds, warmup)
+
+    def close(self) -> None:
+        self.env.close()
+        del self.env, self._step
+        gc.collect()   # EnvPool's threads stop when the C++ pool is destroyed
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+def throughput_cases(spec: TaskDef, n: int, num_workers: int, with_envpool: bool) -> list[Case]:
+    probe = gym.make(spec.gym_id)
+    actions = fixed_random_actions(probe.action_space, n)
+    probe.close()
+    recipe = spec.recipe()
+    cases = [
+        Case(SYNC_VEC, functools.partial(GymVector, SYNC_VEC, spec.gym_id, n, actions)),
+        Case(ASYNC_VEC, functools.partial(GymVector, ASYNC_VEC, spec.gym_id, n, actions)),
+        Case(POOL_SYNC, functools.partial(PoolSync, recipe, n, actions)),
+        Case(POOL_ASYNC, functools.partial(PoolAsync, recipe, n, actions)),
+    ]
+    if with_envpool:
+        cases += [Case(s, functools.partial(EnvPoolSubject, s, spec.envpool_id, n, num_workers, actions))
+                  for s in (EP_SYNC, EP_ASYNC)]
+    return cases
+
+
+@dataclass(frozen=True)
+class Plan:
+    cells: list[tuple[TaskDef, int]]
+    skipped: dict[str, str]
+    envpool: str | None       # EnvPool's version, or None
+    envpool_note: str | None  # why EnvPool rows are missing
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    cells, skipped = [], {}
+    for name in args.tasks:
+        spec = TASKS.get(name)
+        reason = f"unknown task (known: {', '.join(TASKS)})" if spec is None else spec.unavailable()
+        if reason is not None:
+            skipped[name] = reason
+            continue
+        cells += [(spec, n) for n in (args.num_envs or spec.num_envs)]
+    version, note = envpool_version()
+    if args.no_envpool:
+        version, note = None, "not run (--no-envpool)"
+    return Plan(cells, skipped, version, note)
+
+
+def pool_workers(n: int) -> int:
+    """The number of workers shmpool picks by default for N envs (EnvPool gets as many threads)."""
+    return min(len(allowed_cpus()), n)
+
+
+def run(plan: Plan, args: argparse.Namespace, err: Console) -> list[Group]:
+    per_cell = len(SYSTEMS) if plan.envpool else len(SYSTEMS) - 2
+    total = len(plan.cells) * per_cell * args.repeats
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    groups = []
+    # No auto-refresh: a refresh thread would compete for the GIL and the cores being measured.
+    with Progress(*columns, console=err, auto_refresh=False) as progress:
+        bar = progress.add_task("starting", total=total)
+
+        def on_start(spec: TaskDef, n: int, case: Case, rep: int) -> None:
+            progress.update(bar, description=f"{spec.task} N={n} · {case.name} · rep {rep + 1}/{args.repeats}",
+                            refresh=True)
+
+        def on_done(_: Record) -> None:
+            progress.advance(bar)
+            progress.refresh()
+
+        for spec, n in plan.cells:
+            cases = throughput_cases(spec, n, pool_workers(n), plan.envpool is not None)
+            records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
+                                      on_start=functools.partial(on_start, spec, n), on_done=on_done)
+            groups.append(Group(spec.task, n, cases, records))
+    return groups
+
+
+# --- single-core cost per step -----------------------------------------------------------------
+
+def step_costs(task: str, steps: int, repeats: int) -> dict[str, float] | None:
+    """µs per ``env.step`` on one core: recipe, its physics share, gymnasium, Python overheads
+    (``bench.recipe_cost``), plus EnvPool's C++ env on one thread stepping N=32 in one batch."""
+    if not task.endswith("-v5") or task not in TASKS or TASKS[task].recipe is None:
+        return None
+    from .recipe_cost import measure
+    costs = measure(task, steps, repeats, 50)
+    if envpool_version()[0] is not None:
+        costs["EnvPool, 1 thread"] = envpool_cost(TASKS[task].envpool_id, steps, repeats)
+    return costs
+
+
+def envpool_cost(task: str, steps: int, repeats: int, n: int = 32) -> float:
+    """Median µs per env step of EnvPool with one thread stepping ``n`` envs per call, fed fresh
+    uniform random actions every step (as ``bench.recipe_cost`` feeds the single envs)."""
+    import envpool
+    env = envpool.make(task, env_type="gymnasium", num_envs=n, batch_size=n, num_threads=1, seed=0)
+    try:
+        space = env.single_action_space
+        calls = max(1, steps // n)
+        rng = np.random.default_rng(ACTION_SEED)
+        acts = rng.uniform(space.low, space.high, size=(calls, n, *space.shape)).astype(space.dtype)
+        env.reset()
+        for a in acts:   # warm-up
+            env.step(a)
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for a in acts:
+                env.step(a)
+            samples.append(1e6 * (time.perf_counter() - t0) / (calls * n))
+        return sorted(samples)[len(samples) // 2]
+    finally:
+        env.close()
+
+
+# --- the report ------------------------------------------------------------------------------
+
+HEADER = ("task", "N", *SYSTEMS, "shmpool sync ÷ EnvPool sync", "shmpool async ÷ EnvPool async",
+          "shmpool sync ÷ SyncVectorEnv", "shmpool async ÷ SyncVectorEnv",
+          "EnvPool sync ÷ SyncVectorEnv", "EnvPool async ÷ SyncVectorEnv")
+COST_HEADER = ("task", "recipe µs/step", "physics µs/step", "gymnasium µs/step", "gymnasium ÷ recipe",
+               "gym unwrapped µs/step", "Python overhead: recipe", "Python overhead: gymnasium",
+               "EnvPool µs/step (1 thread, N=32)")
+
+
+def rows(groups: Sequence[Group]) -> list[list[str]]:
+    return [
+        [g.task, str(g.num_envs), *(fmt_summary(g.rate(s)) if g.rate(s) or _ran(g, s) else "—" for s in SYSTEMS),
+         fmt_ratio(g.ratio(POOL_SYNC, EP_SYNC)), fmt_ratio(g.ratio(POOL_ASYNC, EP_ASYNC)),
+         fmt_ratio(g.ratio(POOL_SYNC, SYNC_VEC)), fmt_ratio(g.ratio(POOL_ASYNC, SYNC_VEC)),
+         fmt_ratio(g.ratio(EP_SYNC, SYNC_VEC)), fmt_ratio(g.ratio(EP_ASYNC, SYNC_VEC))]
+        for g in groups
+    ]
+
+
+def _ran(g: Group, system: str) -> bool:
+    return any(c.name == system for c in g.cases)
+
+
+def cost_rows(costs: dict[str, dict[str, float]]) -> list[list[str]]:
+    def us(v: float | None) -> str:
+        return "—" if v is None else f"{v:.1f}"
+    return [[task, us(c["recipe"]), us(c["physics"]), us(c["gymnasium"]), fmt_ratio(c["gymnasium"] / c["recipe"]),
+             us(c["gym unwrapped"]), us(c["recipe overhead"]), us(c["gym overhead"]), us(c.get("EnvPool, 1 thread"))]
+            for task, c in costs.items()]
+
+
+def targets(groups: Sequence[Group]) -> list[Target]:
+    def ratio(task: str, n: int, num: str, den: str) -> float | None:
+        g = next((g for g in groups if g.task == task and g.num_envs == n), None)
+        return None if g is None else g.ratio(num, den)
+
+    return [
+        Target("Pong-v5 N=32 shmpool async ≥ 1.1× EnvPool async", 1.1, ratio("Pong-v5", 32, POOL_ASYNC, EP_ASYNC)),
+        Target("Pong-v5 N=32 shmpool sync ≥ 1.1× EnvPool sync", 1.1, ratio("Pong-v5", 32, POOL_SYNC, EP_SYNC)),
+        Target("Ant-v5 N=32 shmpool async ≥ 1.1× EnvPool async", 1.1, ratio("Ant-v5", 32, POOL_ASYNC, EP_ASYNC)),
+        Target("Ant-v5 N=32 shmpool sync ≥ 1.1× EnvPool sync", 1.1, ratio("Ant-v5", 32, POOL_SYNC, EP_SYNC)),
+        Target("BatchPong-v0 N=16384 ≥ 100× one env at a time", 100.0, None),
+    ]
+
+
+def report(args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: list[Group],
+           costs: dict[str, dict[str, float]], out: Console) -> list[Target]:
+    """Rich tables, then the same as plain markdown (pasteable), then the targets."""
+    goals = targets(groups)
+    tp_rows, c_rows = rows(groups), cost_rows(costs)
+    out.print(rich_table("Throughput, env steps/s: median (min–max)", HEADER, tp_rows))
+    if c_rows:
+        out.print(rich_table("Single-core cost per env step, µs (median)", COST_HEADER, c_rows))
+    workers = sorted({r.info["num_workers"] for g in groups for r in g.records
+                      if r.case == POOL_SYNC and "num_workers" in r.info})
+    lines = [
+        f"## shmpool task benchmark — {env['date']}",
+        "",
+        f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · "
+        f"python {env['python']}, numpy {env['numpy']}, gymnasium {env['gymnasium']}, mujoco {env['mujoco']}, "
+        f"envpool {env['envpool'] or 'unavailable'} · "
+        f"{args.repeats} interleaved repetitions × {args.seconds:g} s (warm-up {args.warmup:g} s)",
+        "",
+        f"shmpool workers {workers or '—'} (pinned, default wait policy); EnvPool num_threads = shmpool's "
+        "workers, default thread affinity; async: batch_size = N/2. Actions: one fixed array of random "
+        f"actions, uniform over the action space (seed {ACTION_SEED}), the same for every system — the "
+        "action distribution changes MuJoCo's cost a lot (full-range random actions cause many contacts), "
+        "so compare only runs with the same actions.",
+        "",
+        "Throughput, env steps/s, median (min–max); ratios of medians:",
+        "",
+        markdown_table(HEADER, tp_rows),
+    ]
+    if plan.envpool is None:
+        lines += ["", f"EnvPool rows unavailable — {plan.envpool_note}"]
+    lines += [f"\n{task}: skipped — {reason}" for task, reason in plan.skipped.items()]
+    if c_rows:
+        lines += ["", f"Single-core cost per env step (µs, median of {args.cost_repeats} interleaved runs of "
+                  f"{args.cost_steps} steps; `bench.recipe_cost`; physics = ctrl write + mj_step×frame_skip + "
+                  "mj_rnePostConstraint; Python overhead = step with physics stubbed out; EnvPool = one C++ "
+                  "thread stepping N=32 per call; all sides get fresh uniform random actions every step):",
+                  "", markdown_table(COST_HEADER, c_rows)]
+    lines += ["", "### Targets (medians of this run)", "", *(t.line() for t in goals)]
+    print("\n".join(lines), flush=True)
+    return goals
+
+
+def print_errors(groups: Sequence[Group], err: Console) -> int:
+    failed = [(g, r) for g in groups for r in g.errors()]
+    for g, r in failed:
+        err.print(f"{g.task} N={g.num_envs} · {r.case} · rep {r.rep + 1} failed:", style="red", markup=False,
+                  highlight=False)
+        sys.stderr.write(r.error.rstrip() + "\n")
+    return len(failed)
+
+
+def write_json(path: str, args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: list[Group],
+               costs: dict[str, dict[str, float]], goals: list[Target]) -> None:
+    data = {
+        "benchmark": "bench.tasks",
+        "environment": env,
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "actions": {"distribution": "uniform over the action space, one fixed array per (task, N)",
+                    "seed": ACTION_SEED},
+        "skipped": plan.skipped,
+        "envpool_note": plan.envpool_note,
+        "throughput": [g.to_json() for g in groups],
+        "step_cost_us": costs,
+        "targets": [t.to_json() for t in goals],
+    }
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+
+# --- command line ----------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.tasks", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", help=f"comma list (default {','.join(DEFAULT_TASKS)})")
+    p.add_argument("--num-envs", help="comma list of N for every task (default: each task's own)")
+    p.add_argument("--seconds", type=float, help="timed seconds per repetition (default 2)")
+    p.add_argument("--repeats", type=int, help="interleaved repetitions per cell (default 3)")
+    p.add_argument("--warmup", type=float, help="untimed seconds before each repetition (default 0.3)")
+    p.add_argument("--cost-steps", type=int, help="steps per side for the single-core cost (default 2000)")
+    p.add_argument("--cost-repeats", type=int, help="repetitions of the single-core cost (default 3)")
+    p.add_argument("--no-envpool", action="store_true", help="leave out the EnvPool rows")
+    p.add_argument("--json", metavar="PATH", help="write every raw measurement and the configuration here")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny run for tests: 0.2 s, 1 repeat, N=8, short cost (explicit options still win)")
+    args = p.parse_args(argv)
+
+    quick = args.quick
+    args.command = " ".join(["python -m bench.tasks", *(sys.argv[1:] if argv is None else argv)])
+    args.tasks = _names(args.tasks) if args.tasks else list(DEFAULT_TASKS)
+    args.num_envs = _ints(p, args.num_envs) if args.num_envs else ([8] if quick else None)
+    args.seconds = args.seconds if args.seconds is not None else (0.2 if quick else 2.0)
+    args.repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
+    args.warmup = args.warmup if args.warmup is not None else (0.1 if quick else 0.3)
+    args.cost_steps = args.cost_steps if args.cost_steps is not None else (200 if quick else 2000)
+    args.cost_repeats = args.cost_repeats if args.cost_repeats is not None else (1 if quick else 3)
+    if args.seconds <= 0 or args.warmup < 0 or args.repeats < 1 or args.cost_steps < 1 or args.cost_repeats < 1:
+        p.error("--seconds must be > 0, --warmup >= 0, --repeats/--cost-steps/--cost-repeats >= 1")
+    return args
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ints(p: argparse.ArgumentParser, text: str) -> list[int]:
+    try:
+        values = [int(t) for t in _names(text)]
+    except ValueError:
+        p.error(f"--num-envs must be a comma list of integers, got {text!r}")
+    if not values or min(values) < 1:
+        p.error(f"--num-envs must be positive integers, got {text!r}")
+    return values
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    out, err = Console(), Console(stderr=True)
+    if not out.is_terminal:
+        out = Console(width=240)  # piped or redirected: keep the tables readable
+    plan = make_plan(args)
+    for task, reason in plan.skipped.items():
+        err.print(f"[yellow]{task} skipped[/yellow] — {reason}", highlight=False)
+    if plan.envpool is None:
+        err.print(f"[yellow]EnvPool rows unavailable[/yellow] — {plan.envpool_note}", highlight=False)
+    env = {**environment(), "envpool": plan.envpool, "os_cpu_count": os.cpu_count()}
+    groups = run(plan, args, err)
+    costs = {}
+    for task in dict.fromkeys(spec.task for spec, _ in plan.cells):
+        err.print(f"single-core cost per step: {task}", highlight=False)
+        c = step_costs(task, args.cost_steps, args.cost_repeats)
+        if c is not None:
+            costs[task] = c
+    goals = report(args, env, plan, groups, costs, out)
+    if args.json:
+        write_json(args.json, args, env, plan, groups, costs, goals)
+        err.print(f"raw measurements written to {args.json}")
+    return 1 if print_errors(groups, err) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""The task benchmark runs end to end and writes what it promises (not a timing test)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("rich")
+pytest.importorskip("mujoco")
+
+
+def test_quick_run_prints_tables_and_writes_json(tmp_path):
+    out = tmp_path / "tasks.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.tasks", "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "| Ant-v5 | 8 |" in proc.stdout and "### Targets" in proc.stdout
+    assert "Pong-v5: skipped — not available yet" in proc.stdout
+    data = json.loads(out.read_text())
+    assert {"environment", "config", "throughput", "step_cost_us", "targets"} <= set(data)
+    systems = data["throughput"][0]["systems"]
+    assert {"SyncVectorEnv", "shmpool sync", "shmpool async"} <= set(systems)
+    if data["environment"]["envpool"] is None:
+        assert "EnvPool rows unavailable" in proc.stdout
+    else:
+        assert {"EnvPool sync", "EnvPool async"} <= set(systems)
+        assert all(s["samples"] and "error" not in s["samples"][0] for s in systems.values())
+
+
+def test_without_envpool_rows(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.tasks", "--quick", "--no-envpool", "--seconds", "0.05",
+                           "--cost-steps", "20"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "EnvPool rows unavailable — not run (--no-envpool)" in proc.stdout
