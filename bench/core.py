@@ -643,8 +643,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
     quick = args.quick
     args.command = " ".join(["python -m bench.core", *(sys.argv[1:] if argv is None else argv)])
-    args.tasks = _names(args.tasks) if args.tasks else (["CartPole-v1"] if quick else list(DEFAULT_TASKS))
-    args.num_envs = _ints(p, args.num_envs) if args.num_envs else ([8] if quick else None)
+    args.tasks = comma_list(args.tasks) if args.tasks else (["CartPole-v1"] if quick else list(DEFAULT_TASKS))
+    args.num_envs = comma_counts(p, args.num_envs) if args.num_envs else ([8] if quick else None)
     args.seconds = args.seconds if args.seconds is not None else (0.2 if quick else 2.0)
     args.repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
     args.warmup = args.warmup if args.warmup is not None else (0.1 if quick else 0.3)
@@ -653,13 +653,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _names(text: str) -> list[str]:
+def comma_list(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _ints(p: argparse.ArgumentParser, text: str) -> list[int]:
+def comma_counts(p: argparse.ArgumentParser, text: str) -> list[int]:
     try:
-        values = [int(t) for t in _names(text)]
+        values = [int(t) for t in comma_list(text)]
     except ValueError:
         p.error(f"--num-envs must be a comma list of integers, got {text!r}")
     if not values or min(values) < 1:

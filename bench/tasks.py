@@ -53,6 +53,8 @@ from .core import (
     PoolAsync,
     PoolSync,
     Target,
+    comma_counts,
+    comma_list,
     environment,
     fmt_ratio,
     fmt_summary,
@@ -408,8 +410,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
     quick = args.quick
     args.command = " ".join(["python -m bench.tasks", *(sys.argv[1:] if argv is None else argv)])
-    args.tasks = _names(args.tasks) if args.tasks else list(DEFAULT_TASKS)
-    args.num_envs = _ints(p, args.num_envs) if args.num_envs else ([8] if quick else None)
+    args.tasks = comma_list(args.tasks) if args.tasks else list(DEFAULT_TASKS)
+    args.num_envs = comma_counts(p, args.num_envs) if args.num_envs else ([8] if quick else None)
     args.seconds = args.seconds if args.seconds is not None else (0.2 if quick else 2.0)
     args.repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
     args.warmup = args.warmup if args.warmup is not None else (0.1 if quick else 0.3)
@@ -418,20 +420,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.seconds <= 0 or args.warmup < 0 or args.repeats < 1 or args.cost_steps < 1 or args.cost_repeats < 1:
         p.error("--seconds must be > 0, --warmup >= 0, --repeats/--cost-steps/--cost-repeats >= 1")
     return args
-
-
-def _names(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _ints(p: argparse.ArgumentParser, text: str) -> list[int]:
-    try:
-        values = [int(t) for t in _names(text)]
-    except ValueError:
-        p.error(f"--num-envs must be a comma list of integers, got {text!r}")
-    if not values or min(values) < 1:
-        p.error(f"--num-envs must be positive integers, got {text!r}")
-    return values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
