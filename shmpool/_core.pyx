@@ -71,12 +71,6 @@ CMD_EXIT = 4
 DEF _REQ_RESET = 0x80000000
 REQ_RESET = _REQ_RESET
 
-# wait() outcomes
-REACHED = 1
-TIMED_OUT = 0
-NEEDS_SLEEP = 2
-
-
 def _align(n):
     return (n + _LINE - 1) // _LINE * _LINE
 
@@ -101,17 +95,13 @@ def set_parent_death_signal(int sig):
         raise OSError("prctl(PR_SET_PDEATHSIG) is not available")
 
 
-def monotonic_ns():
-    return shm_now_ns()
-
-
 cdef int _wait_word(uint32_t *word, uint32_t target, int64_t spin_ns,
                     int64_t yield_ns, int64_t timeout_ns, bint futex) nogil:
     """Spin, then yield, then sleep until ``*word`` reaches ``target``.
 
     A signal is three words: the value, the sleeper's flag and the value the
     sleeper waits for (so wakers only wake it when that is reached).
-    Returns REACHED, TIMED_OUT, or NEEDS_SLEEP (no futex: the caller sleeps
+    Returns 1 when reached, 0 on timeout, 2 when the caller must sleep (no futex: it sleeps
     on a semaphore)."""
     cdef uint32_t *waiters = word + 1
     cdef uint32_t v
