@@ -1,4 +1,31 @@
-"""``python -m bench`` runs the core benchmark (same options as ``python -m bench.core``)."""
-from bench.core import main
+"""``python -m bench <command> [options]``: one entry point for every benchmark.
 
-raise SystemExit(main())
+Each command is a module of this package with a ``main(argv) -> int``; ``python -m bench``
+alone runs ``core``.  ``python -m bench <command> --help`` shows its options.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "core": "bench.core",            # issue 2's core targets
+    "tasks": "bench.tasks",          # recipes vs EnvPool
+    "soak": "bench.soak",            # leaks under random use
+    "recipe-cost": "bench.recipe_cost",
+}
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        print("\ncommands: " + ", ".join(COMMANDS))
+        return 0
+    name, rest = (argv[0], argv[1:]) if argv and not argv[0].startswith("-") else ("core", argv)
+    if name not in COMMANDS:
+        print(f"unknown command {name!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    return importlib.import_module(COMMANDS[name]).main(rest)
+
+
+raise SystemExit(main(sys.argv[1:]))
