@@ -1,0 +1,402 @@
+"""Latency percentiles (seed 004): how long one ``pool.step`` / ``pool.recv`` round takes, batch vs no batch.
+
+    python -m bench latency                                   # CartPole-v1, N=8,32,128 × batch 1,8,32
+    python -m bench latency --task Ant-v5 --num-envs 8,32 --batch-size 1,4
+    python -m bench latency --quick --json /tmp/latency.json  # a few seconds, for tests
+    python -m bench plot bench/results/latency.json           # the PNG
+
+Seed 004 measures an *agent* answering *observers*; here the trainer is the
+agent and every env (stepped in a worker) is an observer:
+
+- **agent latency**: one trainer call — ``pool.step(actions)`` over all N envs
+  (sync), or ``pool.recv()`` of the first ``batch_size`` envs to finish plus
+  ``pool.send()`` of their next actions (async).  Percentiles over every call.
+- **agent throughput**: env steps per second of one call, ``batch / latency``
+  (the seed's definition), so its p90 is the batch over the latency's p10.
+- **observer latency**: per env step, from the trainer sending that env's
+  action to the ``recv()`` that returns its result — dispatch, the env's step
+  and the wait for the rest of its batch.  In sync mode every env of a step
+  sees the whole ``step`` call.
+- **observer throughput**: ``1 / observer latency`` (steps/s of one env).
+
+"No batch" is ``batch_size=1`` (each env answered as soon as it finishes),
+"batch" is ``batch_size=N`` (the sync row, and async with batch = N); the
+sweep fills in between.  Each cell opens a fresh pool (not timed), warms it
+up, times it for ``--seconds`` and closes it, so no idle pool competes with
+the one being measured.  The overall rate (env steps / elapsed) is the
+``steps/s`` column.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+import shmpool
+
+from ._timing import Case, Record, Sample, latency_loop, run_interleaved
+from .core import comma_list, environment, fixed_actions, fmt_rate, fmt_us, markdown_table, pool_info, rich_table
+
+DEFAULT_TASK = "CartPole-v1"
+DEFAULT_NUM_ENVS = (8, 32, 128)
+DEFAULT_BATCH_SIZES = (1, 8, 32)
+DEFAULT_JSON = "bench/results/latency.json"
+MODES = ("sync", "async")
+REPORTED = (50, 75, 90, 95, 99)                   # the percentiles in the table and the JSON
+MEASURED = (1, 5, 10, 25, *REPORTED)              # low ones too: throughput p90 = batch / latency p10
+
+
+# --- percentiles ------------------------------------------------------------------------------
+
+def percentiles_of(values: np.ndarray, qs: Sequence[int] = REPORTED) -> dict[str, float]:
+    """``{"p50": ..., "max": ...}`` with the same nearest-rank rule as :func:`latency_loop`."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    if v.size == 0:
+        return {}
+    out = {f"p{q}": float(v[min(v.size - 1, v.size * q // 100)]) for q in qs}
+    out["max"] = float(v[-1])
+    return out
+
+
+def throughput_percentiles(latency_us: dict[str, float], units: int) -> dict[str, float]:
+    """Seed 004's throughput percentiles: ``units / latency`` per call, so throughput pQ is latency p(100-Q)."""
+    out = {}
+    for q in REPORTED:
+        lat = latency_us.get(f"p{100 - q}")
+        if lat:
+            out[f"p{q}"] = units * 1e6 / lat
+    return out
+
+
+def reported(latency_us: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in latency_us.items() if k == "max" or int(k[1:]) in REPORTED}
+
+
+# --- subjects ---------------------------------------------------------------------------------
+
+class SyncStep:
+    """``pool.step(actions)`` over all N envs: every env of a call waits for the whole call."""
+
+    mode = "sync"
+
+    def __init__(self, task: str, n: int, wait_policy: str | None) -> None:
+        kwargs = {} if wait_policy is None else {"wait_policy": wait_policy}
+        self.pool = shmpool.Pool(task, n, seed=0, **kwargs)
+        self.batch = n
+        self.info: dict[str, Any] = pool_info(self.pool)
+        try:
+            self.pool.reset()
+            self._step = functools.partial(self.pool.step, fixed_actions(self.pool.single_action_space, n))
+        except BaseException:
+            self.pool.close()
+            raise
+
+    def measure(self, seconds: float, warmup: float) -> Sample:
+        sample = latency_loop(self._step, seconds, warmup, percentiles=MEASURED)
+        self.info["observer_latency_us"] = dict(sample.latency_us)
+        self.info["observer_note"] = "sync: every env of a step sees the whole step call"
+        return sample
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class AsyncRecv:
+    """``recv()`` the first ``batch`` envs to finish, ``send()`` their next actions straight back.
+
+    Besides the per-call latency it logs, per call, the ids received and the
+    time ``recv()`` returned (two list appends, well under a µs); afterwards
+    each env step's observer latency is the time from the call that sent its
+    action (send follows that call's ``recv()`` at once) to the ``recv()``
+    that returned it."""
+
+    mode = "async"
+
+    def __init__(self, task: str, n: int, batch: int, wait_policy: str | None) -> None:
+        kwargs = {} if wait_policy is None else {"wait_policy": wait_policy}
+        self.pool = shmpool.Pool(task, n, batch_size=batch, seed=0, **kwargs)
+        self.n, self.batch = n, batch
+        self.info: dict[str, Any] = pool_info(self.pool)
+        try:
+            self.actions = fixed_actions(self.pool.single_action_space, batch)
+            self.pool.async_reset()
+        except BaseException:
+            self.pool.close()
+            raise
+        self._ids: list[np.ndarray] = []
+        self._times: list[int] = []
+
+    def _step(self) -> None:
+        *_, infos = self.pool.recv()
+        ids = infos["env_id"]  # a fresh array per call
+        self._times.append(time.perf_counter_ns())
+        self._ids.append(ids)
+        self.pool.send(self.actions, ids)
+
+    def measure(self, seconds: float, warmup: float) -> Sample:
+        sample = latency_loop(self._step, seconds, warmup, percentiles=MEASURED)
+        obs = observer_latencies(self._ids, self._times, self.n, timed=sample.count)
+        self.info["observer_latency_us"] = percentiles_of(obs, MEASURED)
+        self.info["observer_steps"] = int(obs.size)
+        self._ids, self._times = [], []
+        return sample
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def observer_latencies(ids: Sequence[np.ndarray], times: Sequence[int], n: int, timed: int) -> np.ndarray:
+    """µs from the call that sent each env's action to the call that received its result.
+
+    ``ids[k]``/``times[k]``: the envs call k received and when its ``recv()``
+    returned (its ``send()`` follows at once).  Only the last ``timed`` calls
+    count; an env first seen in them (sent by ``async_reset``) is skipped."""
+    sent = np.full(n, -1, dtype=np.int64)
+    first_timed = len(ids) - timed
+    out = []
+    for k, (got, t) in enumerate(zip(ids, times)):
+        if k >= first_timed:
+            prev = sent[got]
+            out.append((t - prev[prev >= 0]) / 1e3)
+        sent[got] = t
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+# --- the plan ---------------------------------------------------------------------------------
+
+def plan_cells(num_envs: Sequence[int], batch_sizes: Sequence[int], modes: Sequence[str]
+               ) -> tuple[list[tuple[str, int, int]], list[dict[str, Any]]]:
+    """``(mode, N, batch)`` for every cell, and the skipped async combinations (batch > N)."""
+    cells, skipped = [], []
+    for n in num_envs:
+        if "sync" in modes:
+            cells.append(("sync", n, n))
+        if "async" in modes:
+            for b in batch_sizes:
+                if b > n:
+                    skipped.append({"num_envs": n, "batch_size": b, "reason": "batch_size > num_envs"})
+                else:
+                    cells.append(("async", n, b))
+    return cells, skipped
+
+
+def cell_case(task: str, mode: str, n: int, b: int, wait_policy: str | None) -> Case:
+    name = f"{mode} N={n} batch={b}"
+    if mode == "sync":
+        return Case(name, functools.partial(SyncStep, task, n, wait_policy))
+    return Case(name, functools.partial(AsyncRecv, task, n, b, wait_policy))
+
+
+def cell_json(task: str, mode: str, n: int, b: int, record: Record) -> dict[str, Any]:
+    """One cell, shaped like seed 004's report: agent (trainer) and observer (env) latency and throughput."""
+    out: dict[str, Any] = {"task": task, "mode": mode, "num_envs": n, "batch_size": b}
+    info = dict(record.info)
+    observer = info.pop("observer_latency_us", None)
+    note = info.pop("observer_note", None)
+    observer_steps = info.pop("observer_steps", None)
+    out["pool"] = info
+    s = record.sample
+    if s is not None:
+        agent = reported(s.latency_us)
+        out.update(
+            calls=s.count, env_steps=s.count * b, seconds=s.seconds,
+            throughput=s.rate * b, mean_us_per_call=s.us_per_unit,
+            agent_latency_us=agent,
+            agent_throughput=throughput_percentiles(s.latency_us, b),
+            observer_latency_us=reported(observer or {}),
+            observer_throughput=throughput_percentiles(observer or {}, 1),
+        )
+        if observer_steps is not None:
+            out["observer_steps"] = observer_steps
+        if note:
+            out["observer_note"] = note
+    out["setup_s"] = round(record.setup_s, 4)
+    if record.error is not None:
+        out["error"] = record.error
+    return out
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace, cells: list[tuple[str, int, int]], err: Console) -> list[Record]:
+    cases = [cell_case(args.task, mode, n, b, args.wait_policy) for mode, n, b in cells]
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    # No auto-refresh: a refresh thread would compete for the GIL and the cores being measured.
+    with Progress(*columns, console=err, auto_refresh=False) as progress:
+        bar = progress.add_task("starting", total=len(cases))
+
+        def on_start(case: Case, rep: int) -> None:
+            progress.update(bar, description=f"{args.task} · {case.name}", refresh=True)
+
+        def on_done(_: Record) -> None:
+            progress.advance(bar)
+            progress.refresh()
+
+        return run_interleaved(cases, repeats=1, seconds=args.seconds, warmup=args.warmup,
+                               on_start=on_start, on_done=on_done)
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+HEADER = ("mode", "N", "batch", "calls", "p50 µs", "p75 µs", "p90 µs", "p95 µs", "p99 µs", "max µs",
+          "env p50 µs", "env p99 µs", "env steps/s")
+
+
+def table_rows(cells: Sequence[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for c in cells:
+        head = [c["mode"], str(c["num_envs"]), str(c["batch_size"])]
+        if "agent_latency_us" not in c:
+            rows.append([*head, "error", *("—" for _ in HEADER[4:])])
+            continue
+        a, o = c["agent_latency_us"], c["observer_latency_us"]
+        rows.append([*head, str(c["calls"]), *(fmt_us(a[f"p{q}"]) for q in REPORTED), fmt_us(a["max"]),
+                     fmt_us(o["p50"]) if "p50" in o else "—", fmt_us(o["p99"]) if "p99" in o else "—",
+                     fmt_rate(c["throughput"])])
+    return rows
+
+
+def x_axis_name(args: argparse.Namespace) -> str:
+    """The swept variable (seed 004's ``x_axis_name``): the one with more values, num_envs on a tie."""
+    return "batch_size" if len(args.batch_size) > len(args.num_envs) else "num_envs"
+
+
+def report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
+           skipped: list[dict[str, Any]], out: Console) -> None:
+    rows = table_rows(cells)
+    title = (f"{args.task}: µs per trainer call (sync: pool.step; async: recv + send) "
+             "and per env step (env = send → recv)")
+    out.print(rich_table(title, HEADER, rows))
+    lines = [
+        f"## shmpool latency benchmark — {env['date']}",
+        "",
+        f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · "
+        f"python {env['python']}, numpy {env['numpy']}, gymnasium {env['gymnasium']} · "
+        f"{args.seconds:g} s per cell (warm-up {args.warmup:g} s) · load average at start "
+        f"{' '.join(str(x) for x in env.get('loadavg_at_start', []))}",
+        "",
+        f"{args.task}: per trainer call (sync: `pool.step` over all N; async: `recv` of `batch` envs + "
+        "`send` back), percentiles in µs; env = one env step from its `send` to the `recv` that returns it; "
+        "env steps/s = all env steps / elapsed.",
+        "",
+        markdown_table(HEADER, rows),
+    ]
+    if skipped:
+        combos = ", ".join(f"N={s['num_envs']} batch={s['batch_size']}" for s in skipped)
+        lines += ["", f"Skipped (batch_size > num_envs): {combos}."]
+    print("\n".join(lines), flush=True)
+
+
+def write_json(path: str, args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
+               skipped: list[dict[str, Any]]) -> None:
+    config = {k: v for k, v in vars(args).items() if k != "json"}
+    data = {
+        "benchmark": "bench.latency",
+        "environment": env,
+        "config": config,
+        "x_axis_name": x_axis_name(args),
+        "definitions": {
+            "agent_latency_us": "one trainer call: pool.step over all N (sync) or recv of batch_size + send (async)",
+            "agent_throughput": "env steps/s of one call, batch_size / agent latency (pQ from latency p(100-Q))",
+            "observer_latency_us": "one env step, from the trainer sending its action to the recv returning it",
+            "observer_throughput": "steps/s of one env, 1 / observer latency",
+            "throughput": "env steps / elapsed over the whole cell",
+        },
+        "skipped": skipped,
+        "cells": cells,
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+
+# --- command line ----------------------------------------------------------------------------
+
+def positive_ints(p: argparse.ArgumentParser, option: str, text: str) -> list[int]:
+    try:
+        values = [int(t) for t in comma_list(text)]
+    except ValueError:
+        p.error(f"{option} must be a comma list of integers, got {text!r}")
+    if not values or min(values) < 1:
+        p.error(f"{option} must be a comma list of positive integers, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench latency", description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default=DEFAULT_TASK, help=f"gymnasium id (default {DEFAULT_TASK})")
+    p.add_argument("--num-envs", help="comma list of N (default 8,32,128)")
+    p.add_argument("--batch-size", help="comma list of async batch sizes; those > N are skipped (default 1,8,32)")
+    p.add_argument("--modes", default="sync,async", help="comma list of sync, async (default both)")
+    p.add_argument("--seconds", type=float, help="timed seconds per cell (default 2)")
+    p.add_argument("--warmup", type=float, help="untimed seconds before each cell (default 0.3)")
+    p.add_argument("--wait-policy", help="the pool's wait_policy (default: the pool's automatic choice)")
+    p.add_argument("--json", metavar="PATH",
+                   help=f"write the cells here (default {DEFAULT_JSON}; with --quick, only when given)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny run for tests: 0.2 s, N=8, batch 1,8, no JSON (explicit options still win)")
+    args = p.parse_args(argv)
+
+    quick = args.quick
+    args.command = " ".join(["python -m bench latency", *(sys.argv[1:] if argv is None else argv)])
+    args.num_envs = (positive_ints(p, "--num-envs", args.num_envs) if args.num_envs is not None
+                     else ([8] if quick else list(DEFAULT_NUM_ENVS)))
+    args.batch_size = (positive_ints(p, "--batch-size", args.batch_size) if args.batch_size is not None
+                       else ([1, 8] if quick else list(DEFAULT_BATCH_SIZES)))
+    args.modes = comma_list(args.modes)
+    bad = [m for m in args.modes if m not in MODES]
+    if bad or not args.modes:
+        p.error(f"--modes must be a comma list of {', '.join(MODES)}, got {','.join(bad) or 'nothing'}")
+    args.seconds = args.seconds if args.seconds is not None else (0.2 if quick else 2.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.1 if quick else 0.3)
+    if args.seconds <= 0 or args.warmup < 0:
+        p.error("--seconds must be > 0 and --warmup >= 0")
+    if args.json is None and not quick:
+        args.json = DEFAULT_JSON
+    cells, _ = plan_cells(args.num_envs, args.batch_size, args.modes)
+    if not cells:
+        p.error(f"nothing to run: every --batch-size {args.batch_size} is larger than every "
+                f"--num-envs {args.num_envs}")
+    try:
+        gym.make(args.task).close()
+    except (gym.error.Error, ImportError) as exc:
+        p.error(f"--task {args.task!r} cannot be made here: {type(exc).__name__}: {exc}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    out, err = Console(), Console(stderr=True)
+    if not out.is_terminal:
+        out = Console(width=180)  # piped or redirected: keep the table readable, not folded to 80 columns
+    cells, skipped = plan_cells(args.num_envs, args.batch_size, args.modes)
+    for s in skipped:
+        err.print(f"[yellow]skipped[/yellow] N={s['num_envs']} batch={s['batch_size']}: {s['reason']}",
+                  highlight=False)
+    env = {**environment(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
+    records = run(args, cells, err)
+    results = [cell_json(args.task, mode, n, b, r) for (mode, n, b), r in zip(cells, records)]
+    report(args, env, results, skipped, out)
+    if args.json:
+        write_json(args.json, args, env, results, skipped)
+        err.print(f"cells written to {args.json}")
+    failed = [r for r in records if r.error is not None]
+    for r in failed:
+        err.print(f"{args.task} · {r.case} failed:", style="red", markup=False, highlight=False)
+        sys.stderr.write(r.error.rstrip() + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

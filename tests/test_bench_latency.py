@@ -1,0 +1,129 @@
+"""``python -m bench latency`` and ``python -m bench plot``: what they write, not how fast (not a timing test)."""
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rich")
+pytest.importorskip("matplotlib")
+
+from bench import latency, plot  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PCTS = {"p50", "p75", "p90", "p95", "p99"}
+
+
+def test_tiny_run_writes_json_and_plots(tmp_path, capsys, no_leaks):
+    """N=2,4 × batch 1,4 (N=2 batch=4 skipped), 0.2 s a cell: the JSON has every cell, plot reads it."""
+    path = tmp_path / "latency.json"
+    rc = latency.main(["--quick", "--num-envs", "2,4", "--batch-size", "1,4", "--json", str(path)])
+    stdout = capsys.readouterr().out
+    assert rc == 0
+    assert "| sync | 2 | 2 |" in stdout and "| async | 4 | 4 |" in stdout
+    assert "Skipped (batch_size > num_envs): N=2 batch=4." in stdout
+    data = json.loads(path.read_text())
+    assert data["benchmark"] == "bench.latency"
+    assert {"date", "cpu_model", "sched_getaffinity", "gymnasium"} <= set(data["environment"])
+    assert data["config"]["num_envs"] == [2, 4] and data["config"]["batch_size"] == [1, 4]
+    assert data["x_axis_name"] == "num_envs"
+    assert data["skipped"] == [{"num_envs": 2, "batch_size": 4, "reason": "batch_size > num_envs"}]
+    got = [(c["mode"], c["num_envs"], c["batch_size"]) for c in data["cells"]]
+    assert got == [("sync", 2, 2), ("async", 2, 1), ("sync", 4, 4), ("async", 4, 1), ("async", 4, 4)]
+    ordered = sorted(PCTS, key=lambda p: int(p[1:]))
+    for c in data["cells"]:
+        assert "error" not in c, c.get("error")
+        assert c["task"] == "CartPole-v1" and c["calls"] > 0 and c["throughput"] > 0
+        assert c["env_steps"] == c["calls"] * c["batch_size"]
+        assert c["pool"]["batch_size"] == c["batch_size"]
+        for key in ("agent_latency_us", "observer_latency_us"):
+            lat = c[key]
+            assert set(lat) == PCTS | {"max"}
+            values = [lat[p] for p in ordered] + [lat["max"]]
+            assert values == sorted(values) and values[0] > 0
+        for key in ("agent_throughput", "observer_throughput"):
+            values = [c[key][p] for p in ordered]
+            assert set(c[key]) == PCTS and values == sorted(values)  # rise as latency percentiles fall
+        assert c["agent_throughput"]["p50"] == pytest.approx(c["batch_size"] * 1e6 / c["agent_latency_us"]["p50"])
+
+    for x in ("num_envs", "batch_size"):
+        out = tmp_path / f"{x}.png"
+        assert plot.main([str(path), "--x", x, "--out", str(out)]) == 0
+        assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
+    assert plot.main([str(path)]) == 0  # default: next to the JSON
+    assert (tmp_path / "latency.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def synthetic_cell(mode, n, b, base):
+    lat = {f"p{q}": base * (1 + q / 100) for q in (50, 75, 90, 95, 99)} | {"max": base * 10}
+    return {"task": "Fake-v0", "mode": mode, "num_envs": n, "batch_size": b, "throughput": b * 1e6 / base,
+            "agent_latency_us": lat, "observer_latency_us": lat}
+
+
+def test_plot_synthetic_json(tmp_path):
+    cells = [synthetic_cell("sync", n, n, 10.0 * n) for n in (8, 32, 128)]
+    cells += [synthetic_cell("async", n, b, 5.0 * b + n) for n in (8, 32, 128) for b in (1, 8, 32) if b <= n]
+    cells.append({"task": "Fake-v0", "mode": "async", "num_envs": 8, "batch_size": 4, "error": "Traceback..."})
+    src = tmp_path / "synthetic.json"
+    src.write_text(json.dumps({"x_axis_name": "batch_size", "cells": cells}))  # no environment: still plots
+    out = tmp_path / "synthetic.png"
+    assert plot.main([str(src), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
+    groups = plot.series(cells, "num_envs")
+    assert list(groups) == ["sync (pool.step, batch = N)", "async, batch=1", "async, batch=8", "async, batch=32"]
+    assert [c["num_envs"] for c in groups["async, batch=32"]] == [32, 128]
+    assert list(plot.series(cells, "batch_size")) == ["sync (pool.step, batch = N)", "async, N=8", "async, N=32",
+                                                      "async, N=128"]
+
+
+def test_plot_refuses_other_json(tmp_path, capsys):
+    src = tmp_path / "other.json"
+    src.write_text(json.dumps({"throughput": []}))
+    with pytest.raises(SystemExit) as exc:
+        plot.main([str(src)])
+    assert exc.value.code == 2
+    assert "not a `python -m bench latency` result" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-envs", "8,x"], "--num-envs must be a comma list of integers, got '8,x'"),
+    (["--num-envs", "0,8"], "--num-envs must be a comma list of positive integers"),
+    (["--batch-size", "1,-2"], "--batch-size must be a comma list of positive integers"),
+    (["--batch-size", ""], "--batch-size must be a comma list of positive integers"),
+    (["--num-envs", "4", "--batch-size", "8,16", "--modes", "async"], "nothing to run"),
+    (["--modes", "sync,fast"], "--modes must be a comma list of sync, async, got fast"),
+    (["--seconds", "0"], "--seconds must be > 0"),
+    (["--task", "NoSuchTask-v9"], "--task 'NoSuchTask-v9' cannot be made here"),
+])
+def test_bad_arguments_are_argparse_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        latency.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_plan_skips_batches_larger_than_n():
+    cells, skipped = latency.plan_cells([8, 32], [1, 8, 32], ["sync", "async"])
+    assert cells == [("sync", 8, 8), ("async", 8, 1), ("async", 8, 8),
+                     ("sync", 32, 32), ("async", 32, 1), ("async", 32, 8), ("async", 32, 32)]
+    assert skipped == [{"num_envs": 8, "batch_size": 32, "reason": "batch_size > num_envs"}]
+    assert latency.plan_cells([4], [1], ["async"]) == ([("async", 4, 1)], [])
+
+
+def test_observer_latencies_from_the_call_log():
+    # 3 envs, batch 1; call k received ids[k] when recv returned at times[k] (ns), then sent it back.
+    ids = [np.array([0]), np.array([1]), np.array([0]), np.array([2]), np.array([1])]
+    times = [1_000, 3_000, 6_000, 10_000, 15_000]
+    # the last 3 calls are timed: env 0 sent at 1000 received 6000; env 2 only sent by async_reset
+    # (unknown, skipped); env 1 sent at 3000 received 15000.
+    got = latency.observer_latencies(ids, times, 3, timed=3)
+    assert got.tolist() == [5.0, 12.0]
+    assert latency.observer_latencies(ids, times, 3, timed=0).size == 0
+
+
+def test_percentile_helpers():
+    values = np.arange(1, 101, dtype=float)  # 1..100 µs
+    pct = latency.percentiles_of(values, latency.MEASURED)
+    assert pct["p50"] == 51 and pct["p99"] == 100 and pct["p1"] == 2 and pct["max"] == 100
+    tp = latency.throughput_percentiles(pct, units=4)
+    assert tp["p50"] == pytest.approx(4e6 / 51) and tp["p90"] == pytest.approx(4e6 / pct["p10"])
+    assert latency.reported(pct).keys() == PCTS | {"max"}
