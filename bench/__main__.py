@@ -13,6 +13,9 @@ COMMANDS = {
     "tasks": "bench.tasks",          # recipes vs EnvPool
     "soak": "bench.soak",            # leaks under random use
     "recipe-cost": "bench.recipe_cost",
+    "throughput": "bench.throughput",  # EnvPool's table: FPS per system and core count
+    "latency": "bench.latency",      # seed 004: step/recv latency percentiles
+    "plot": "bench.plot",            # a latency JSON -> PNG
 }
 
 

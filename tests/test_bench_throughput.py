@@ -1,0 +1,172 @@
+"""bench.numa and bench.throughput: topology reading and the table/JSON/PNG output (logic, not timing)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from bench import throughput
+from bench.numa import format_cpu_list, read_topology
+
+ALLOWED = sorted(os.sched_getaffinity(0))
+WORKERS = "1,2" if len(ALLOWED) >= 2 else "1"
+FAST = ["--task", "CartPole-v1", "--seconds", "0.2", "--repeats", "1", "--warmup", "0.05"]
+
+
+def fake_sysfs(root, nodes: dict[int, str], meminfo: bool = True):
+    """``root/nodeN/cpulist`` (taskset syntax) and ``meminfo`` like the kernel writes them."""
+    for node, cpulist in nodes.items():
+        d = root / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpulist + "\n")
+        if meminfo:
+            (d / "meminfo").write_text(f"Node {node} MemTotal:       {1048576 * (node + 1)} kB\n"
+                                       f"Node {node} MemFree:        524288 kB\n")
+    (root / "online").write_text(f"0-{max(nodes)}\n")   # not a node directory: ignored
+    return root
+
+
+def test_two_nodes(tmp_path):
+    root = fake_sysfs(tmp_path, {0: "0-3,8-11", 1: "4-7,12-15"})
+    topo = read_topology(root, allowed=range(16))
+    assert not topo.single
+    assert [(n.id, n.cpus) for n in topo.nodes] == [(0, [0, 1, 2, 3, 8, 9, 10, 11]), (1, [4, 5, 6, 7, 12, 13, 14, 15])]
+    assert [n.mem_total for n in topo.nodes] == [2**30, 2**31]
+    assert topo.nodes[0].mem_free == 2**29
+    assert topo.split([0, 1, 4, 5]) == [(0, [0, 1]), (1, [4, 5])]
+    assert "2 NUMA nodes" in topo.describe()
+    assert topo.to_json()["nodes"][1]["cpus"] == [4, 5, 6, 7, 12, 13, 14, 15]
+
+
+def test_one_node(tmp_path):
+    topo = read_topology(fake_sysfs(tmp_path, {0: "0-7"}, meminfo=False), allowed=[0, 1])
+    assert topo.single
+    assert [(n.id, n.cpus, n.all_cpus, n.mem_total) for n in topo.nodes] == [(0, [0, 1], list(range(8)), None)]
+    assert topo.describe().startswith("one NUMA node (node0: cpus 0-1")
+
+
+def test_cpus_outside_the_allowed_set_are_dropped(tmp_path):
+    # node1 keeps only its allowed cpus, node2 has none allowed, node3 is memory-only (empty cpulist).
+    root = fake_sysfs(tmp_path, {0: "0-3", 1: "4-7", 2: "8-11", 3: ""})
+    topo = read_topology(root, allowed=[1, 2, 5, 20])
+    assert [(n.id, n.cpus) for n in topo.nodes] == [(0, [1, 2]), (1, [5])]
+    assert topo.split([1, 5, 20]) == [(-1, [20]), (0, [1]), (1, [5])]
+
+
+def test_no_sysfs_is_one_node(tmp_path):
+    topo = read_topology(tmp_path / "missing", allowed=[0, 3])
+    assert topo.single and topo.source == "none"
+    assert topo.nodes[0].cpus == [0, 3]
+    assert "no NUMA information" in topo.describe()
+
+
+def test_this_machine_default_is_the_allowed_set():
+    topo = read_topology()
+    assert sorted(c for n in topo.nodes for c in n.cpus) == ALLOWED
+
+
+def test_format_cpu_list():
+    assert format_cpu_list([5, 0, 1, 2, 8, 9]) == "0-2,5,8-9"
+    assert format_cpu_list([3]) == "3"
+
+
+def test_tiny_run_writes_markdown_json_png(tmp_path, capsys, no_leaks):
+    md, js, png = tmp_path / "t.md", tmp_path / "t.json", tmp_path / "t.png"
+    before = os.sched_getaffinity(0)
+    rc = throughput.main([*FAST, "--workers", WORKERS, "--systems", "shmpool-sync,for-loop",
+                          "--md", str(md), "--json", str(js), "--png", str(png)])
+    assert rc == 0
+    assert os.sched_getaffinity(0) == before            # the cells' affinity was given back
+    workers = [int(w) for w in WORKERS.split(",")]
+
+    text = md.read_text()
+    assert text in capsys.readouterr().out
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| CartPole-v1 - "))
+    assert "(FPS, frame_skip 1)" in header
+    assert header.endswith(" | ".join(map(str, workers)) + " |")
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and line is not header}
+    assert set(rows) == {"---", "For-loop", "shmpool (sync)"}
+    for system in ("For-loop", "shmpool (sync)"):
+        cells = rows[system].strip("| ").split(" | ")[1:]
+        assert len(cells) == len(workers) and all(float(c) > 0 for c in cells)
+
+    data = json.loads(js.read_text())
+    assert data["task"] == "CartPole-v1" and data["frame_skip"] == 1
+    assert data["systems"] == ["For-loop", "shmpool (sync)"]
+    assert data["config"]["envs_per_worker"] == throughput.DEFAULT_ENVS_PER_WORKER
+    assert data["environment"]["cpu_model"] in header
+    assert [c["workers"] for c in data["cells"]] == workers
+    for cell in data["cells"]:
+        w = cell["workers"]
+        assert cell["cpus"] == ALLOWED[:w] and cell["num_envs"] == throughput.DEFAULT_ENVS_PER_WORKER * w
+        (sample,) = cell["systems"]["shmpool (sync)"]["samples"]
+        assert sample["count"] > 0 and sample["seconds"] > 0 and "error" not in sample
+        (pool,) = sample["info"]["pools"]
+        assert pool["num_workers"] == w and pool["worker_cpus"] == ALLOWED[:w]
+        assert sample["info"]["affinity"] == ALLOWED[:w]
+        assert cell["systems"]["For-loop"]["median_fps"] > 0
+
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_numa_on_one_node_says_so(tmp_path, capsys, no_leaks):
+    root = fake_sysfs(tmp_path / "sys", {0: format_cpu_list(ALLOWED)})
+    js = tmp_path / "t.json"
+    rc = throughput.main([*FAST, "--workers", "1", "--numa", "--numa-root", str(root),
+                          "--systems", "shmpool-numa", "--json", str(js)])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "one NUMA node" in captured.err and "runs one pool" in captured.err
+    assert "one NUMA node" in captured.out                      # and in the markdown notes
+    data = json.loads(js.read_text())
+    assert data["numa"]["single"] is True
+    (sample,) = data["cells"][0]["systems"]["shmpool (numa+async)"]["samples"]
+    assert len(sample["info"]["pools"]) == 1
+
+
+@pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two cpus")
+def test_numa_two_fake_nodes_run_one_pool_each(tmp_path, capsys, no_leaks):
+    root = fake_sysfs(tmp_path / "sys", {0: str(ALLOWED[0]), 1: str(ALLOWED[1])})
+    js = tmp_path / "t.json"
+    rc = throughput.main([*FAST, "--workers", "2", "--numa", "--numa-root", str(root),
+                          "--systems", "shmpool-numa", "--json", str(js)])
+    assert rc == 0
+    assert "2 NUMA nodes" in capsys.readouterr().err
+    cell = json.loads(js.read_text())["cells"][0]
+    assert cell["numa_groups"] == [[ALLOWED[0]], [ALLOWED[1]]]
+    (sample,) = cell["systems"]["shmpool (numa+async)"]["samples"]
+    assert [p["worker_cpus"] for p in sample["info"]["pools"]] == [[ALLOWED[0]], [ALLOWED[1]]]
+    assert sample["count"] > 0
+
+
+def test_bad_options():
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--systems", "nonsense"])
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--workers", "0"])
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--seconds", "1", "--total-steps", "10"])
+    args = throughput.parse_args(["--task", "Pong-v5", "--quick"]) if _has("Pong-v5") else None
+    if args is not None:
+        assert args.frame_skip == 4
+
+
+def _has(task: str) -> bool:
+    import gymnasium as gym
+    try:
+        gym.spec(task)
+    except gym.error.Error:
+        return False
+    return True
+
+
+def test_total_steps_budget(tmp_path, no_leaks):
+    js = tmp_path / "t.json"
+    rc = throughput.main(["--task", "CartPole-v1", "--total-steps", "400", "--repeats", "1", "--warmup", "0",
+                          "--workers", "1", "--systems", "shmpool-async", "--json", str(js)])
+    assert rc == 0
+    (sample,) = json.loads(js.read_text())["cells"][0]["systems"]["shmpool (async)"]["samples"]
+    batch = sample["info"]["pools"][0]["batch_size"]
+    assert 400 <= sample["count"] < 400 + batch
