@@ -15,6 +15,7 @@ COMMANDS = {
     "recipe-cost": "bench.recipe_cost",
     "throughput": "bench.throughput",  # EnvPool's table: FPS per system and core count
     "latency": "bench.latency",      # seed 004: step/recv latency percentiles
+    "poolvec": "bench.poolvec",      # seed 001: DummyVecEnv vs SubprocVecEnv vs ShmVecEnv
     "plot": "bench.plot",            # a latency JSON -> PNG
 }
 
