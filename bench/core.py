@@ -38,7 +38,7 @@ from rich.table import Table
 import shmpool
 from shmpool import _core
 
-from ._timing import Case, Record, Sample, Summary, latency_loop, run_interleaved, summarize, timed_loop
+from ._timing import Case, Record, Sample, Summary, fill_defaults, latency_loop, run_interleaved, summarize, timed_loop
 
 SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC = "SyncVectorEnv", "AsyncVectorEnv", "shmpool sync", "shmpool async"
 SYSTEMS = (SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC)
@@ -645,9 +645,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.command = " ".join(["python -m bench.core", *(sys.argv[1:] if argv is None else argv)])
     args.tasks = comma_list(args.tasks) if args.tasks else (["CartPole-v1"] if quick else list(DEFAULT_TASKS))
     args.num_envs = comma_counts(p, args.num_envs) if args.num_envs else ([8] if quick else None)
-    args.seconds = args.seconds if args.seconds is not None else (0.2 if quick else 2.0)
-    args.repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
-    args.warmup = args.warmup if args.warmup is not None else (0.1 if quick else 0.3)
+    fill_defaults(args, seconds=(2.0, 0.2), repeats=(3, 1), warmup=(0.3, 0.1))
     if args.seconds <= 0 or args.warmup < 0 or args.repeats < 1:
         p.error("--seconds must be > 0, --warmup >= 0 and --repeats >= 1")
     return args

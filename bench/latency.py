@@ -45,7 +45,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 import shmpool
 
-from ._timing import Case, Record, Sample, latency_loop, run_interleaved
+from ._timing import Case, Record, Sample, fill_defaults, latency_loop, run_interleaved
 from .core import comma_list, environment, fixed_actions, fmt_rate, fmt_us, markdown_table, pool_info, rich_table
 
 DEFAULT_TASK = "CartPole-v1"
@@ -358,8 +358,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         p.error(f"--modes must be a comma list of {', '.join(MODES)}, got {','.join(bad) or 'nothing'}")
-    args.seconds = args.seconds if args.seconds is not None else (0.2 if quick else 2.0)
-    args.warmup = args.warmup if args.warmup is not None else (0.1 if quick else 0.3)
+    fill_defaults(args, seconds=(2.0, 0.2), warmup=(0.3, 0.1))
     if args.seconds <= 0 or args.warmup < 0:
         p.error("--seconds must be > 0 and --warmup >= 0")
     if args.json is None and not quick:

@@ -45,7 +45,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 import shmpool
 from shmpool.topology import allowed_cpus, resolve_cpus
 
-from ._timing import Case, Record, Sample, Summary, run_interleaved, summarize, timed_loop
+from ._timing import Case, Record, Sample, Summary, fill_defaults, run_interleaved, summarize, timed_loop
 from .core import environment, markdown_table, rich_table
 from .numa import format_cpu_list
 from .tasks import fixed_random_actions
@@ -421,9 +421,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     else:
         top = 8 * len(args.cpus)
         args.num_envs = sorted({min(2 ** i, top) for i in range(top.bit_length() + 1)})
-    args.seconds = args.seconds if args.seconds is not None else (0.2 if quick else 1.0)
-    args.repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
-    args.warmup = args.warmup if args.warmup is not None else (0.1 if quick else 0.3)
+    fill_defaults(args, seconds=(1.0, 0.2), repeats=(3, 1), warmup=(0.3, 0.1))
     if args.seconds <= 0 or args.warmup < 0 or args.repeats < 1:
         p.error("--seconds must be > 0, --warmup >= 0, --repeats >= 1")
     return args

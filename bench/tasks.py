@@ -42,7 +42,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 import shmpool  # noqa: F401  (the pools below)
 from shmpool.topology import allowed_cpus
 
-from ._timing import Case, Record, Sample, run_interleaved, timed_loop
+from ._timing import Case, Record, Sample, fill_defaults, run_interleaved, timed_loop
 from .core import (
     ASYNC_VEC,
     POOL_ASYNC,
@@ -412,11 +412,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.command = " ".join(["python -m bench.tasks", *(sys.argv[1:] if argv is None else argv)])
     args.tasks = comma_list(args.tasks) if args.tasks else list(DEFAULT_TASKS)
     args.num_envs = comma_counts(p, args.num_envs) if args.num_envs else ([8] if quick else None)
-    args.seconds = args.seconds if args.seconds is not None else (0.2 if quick else 2.0)
-    args.repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
-    args.warmup = args.warmup if args.warmup is not None else (0.1 if quick else 0.3)
-    args.cost_steps = args.cost_steps if args.cost_steps is not None else (200 if quick else 2000)
-    args.cost_repeats = args.cost_repeats if args.cost_repeats is not None else (1 if quick else 3)
+    fill_defaults(args, seconds=(2.0, 0.2), repeats=(3, 1), warmup=(0.3, 0.1),
+                  cost_steps=(2000, 200), cost_repeats=(3, 1))
     if args.seconds <= 0 or args.warmup < 0 or args.repeats < 1 or args.cost_steps < 1 or args.cost_repeats < 1:
         p.error("--seconds must be > 0, --warmup >= 0, --repeats/--cost-steps/--cost-repeats >= 1")
     return args

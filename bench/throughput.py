@@ -42,7 +42,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 import shmpool
 from shmpool.topology import allowed_cpus, resolve_cpus
 
-from ._timing import Case, Record, Sample, Summary, clock, run_interleaved, summarize, timed_loop
+from ._timing import Case, Record, Sample, Summary, clock, fill_defaults, run_interleaved, summarize, timed_loop
 from .core import ASYNC_VEC as GYM_ASYNC
 from .core import SYNC_VEC as GYM_SYNC
 from .core import GymVector, environment, markdown_table, pool_info, rich_table
@@ -597,10 +597,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.recipe = args.recipe or any(s in RECIPE_SYSTEMS for s in chosen)
     else:
         args.systems = list(ALL_SYSTEMS)
-    quick = args.quick
-    args.seconds = args.seconds if args.seconds is not None else (0.2 if quick else 2.0)
-    args.repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
-    args.warmup = args.warmup if args.warmup is not None else (0.1 if quick else 0.3)
+    fill_defaults(args, seconds=(2.0, 0.2), repeats=(3, 1), warmup=(0.3, 0.1))
     args.frame_skip = args.frame_skip or FRAME_SKIP.get(args.task, 1)
     if args.seconds <= 0 or args.warmup < 0 or args.repeats < 1 or args.envs_per_worker < 1:
         p.error("--seconds must be > 0, --warmup >= 0, --repeats and --envs-per-worker >= 1")
