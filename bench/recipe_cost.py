@@ -1,7 +1,8 @@
-"""Single-core cost of one ``env.step``: shmpool's MuJoCo recipe vs gymnasium's v5 env.
+"""Single-core cost of one ``env.step``: shmpool's MuJoCo/Atari recipe vs gymnasium's env.
 
 ``python -m bench.recipe_cost --task Ant-v5 [--steps 5000 --repeats 3]`` (``--task all``
-for every recipe).  Every side gets the same float32 actions.  The machine is a noisy
+for every MuJoCo recipe; ``--task Pong-v5`` or any Atari ``<Game>-v5`` for the Atari recipe).
+Every side gets the same float32 actions (Atari: the same action indices).  The machine is a noisy
 VM, so the sides are interleaved finely: blocks of ``--block`` steps alternate between
 them (recipe, gymnasium, gymnasium unwrapped, bare mj_step, recipe, ...), and the whole
 run is repeated ``--repeats`` times; the median µs/step is printed.  Resets at episode
@@ -14,6 +15,13 @@ the floor); ``gymnasium`` (``gym.make``: TimeLimit, OrderEnforcing, PassiveEnvCh
 and, with physics stubbed out (``mj_step`` and ``mj_rnePostConstraint`` replaced by
 no-ops, so physics cost and its drift drop out), the Python overhead per step of the
 recipe and of gymnasium.
+
+Atari (``measure_atari``): ``recipe`` is ``AtariEnv`` with EnvPool's defaults, ``gymnasium``
+is ``ALE/<Game>-v5`` (frameskip=1, no sticky actions) + ``AtariPreprocessing`` +
+``FrameStackObservation(4)``; ``physics`` is the native floor of one agent step measured
+in a bare loop on its own ALE (``frame_skip`` ``ale.act`` calls, two screen reads, the
+max-pool and the ``cv2.resize``); the overheads are recipe/gymnasium minus that floor.
+``gym unwrapped`` has no Atari counterpart (``None``).
 """
 from __future__ import annotations
 
@@ -23,9 +31,13 @@ import time
 from collections.abc import Callable
 
 import gymnasium as gym
-import mujoco
 import numpy as np
-from shmpool.workers.recipes.mujoco import TASKS
+
+try:
+    import mujoco
+    from shmpool.workers.recipes.mujoco import TASKS
+except ImportError:   # Atari only
+    mujoco, TASKS = None, {}
 
 Runner = Callable[[np.ndarray], int]   # steps a block of actions, returns elapsed ns
 
@@ -77,8 +89,63 @@ def _interleaved(runners: dict[str, Runner], actions: np.ndarray, block: int, re
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def measure(task: str, steps: int, repeats: int, block: int) -> dict[str, float]:
+def _is_atari(task: str) -> bool:
+    if task in TASKS:
+        return False
+    try:
+        from shmpool.workers.recipes.atari import GAMES
+    except ImportError:
+        return False
+    return task in GAMES
+
+
+def _native_atari_floor(env, seed: int) -> Runner:
+    """Times the native work of one agent step of ``env`` (an ``AtariEnv``) without its Python
+    around it: ``frame_skip`` ALE frames, two screen reads, the max-pool, the resize."""
+    import cv2
+    env.reset(seed=seed)
+    ale, acts, clock = env.ale, env._action_set, time.perf_counter_ns
+    f0, f1 = env._frames
+    dst = np.zeros(env.observation_space.shape[1:], np.uint8)
+    size, interp, skip = env._size, env._interp, env.frame_skip
+
+    def run(actions: np.ndarray) -> int:
+        total = 0
+        for a in actions:
+            act = acts[a]
+            t0 = clock()
+            for _ in range(skip - 2):
+                ale.act(act)
+            ale.act(act)
+            ale.getScreenGrayscale(f0)
+            ale.act(act)
+            ale.getScreenGrayscale(f1)
+            np.maximum(f0, f1, out=f0)
+            cv2.resize(f0, size, dst=dst, interpolation=interp)
+            total += clock() - t0
+            if ale.game_over():
+                env.reset()
+        return total
+    return run
+
+
+def measure_atari(task: str, steps: int, repeats: int, block: int) -> dict[str, float | None]:
+    """Median µs/step of the Atari recipe, gymnasium's wrapped env and the native floor."""
+    from shmpool.workers.recipes.atari import GAMES, AtariEnv
+
+    from .tasks import gym_atari
+    recipe, reference, floor = AtariEnv(GAMES[task]), gym_atari(task), AtariEnv(GAMES[task])
+    actions = np.random.default_rng(0).integers(0, recipe.action_space.n, size=steps)
+    result = _interleaved({"recipe": _stepper(recipe, 0), "gymnasium": _stepper(reference, 0),
+                           "physics": _native_atari_floor(floor, 0)}, actions, block, repeats)
+    return {**result, "gym unwrapped": None, "recipe overhead": result["recipe"] - result["physics"],
+            "gym overhead": result["gymnasium"] - result["physics"]}
+
+
+def measure(task: str, steps: int, repeats: int, block: int) -> dict[str, float | None]:
     """Median µs/step of each side for ``task`` (keys as in the printed columns)."""
+    if _is_atari(task):
+        return measure_atari(task, steps, repeats, block)
     def sides() -> tuple[gym.Env, gym.Env, gym.Env]:
         reference = gym.make(task)
         unwrapped = gym.wrappers.TimeLimit(gym.make(task).unwrapped, reference.spec.max_episode_steps)
@@ -106,7 +173,8 @@ def measure(task: str, steps: int, repeats: int, block: int) -> dict[str, float]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="Ant-v5", help=f"one of {sorted(TASKS)} or 'all'")
+    parser.add_argument("--task", default="Ant-v5",
+                        help=f"one of {sorted(TASKS)}, an Atari <Game>-v5 (e.g. Pong-v5) or 'all' (MuJoCo)")
     parser.add_argument("--steps", type=int, default=5000, help="timed steps per repetition")
     parser.add_argument("--repeats", type=int, default=3, help="repetitions (median reported)")
     parser.add_argument("--block", type=int, default=50, help="steps per side before switching sides")
@@ -117,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
           f" | python overhead: {'recipe':>6s} {'gym':>6s}")
     for task in tasks:
         r = measure(task, args.steps, args.repeats, args.block)
+        unwrapped = "—" if r["gym unwrapped"] is None else f"{r['gym unwrapped']:.1f}"
         print(f"{task:26s} {r['recipe']:8.1f} {r['physics']:8.1f} {r['gymnasium']:9.1f}"
-              f" {r['gymnasium'] / r['recipe']:5.2f}x {r['gym unwrapped']:9.1f} | {'':16s}"
+              f" {r['gymnasium'] / r['recipe']:5.2f}x {unwrapped:>9s} | {'':16s}"
               f" {r['recipe overhead']:6.1f} {r['gym overhead']:6.1f}", flush=True)
     return 0
 
