@@ -3,6 +3,8 @@ failures for a while, then check that nothing was left behind.
 
     python -m bench.soak --minutes 10          # a long run
     python -m bench.soak --seconds 5           # what CI runs (tests/test_soak.py)
+    python -m bench.soak --seconds 30 --kill-every 25   # also SIGKILL a worker every 25 operations
+                                               # (pools use on_worker_error="restart")
 
 At the end, RSS, open file descriptors, threads, child processes and /dev/shm
 entries are compared with a baseline taken after a warm-up pool; the process
@@ -14,6 +16,7 @@ import argparse
 import gc
 import json
 import os
+import signal
 import time
 from dataclasses import asdict, dataclass
 
@@ -85,20 +88,27 @@ class Report:
     pools: int
     env_steps: int
     env_errors: int
+    kills: int
+    restarts: int
     baseline: Resources
     final: Resources
     problems: list[str]
 
 
-def _one_pool(rng: np.random.Generator, deadline: float, counts: dict) -> None:
+def _one_pool(rng: np.random.Generator, deadline: float, counts: dict, kill_every: int | None = None) -> None:
     n = int(rng.integers(2, 9))
     batch = int(rng.integers(1, n + 1))
-    with shmpool.Pool(SoakEnv, n, num_workers=int(rng.integers(1, 3)), batch_size=batch,
-                      seed=int(rng.integers(2**31)), step_timeout=30) as pool:
+    workers = int(rng.integers(1, 3))
+    with shmpool.Pool(SoakEnv, n, num_workers=workers, batch_size=batch,
+                      seed=int(rng.integers(2**31)), step_timeout=30,
+                      on_worker_error="raise" if kill_every is None else "restart") as pool:
         pool.reset(seed=int(rng.integers(2**31)))
-        for _ in range(int(rng.integers(20, 200))):
+        for i in range(int(rng.integers(20, 200))):
             if time.monotonic() > deadline:
-                return
+                break
+            if kill_every is not None and i % kill_every == kill_every - 1:
+                os.kill(pool.worker_pids[int(rng.integers(workers))], signal.SIGKILL)
+                counts["kills"] += 1
             op = rng.choice(["step", "async", "reset", "call", "fail"], p=[0.5, 0.3, 0.05, 0.1, 0.05])
             try:
                 if op == "step":
@@ -117,6 +127,10 @@ def _one_pool(rng: np.random.Generator, deadline: float, counts: dict) -> None:
                 counts["errors"] += 1
                 pool.set_attr("fail_rate", 0.0)
                 pool.reset()
+            except shmpool.WorkerRestartedError:
+                pass  # a call/get_attr/set_attr met a killed worker: it was replaced, not retried
+        # A kill not noticed before close() is not restarted: count what was.
+        counts["restarts"] = counts.get("restarts", 0) + pool.restarts
 
 
 def _async_round(pool, rng, n: int, batch: int, counts: dict) -> None:
@@ -132,17 +146,21 @@ def _async_round(pool, rng, n: int, batch: int, counts: dict) -> None:
         pool.reset()  # fewer than a batch left: reset() drops them
 
 
-def soak(seconds: float, seed: int = 0) -> Report:
-    """Run random pools for ``seconds``; return what was measured and any resource not back."""
+def soak(seconds: float, seed: int = 0, kill_every: int | None = None) -> Report:
+    """Run random pools for ``seconds``; return what was measured and any resource not back.
+
+    ``kill_every``: SIGKILL a random worker every that many operations (the pools
+    then run with ``on_worker_error="restart"``)."""
     rng = np.random.default_rng(seed)
-    _one_pool(np.random.default_rng(seed + 1), time.monotonic() + 1.0, {"steps": 0, "errors": 0})  # warm-up
+    _one_pool(np.random.default_rng(seed + 1), time.monotonic() + 1.0,  # warm-up
+              {"steps": 0, "errors": 0, "kills": 0}, kill_every)
     gc.collect()
     baseline = Resources.now()
-    counts = {"steps": 0, "errors": 0, "pools": 0}
+    counts = {"steps": 0, "errors": 0, "pools": 0, "kills": 0, "restarts": 0}
     start = time.monotonic()
     deadline = start + seconds
     while time.monotonic() < deadline:
-        _one_pool(rng, deadline, counts)
+        _one_pool(rng, deadline, counts, kill_every)
         counts["pools"] += 1
     gc.collect()
     time.sleep(0.2)
@@ -158,8 +176,8 @@ def soak(seconds: float, seed: int = 0) -> Report:
         problems.append(f"{final.threads - baseline.threads} more threads")
     if final.rss_mb > baseline.rss_mb + RSS_SLACK_MB:
         problems.append(f"RSS grew {final.rss_mb - baseline.rss_mb:.1f} MB (slack {RSS_SLACK_MB} MB)")
-    return Report(time.monotonic() - start, counts["pools"], counts["steps"], counts["errors"], baseline, final,
-                  problems)
+    return Report(time.monotonic() - start, counts["pools"], counts["steps"], counts["errors"], counts["kills"],
+                  counts["restarts"], baseline, final, problems)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,12 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=None)
     p.add_argument("--seconds", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kill-every", type=int, default=None, metavar="N",
+                   help="SIGKILL a random worker every N operations (pools restart workers)")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
+    if args.kill_every is not None and args.kill_every < 1:
+        p.error("--kill-every must be >= 1")
     seconds = 60.0 * args.minutes if args.minutes is not None else (args.seconds or 60.0)
-    report = soak(seconds, args.seed)
+    report = soak(seconds, args.seed, args.kill_every)
     print(f"soak: {report.seconds:.0f} s, {report.pools} pools, {report.env_steps:,} env steps, "
-          f"{report.env_errors} injected env errors")
+          f"{report.env_errors} injected env errors, {report.kills} workers killed, {report.restarts} restarted")
     print(f"baseline {report.baseline}\nfinal    {report.final}")
     print("OK: everything back to baseline" if not report.problems else "LEAKS: " + "; ".join(report.problems))
     if args.json:

@@ -1,6 +1,7 @@
 """shmpool: many RL environments in pinned worker processes, batched through shared memory."""
 from ._core import WaitPolicy
-from .errors import EnvError, PoolClosedError, ShmpoolError, WorkerDiedError
+from .batched import Batched, BatchEnv
+from .errors import EnvError, PoolClosedError, ShmpoolError, WorkerDiedError, WorkerRestartedError
 from .pool import Pool
 from .topology import allowed_cpus, parse_cpu_list
 from .vector import VectorEnv, list_tasks, make, make_vec
@@ -8,6 +9,8 @@ from .vector import VectorEnv, list_tasks, make, make_vec
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchEnv",
+    "Batched",
     "EnvError",
     "Pool",
     "PoolClosedError",
@@ -15,6 +18,7 @@ __all__ = [
     "WaitPolicy",
     "VectorEnv",
     "WorkerDiedError",
+    "WorkerRestartedError",
     "__version__",
     "allowed_cpus",
     "list_tasks",

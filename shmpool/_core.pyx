@@ -3,7 +3,9 @@
 
 Everything that crosses a process boundary on the hot path goes through the
 control region laid out here: per-worker command/done counters, per-worker
-request rings (async dispatch) and one completion ring of env ids.  Counters
+request rings (async dispatch) and per-worker completion rings of env ids
+(single producer, single consumer: a worker that dies mid-publish leaves no
+hole, and everything it published up to its head is a valid result).  Counters
 only grow, so a waiter compares against a target instead of resetting flags.
 
 Waiting is spin -> sched_yield -> sleep (futex, or a posix semaphore where
@@ -49,8 +51,8 @@ DEF _MAGIC = 0x73686d70  # "shmp"
 # Header lines.
 DEF _OFF_META = 0
 DEF _OFF_SYNC = 1 * _LINE      # signal: shards finished (sync step / reset)
-DEF _OFF_CLAIM = 2 * _LINE     # uint64: completion-ring slots claimed by workers
-DEF _OFF_PUB = 3 * _LINE       # signal: completion-ring slots published
+DEF _OFF_SPARE = 2 * _LINE     # unused (was the shared completion ring's claim counter)
+DEF _OFF_PUB = 3 * _LINE       # signal: completions published, all workers (a doorbell for sleeping)
 
 # Per-worker block: line A written by the parent, line B by the worker.
 DEF _A_CMD_SEQ = 0             # signal (value, waiters, target)
@@ -58,6 +60,8 @@ DEF _A_CMD = 12
 DEF _A_REQ_HEAD = 16           # uint64: requests pushed
 DEF _B_DONE_SEQ = _LINE        # signal (value, waiters, target)
 DEF _B_REQ_TAIL = _LINE + 16   # uint64: requests taken
+DEF _B_COMP_HEAD = _LINE + 24  # uint64: completions published into this worker's ring
+DEF _B_COMP_RUNG = _LINE + 32  # uint32: low bits of the head once its doorbell was rung
 DEF _BLOCK = 2 * _LINE
 
 # Commands a worker executes.
@@ -76,11 +80,12 @@ def _align(n):
 
 
 def control_size(int num_envs, shard_sizes):
-    """Bytes the control region needs for these shards."""
+    """Bytes the control region needs for these shards: header, one block per
+    worker, then per worker a request ring and a completion ring (one slot per env:
+    an env is requested, and published, at most once before the parent takes it)."""
     cdef Py_ssize_t n = _HEADER_LINES * _LINE + len(shard_sizes) * _BLOCK
     for s in shard_sizes:
-        n += _align(4 * s)
-    n += _align(4 * num_envs) * 2
+        n += 2 * _align(4 * s)
     return n
 
 
@@ -179,8 +184,12 @@ cdef class Wire:
     cdef readonly int num_envs
     cdef uint32_t *req_rings[1024]
     cdef uint32_t req_caps[1024]
-    cdef uint32_t *ring_env
-    cdef uint32_t *ring_stamp
+    cdef uint32_t *comp_rings[1024]
+    cdef uint64_t comp_tails[1024]   # parent only: completions taken from each ring
+    cdef uint32_t starts[1025]       # first env of each shard, then num_envs
+    cdef uint64_t taken              # parent only: completions taken in all (doorbell target)
+    cdef int rot                     # parent only: worker whose ring take() reads first
+    cdef int me                      # worker side: the shard publish() last wrote to
     cdef uint8_t *status
     cdef uint64_t *info_masks
     cdef list sems
@@ -201,13 +210,25 @@ cdef class Wire:
         self.num_workers = len(shard_sizes)
         self.num_envs = num_envs
         cdef Py_ssize_t off = _HEADER_LINES * _LINE + self.num_workers * _BLOCK
+        cdef uint32_t first = 0
         for w, s in enumerate(shard_sizes):
+            if s < 1:
+                raise ValueError("every shard needs an env")
             self.req_rings[w] = <uint32_t *>(self.base + off)
             self.req_caps[w] = s
             off += _align(4 * s)
-        self.ring_env = <uint32_t *>(self.base + off)
-        off += _align(4 * num_envs)
-        self.ring_stamp = <uint32_t *>(self.base + off)
+            self.starts[w] = first
+            first += s
+        self.starts[self.num_workers] = first
+        if first != num_envs:
+            raise ValueError(f"shard sizes add up to {first}, not num_envs={num_envs}")
+        for w in range(self.num_workers):
+            self.comp_rings[w] = <uint32_t *>(self.base + off)
+            self.comp_tails[w] = 0
+            off += _align(4 * self.req_caps[w])
+        self.taken = 0
+        self.rot = 0
+        self.me = 0
         self.status = NULL
         self.info_masks = NULL
         self.sems = sems
@@ -393,38 +414,111 @@ cdef class Wire:
                 shm_store_release64(<uint64_t *>(blk + _A_REQ_HEAD), heads[w] + counts[w])
                 self._post(w, _CMD_ASYNC)
 
+    cdef inline uint64_t *_comp_head(self, int worker):
+        return <uint64_t *>(self.base + _HEADER_LINES * _LINE + worker * _BLOCK + _B_COMP_HEAD)
+
+    cdef Py_ssize_t _take_ready(self, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n):
+        """Move what the completion rings hold (at most ``n``) into ``out[start:]``,
+        reading the workers round-robin from a rotating first one."""
+        cdef int nw = self.num_workers, i, w
+        cdef Py_ssize_t got = 0
+        cdef uint64_t t, head, cap
+        cdef uint32_t *ring
+        for i in range(nw):
+            if got >= n:
+                break
+            w = self.rot + i
+            if w >= nw:
+                w -= nw
+            t = self.comp_tails[w]
+            head = shm_load_acquire64(self._comp_head(w))
+            if t == head:
+                continue
+            ring, cap = self.comp_rings[w], self.req_caps[w]
+            while t != head and got < n:
+                out[start + got] = ring[t % cap]
+                t += 1
+                got += 1
+            self.comp_tails[w] = t
+        self.rot += 1
+        if self.rot >= nw:
+            self.rot = 0
+        self.taken += <uint64_t>got
+        return got
+
     def take(self, uint64_t tail, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n,
              WaitPolicy policy, int64_t timeout_ns):
-        """Move up to ``n`` finished env ids into ``out[start:]`` in completion order.
+        """Move up to ``n`` finished env ids into ``out[start:]``; each worker's in
+        the order it finished them, workers read round-robin.
 
-        ``tail`` is how many the parent has taken so far.  Waits at most one
-        slice; returns how many were taken."""
+        ``tail`` is ignored (kept for compatibility): the wire keeps one tail per
+        worker.  Waits at most one slice; returns how many were taken."""
         cdef uint32_t *pub = self._sig(1)
-        cdef uint64_t cap = self.num_envs
-        cdef uint64_t slot
         cdef Py_ssize_t got = 0
-        cdef uint32_t seen, stamp, want
-        while got < n:
-            slot = (tail + got) % cap
-            # Stamps hold the low 32 bits of (slot count + 1): a stale stamp
-            # from the previous lap differs by cap.
-            stamp = <uint32_t>(tail + got + 1)
-            if shm_load_acquire(&self.ring_stamp[slot]) == stamp:
-                out[start + got] = self.ring_env[slot]
-                got += 1
-                continue
-            # Slot not stamped yet.  Sleep until enough publications landed
-            # for the whole request; if that happened already, a claimed slot
-            # is still being written, so wait for just one more.
+        cdef uint32_t seen, want
+        if out.shape[0] < start + n:
+            raise ValueError("out is too short")
+        while True:
+            got += self._take_ready(out, start + got, n - got)
+            if got >= n:
+                break
+            # A worker stores its head before it rings the doorbell, so once
+            # ``seen`` is read every publication it counts is in the rings.
             seen = shm_load_acquire(pub)
-            if shm_load_acquire(&self.ring_stamp[slot]) == stamp:
-                continue
-            want = <uint32_t>(tail + n)
+            got += self._take_ready(out, start + got, n - got)
+            if got >= n:
+                break
+            # Sleep until the rest of the request was published.  The doorbell
+            # can run ahead after a worker restart (a ring rung for a worker
+            # killed mid-publish): then wait for any publication.
+            want = <uint32_t>(self.taken + <uint64_t>(n - got))
             if shm_reached(seen, want):
                 want = seen + 1
             if not self._wait(1, want, policy, timeout_ns):
                 break
         return got
+
+    def wait_done(self, int worker, uint32_t target, WaitPolicy policy, int64_t timeout_ns):
+        """Wait (one slice at most) until ``worker`` has handled command ``target``."""
+        if worker < 0 or worker >= self.num_workers:
+            raise IndexError(f"no worker {worker}")
+        return self._wait(3 + 2 * worker, target, policy, timeout_ns)
+
+    def sync_count(self):
+        """Shards of sync steps/resets finished so far (the counter ``wait_sync`` waits on)."""
+        return shm_load_acquire(self._sig(0))
+
+    def reset_worker(self, int worker):
+        """Clear a *dead* worker's control block for its replacement.
+
+        Returns the env ids it published that the parent had not taken yet
+        (valid results, in the order it finished them).  Its request ring is
+        emptied; the parent knows which envs it still owed."""
+        if worker < 0 or worker >= self.num_workers:
+            raise IndexError(f"no worker {worker}")
+        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
+        cdef uint64_t *headp = self._comp_head(worker)
+        cdef uint64_t t = self.comp_tails[worker], head = shm_load_acquire64(headp)
+        cdef uint64_t cap = self.req_caps[worker]
+        cdef uint32_t missed
+        cdef list published = []
+        if head - t > cap:
+            raise RuntimeError(f"worker {worker}'s completion ring is corrupt")
+        while t != head:
+            published.append(self.comp_rings[worker][t % cap])
+            t += 1
+        self.taken += <uint64_t>len(published)
+        # A worker killed between storing its head and ringing the doorbell
+        # leaves the doorbell short by one: ring it for that publication.
+        missed = <uint32_t>head - shm_load_acquire(<uint32_t *>(blk + _B_COMP_RUNG))
+        if missed:
+            shm_add_fetch(self._sig(1), missed)
+        cdef int i
+        for i in range(_BLOCK // 4):
+            shm_store_relaxed(<uint32_t *>blk + i, 0)
+        shm_fence()
+        self.comp_tails[worker] = 0
+        return published
 
     # --- worker side --------------------------------------------------------
 
@@ -462,13 +556,28 @@ cdef class Wire:
         return v
 
     def publish(self, uint32_t env_id):
-        """Append a finished env to the completion ring (results already written)."""
-        cdef uint64_t slot = shm_fetch_add64(<uint64_t *>(self.base + _OFF_CLAIM), 1)
+        """Append a finished env to its worker's completion ring (results already written)."""
+        cdef int w = self.me
+        cdef int lo, hi, mid
+        if env_id >= <uint32_t>self.num_envs:
+            raise IndexError(f"env id {env_id} out of range")
+        if not (self.starts[w] <= env_id < self.starts[w + 1]):
+            lo, hi = 0, self.num_workers - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self.starts[mid] <= env_id:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            w = self.me = lo
+        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + w * _BLOCK
+        cdef uint64_t *headp = <uint64_t *>(blk + _B_COMP_HEAD)
+        cdef uint64_t h = shm_load_relaxed64(headp)
         cdef uint32_t *pub = self._sig(1)
-        cdef uint64_t i = slot % <uint64_t>self.num_envs
-        self.ring_env[i] = env_id
-        shm_store_release(&self.ring_stamp[i], <uint32_t>(slot + 1))
+        self.comp_rings[w][h % self.req_caps[w]] = env_id
+        shm_store_release64(headp, h + 1)
         shm_add_fetch(pub, 1)
+        shm_store_release(<uint32_t *>(blk + _B_COMP_RUNG), <uint32_t>(h + 1))
         self._wake(1, pub)
 
 

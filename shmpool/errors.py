@@ -31,5 +31,17 @@ class WorkerDiedError(ShmpoolError):
         self.exitcode = exitcode
 
 
+class WorkerRestartedError(ShmpoolError):
+    """With ``on_worker_error="restart"``: a worker died while it owed the answer to a
+    ``call``/``get_attr``/``set_attr``/``apply``.  It was replaced and the pool is still
+    open, but the call was not repeated (it may have run in some envs already)."""
+
+    def __init__(self, message: str, *, worker: int, pid: int, exitcode: int | None) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.pid = pid
+        self.exitcode = exitcode
+
+
 class PoolClosedError(ShmpoolError):
     """The pool was used after ``close()`` (or after a fatal error closed it)."""

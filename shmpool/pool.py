@@ -28,7 +28,8 @@ from . import _core
 from . import layout as L
 from .actions import ActionWriter
 from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
-from .errors import EnvError, PoolClosedError, WorkerDiedError
+from .batched import Batched, BatchedEnvs, check_hosting
+from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
 from .infos import InfoReader, add_info
 from .resets import check_reset_mask, seed_list
 from .topology import allowed_cpus, oversubscribed, resolve_cpus, resolve_wait_policy
@@ -36,6 +37,7 @@ from .workers import loop
 
 _SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
 _CLOSE_GRACE_S = 5.0          # how long close() lets envs close before killing workers
+_WATCH_S = 0.1                # restart mode: recv() checks the workers at least this often
 
 
 def _make_env(env_id: str, kwargs: dict):
@@ -43,7 +45,13 @@ def _make_env(env_id: str, kwargs: dict):
 
 
 def _env_fns(env, num_envs: int | None, env_kwargs: dict) -> list[Callable[[], Any]]:
-    """Turn a gymnasium id, one callable or a list of callables into one callable per env."""
+    """Turn a gymnasium id, one callable or a list of callables into one callable per env
+    (a ``Batched`` env into a ``BatchedEnvs``, sliced into shards the same way)."""
+    if isinstance(env, Batched):
+        if env_kwargs:
+            raise TypeError(f"unexpected keyword arguments {sorted(env_kwargs)}: a Batched env takes its "
+                            "arguments in make_fn")
+        return env.sized(num_envs)
     if isinstance(env, str):
         gymnasium.spec(env)  # unknown ids fail here, in the parent, with gymnasium's suggestion
         if num_envs is None:
@@ -104,6 +112,18 @@ class Pool:
     valid until the next ``step``/``reset``/``recv`` overwrites them; pass
     ``copy=True`` to get fresh arrays instead.  ``recv`` always returns fresh
     arrays (it gathers the batch in completion order).
+
+    ``on_worker_error``: ``"raise"`` (default) raises ``WorkerDiedError`` and
+    closes the pool when a worker dies; ``"restart"`` replaces a worker that
+    died or overran ``step_timeout`` (same envs, cpu and constructors; envs reset
+    unseeded).  Each of its envs then reports one result with the reset
+    observation, reward 0, terminated False, truncated True and
+    ``infos["worker_restarted"]``: envs in flight at once, envs the caller held
+    at their next step; results it had already published are delivered as they
+    were.  A ``call``/``get_attr``/``set_attr``/``apply`` it owed raises
+    ``WorkerRestartedError``; a ``reset()`` is sent again once.  If the
+    replacement cannot start, the error is raised and the pool closed.
+    ``restarts``, ``worker_restarts`` and ``restart_log`` count the restarts.
     """
 
     def __init__(
@@ -122,10 +142,12 @@ class Pool:
         start_method: str | None = None,
         wake: str = "auto",
         autoreset_mode: str | AutoresetMode = NEXT_STEP,
+        on_worker_error: str = "raise",
         **env_kwargs: Any,
     ) -> None:
         self._closed = True          # until start-up succeeds, close() has little to do
         self._procs: list = []
+        self._shm_fd: int | None = None   # kept open only to start replacement workers
         self._conns: list = []
         self._region = None
         self._wire = None
@@ -158,6 +180,11 @@ class Pool:
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
         self._use_sems = wake == "semaphore" or not _core.have_futex()
+        self._init_restarts(on_worker_error, w, startup_timeout)
+        if on_worker_error == "restart" and isinstance(fns, BatchedEnvs):
+            # A replacement marks envs one by one as restarted; a batched shard is one object.
+            raise ValueError("on_worker_error='restart' is not supported for batched envs (shmpool.batched.Batched): "
+                             "use on_worker_error='raise'")
         if seed is not None and not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         seeds = [None] * n if seed is None else [int(seed) + i for i in range(n)]
@@ -173,6 +200,7 @@ class Pool:
             self._start(fns, seeds, self.worker_wait_policy, start_method, startup_timeout)
         except BaseException:
             self._closed = True
+            self._abort_startup()
             self._kill_workers()
             self._release()
             raise
@@ -187,10 +215,10 @@ class Pool:
         try:
             for k, (a, b) in enumerate(self._bounds):
                 parent_end, child_end = ctx.Pipe(duplex=True)
+                self._worker_args.append((k, self._worker_cpu[k], me, cloudpickle.dumps(fns[a:b]), a, seeds[a:b]))
                 proc = ctx.Process(
                     target=loop.main,
-                    args=(child_end, k, self._worker_cpu[k], me,
-                          cloudpickle.dumps(fns[a:b]), a, seeds[a:b]),
+                    args=(child_end, *self._worker_args[k]),
                     name=f"shmpool-worker-{k}",
                     daemon=True,
                 )
@@ -208,7 +236,8 @@ class Pool:
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
 
         described = [self._startup_message(k, "spaces", deadline) for k in range(self.num_workers)]
-        _, obs_space, act_space, metadata, render_mode, spec = described[0]
+        _, obs_space, act_space, metadata, render_mode, spec = described[0][:6]
+        check_hosting(described[0], self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
         for k, d in enumerate(described[1:], 1):
             if d[1] != obs_space or d[2] != act_space:
                 a = self._bounds[k][0]
@@ -236,8 +265,11 @@ class Pool:
             self._wire = _core.Wire(self._region, self._sizes, num_envs=self.num_envs,
                                     sems=sems, slice_ns=_SLICE_NS)
             self._wire.init_header()
+            self._map_msg = ("map", layout, policy, _SLICE_NS, sem_names, self.autoreset_mode)
+            if self.on_worker_error == "restart":
+                self._ctx, self._shm_fd = ctx, os.dup(shm.fd)
             for conn, proc in zip(self._conns, self._procs):
-                conn.send(("map", layout, policy, _SLICE_NS, sem_names, self.autoreset_mode))
+                conn.send(self._map_msg)
                 send_handle(conn, shm.fd, proc.pid)
             try:
                 for k in range(self.num_workers):
@@ -304,11 +336,16 @@ class Pool:
             options = dict(options)
             mask = check_reset_mask(options.pop("reset_mask"), self.num_envs)
         self._drain_in_flight()
-        for k, (a, b) in enumerate(self._bounds):
+
+        def send_reset(k: int) -> None:
+            a, b = self._bounds[k]
             shard_options = options[a:b] if isinstance(options, list) else options
-            self._conns[k].send(("reset", seeds[a:b], shard_options, None if mask is None else mask[a:b].tolist()))
+            self._send(k, ("reset", seeds[a:b], shard_options, None if mask is None else mask[a:b].tolist()), "reset")
             self._wire.post(k, _core.CMD_MESSAGE)
-        self._replies("reset")
+
+        for k in range(self.num_workers):
+            send_reset(k)
+        self._replies("reset", retry=send_reset)  # a reset is safe to repeat on a replacement worker
         self._blocked = None
         infos = self._collect(None, "reset")
         return self._out_obs(), infos
@@ -350,9 +387,20 @@ class Pool:
             self._check_open()
             raise RuntimeError("step_wait() without a pending step_async()")
         wire, policy = self._wire, self.wait_policy
-        if not wire.wait_sync(target, policy, _SLICE_NS if timeout is None else min(_SLICE_NS, int(timeout * 1e9))):
-            self._wait("step", lambda slice_ns: wire.wait_sync(target, policy, slice_ns), timeout)
-        self._sync_seq = target
+        if self._step_resync or not wire.wait_sync(
+                target, policy, _SLICE_NS if timeout is None else min(_SLICE_NS, int(timeout * 1e9))):
+            def ready(slice_ns):
+                if self._step_resync:
+                    return self._all_done(slice_ns)
+                return wire.wait_sync(target, policy, slice_ns)
+            self._wait("step", ready, timeout, on_restart=self._restep)
+        if self._step_resync:
+            # A replaced worker stepped its shard again: every worker is idle
+            # now, so the counter is stable and the next target counts from it.
+            self._sync_seq = wire.sync_count()
+            self._step_resync = False
+        else:
+            self._sync_seq = target
         self._step_target = None
         infos = self._collect(None, "step")
         v = self._views
@@ -393,6 +441,11 @@ class Pool:
         Returns ``(obs, rewards, terminated, truncated, infos)`` with
         ``infos["env_id"]`` (int32) naming the env of each row."""
         self._check_open()
+        if self._watch and time.monotonic() >= self._next_watch:
+            # The other workers can fill every batch while a dead one's envs
+            # starve unseen: look at the processes now and then.
+            self._next_watch = time.monotonic() + _WATCH_S
+            self._check_alive("recv")
         b = self.batch_size
         if self._n_flight == 0:
             raise RuntimeError("recv() with nothing in flight: call send() or async_reset() first")
@@ -414,18 +467,31 @@ class Pool:
 
     def _take(self, out, n: int, op: str) -> int:
         wire = self._wire
-        got = wire.take(self._tail, out, 0, n, self.wait_policy, _SLICE_NS)
+        got = self._take_ready(out, 0, n) if self._ready else 0
         if got < n:
+            got += wire.take(0, out, got, n - got, self.wait_policy, _SLICE_NS)
+        if got < n:
+            # Slow path: a restart may happen while waiting, and must not owe
+            # again an env already taken here.
+            self._in_flight[out[:got]] = 0
+
             def more(slice_ns):
                 nonlocal got
-                got += wire.take(self._tail + got, out, got, n - got, self.wait_policy, slice_ns)
+                if self._ready:
+                    got += self._take_ready(out, got, n - got)
+                new = wire.take(0, out, got, n - got, self.wait_policy, slice_ns)
+                self._in_flight[out[got:got + new]] = 0
+                got += new
                 return got == n
-            try:
-                self._wait(op, more)
-            finally:
-                self._tail += got
-            return got
-        self._tail += got
+            self._wait(op, more)
+        return got
+
+    def _take_ready(self, out, start: int, n: int) -> int:
+        """Results a replaced worker had published, taken over at its restart."""
+        got = 0
+        while self._ready and got < n:
+            out[start + got] = self._ready.popleft()
+            got += 1
         return got
 
     # --- messages: call / attributes ----------------------------------------
@@ -478,13 +544,163 @@ class Pool:
             by_worker.setdefault(int(self._owner[env_id]), []).append(pos)
         for k, positions in by_worker.items():
             start = self._bounds[k][0]
-            self._conns[k].send((op, name, [int(ids[p]) - start for p in positions], [items[p] for p in positions]))
+            self._send(k, (op, name, [int(ids[p]) - start for p in positions], [items[p] for p in positions]),
+                       f"{op} {name!r}")
             self._wire.post(k, _core.CMD_MESSAGE)
         out: list = [None] * len(ids)
         for k, answer in zip(by_worker, self._replies(f"{op} {name!r}", list(by_worker))):
             for pos, value in zip(by_worker[k], answer):
                 out[pos] = value
         return tuple(out)
+
+    # --- worker restarts (on_worker_error="restart") -------------------------
+
+    def _init_restarts(self, on_worker_error: str, num_workers: int, startup_timeout: float | None) -> None:
+        if on_worker_error not in ("raise", "restart"):
+            raise ValueError(f"on_worker_error must be 'raise' or 'restart', got {on_worker_error!r}")
+        if on_worker_error == "restart" and self._use_sems:
+            raise ValueError(
+                "on_worker_error='restart' needs futex wake-ups: with wake='semaphore' (or without futexes) the "
+                "semaphores are unlinked once the workers opened them, so a replacement could not open them")
+        self.on_worker_error = on_worker_error
+        self._watch = on_worker_error == "restart"
+        self._next_watch = 0.0
+        self.restarts = 0                              # workers replaced so far
+        self.worker_restarts = [0] * num_workers       # ... per worker
+        self.restart_log: list[dict] = []              # one entry per restart: who, why, when, how long
+        self._generation = [0] * num_workers           # bumped per restart: answers owed by the old process die
+        self._ready: collections.deque = collections.deque()  # taken-over results, before the wire's
+        self._step_resync = False                      # a sync step re-posted to a replacement
+        self._worker_args: list[tuple] = []
+        self._startup_timeout = startup_timeout
+
+    def _restart(self, k: int, op: str, cause: str | None = None) -> None:
+        """Replace dead (or killed) worker ``k``; the rest of the pool never notices.
+
+        Results it published and the parent had not taken stay valid (those whose
+        side message was lost are recomputed); envs it still owed are requested
+        again from the replacement, whose envs are freshly reset (unseeded) and
+        answer their first step with the reset observation, reward 0, truncated
+        True and info ``worker_restarted`` (see ``workers.loop.restarted``)."""
+        t0 = time.monotonic()
+        proc = self._procs[k]
+        if proc.exitcode is None:
+            proc.kill()
+        proc.join(timeout=5.0)
+        pid, code = proc.pid, proc.exitcode
+        if cause is None:
+            cause = _death(code)
+        # What it sent before dying is still in the pipe: side messages of published results.
+        conn = self._conns[k]
+        try:
+            while conn.poll(0):
+                self._side[k].append(conn.recv())
+        except (EOFError, OSError):
+            pass  # EOF, or a message cut short by the death
+        conn.close()
+        published = self._wire.reset_worker(k)
+        status = self._views.status
+        messages = [m for m in self._side[k] if m[0] in ("error", "extra") and m[1] is not None]
+        keep, lost, used = [], [], 0
+        if self._step_target is None:
+            for e in published:
+                if status[e] == L.STATUS_OK:
+                    keep.append(e)
+                elif used < len(messages) and messages[used][1] == e:
+                    keep.append(e)
+                    used += 1
+                else:
+                    lost.append(e)
+        self._side[k] = collections.deque(messages[:used])
+        a, b = self._bounds[k]
+        taken_over = set(published)
+        owed = [e for e in range(a, b) if self._in_flight[e] and e not in taken_over]
+        self._spawn_replacement(k, op, cause)
+        redo = owed + lost
+        if redo:  # step requests: a restarted env answers one with its restart result
+            self._wire.dispatch(np.asarray(redo, dtype=np.int64), self._owner, False)
+        self._ready.extend(keep)
+        self.restarts += 1
+        self.worker_restarts[k] += 1
+        self._generation[k] += 1
+        self.restart_log.append({"worker": k, "pid": pid, "exitcode": code, "cause": cause, "op": op,
+                                 "new_pid": self._procs[k].pid, "in_flight": len(redo),
+                                 "seconds": time.monotonic() - t0, "time": time.time()})
+
+    def _spawn_replacement(self, k: int, op: str, cause: str) -> None:
+        """Start worker ``k`` again (same envs, cpu and constructors), map the region,
+        reset its envs.  If that fails, the pool is closed."""
+        ctx = self._ctx
+        parent_end, child_end = ctx.Pipe(duplex=True)
+        saved = {v: os.environ.get(v) for v in loop.THREAD_ENV_VARS}
+        os.environ.update({v: "1" for v in loop.THREAD_ENV_VARS})
+        try:
+            proc = ctx.Process(target=loop.main, args=(child_end, *self._worker_args[k]),
+                               name=f"shmpool-worker-{k}", daemon=True)
+            proc.start()
+        finally:
+            child_end.close()
+            for v, value in saved.items():
+                if value is None:
+                    os.environ.pop(v, None)
+                else:
+                    os.environ[v] = value
+        self._procs[k], self._conns[k] = proc, parent_end
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _kill_processes, list(self._procs))
+        a, b = self._bounds[k]
+        what = f"worker {k} (envs {a}..{b - 1}) {cause} during {op}; its replacement failed"
+        deadline = None if self._startup_timeout is None else time.monotonic() + self._startup_timeout
+        try:
+            d = self._startup_message(k, "spaces", deadline)
+            if d[1] != self.single_observation_space or d[2] != self.single_action_space:
+                raise ValueError(f"the replacement's envs have spaces {d[1]}, {d[2]}; the pool has "
+                                 f"{self.single_observation_space}, {self.single_action_space}")
+            parent_end.send(self._map_msg)
+            send_handle(parent_end, self._shm_fd, proc.pid)
+            self._startup_message(k, "ready", deadline)
+            parent_end.send(("restart",))
+            self._wire.post(k, _core.CMD_MESSAGE)
+            while True:
+                if parent_end.poll(_SLICE_NS / 1e9):
+                    msg = parent_end.recv()
+                    if msg[0] == "reply":
+                        break
+                    if msg[0] == "failed":
+                        raise self._env_error(k, msg, then="the replacement could not reset its envs")
+                elif proc.exitcode is not None:
+                    raise RuntimeError(f"the replacement {_death(proc.exitcode)} while resetting its envs")
+                elif deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError("the replacement did not reset its envs within startup_timeout")
+        except (WorkerDiedError, PoolClosedError) as exc:
+            raise WorkerDiedError(f"{what}: {exc}", worker=k, pid=proc.pid, exitcode=proc.exitcode) from exc
+        except BaseException as exc:
+            self._kill_workers_now()
+            if isinstance(exc, EnvError):
+                first = str(exc).splitlines()[0].removesuffix("; the pool was not created")
+                raise EnvError(f"{what}: {first}; the pool is closed\n--- remote traceback ---\n"
+                               f"{exc.remote_traceback}", env_id=exc.env_id, worker=k, phase=exc.phase,
+                               remote_type=exc.remote_type, remote_traceback=exc.remote_traceback,
+                               remote_exception=exc.remote_exception) from exc
+            raise WorkerDiedError(f"{what}: {exc}; the pool is closed", worker=k, pid=proc.pid,
+                                  exitcode=proc.exitcode) from exc
+
+    def _restep(self, workers: list[int]) -> None:
+        """Replacements during a sync step step their shards again (restart results)."""
+        if self._step_target is None:
+            return
+        for k in workers:
+            self._wire.post(k, _core.CMD_STEP)
+        self._step_resync = True
+
+    def _all_done(self, slice_ns: int) -> bool:
+        """Every worker has handled its last command (one slice per worker at most)."""
+        wire = self._wire
+        for k in range(self.num_workers):
+            if not wire.wait_done(k, wire.cmd_seq(k), self.wait_policy, slice_ns):
+                return False
+        return True
 
     # --- closing ------------------------------------------------------------
 
@@ -515,9 +731,18 @@ class Pool:
         if errors:
             k, env_id, typ, tb = errors[0]
             raise EnvError(
-                f"env {env_id} (worker {k}) raised in close: {tb.strip().splitlines()[-1]} "
+                f"env {env_id} (worker {k}, pid {self._procs[k].pid}) raised in close: {tb.strip().splitlines()[-1]} "
                 f"(the pool is closed)\n--- remote traceback ---\n{tb}",
                 env_id=env_id, worker=k, phase="close", remote_type=typ, remote_traceback=tb)
+
+    def _abort_startup(self) -> None:
+        """Tell workers still waiting for their start-up message to exit now (a forked
+        worker holds a copy of our end of its pipe, so closing ours gives it no EOF)."""
+        for conn in self._conns:
+            try:
+                conn.send(("abort",))
+            except OSError:
+                pass
 
     def _kill_workers(self) -> None:
         deadline = time.monotonic() + 2.0
@@ -534,6 +759,9 @@ class Pool:
             self._finalizer.detach()
 
     def _release(self) -> None:
+        if self._shm_fd is not None:
+            os.close(self._shm_fd)
+            self._shm_fd = None
         if self._wire is not None:
             self._wire.release()
         self._wire = None
@@ -653,10 +881,13 @@ class Pool:
             except EnvError:
                 pass  # the reset that follows makes the failed env usable again
 
-    def _wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None) -> None:
+    def _wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None,
+              on_restart: Callable[[list[int]], None] | None = None) -> None:
         """Repeat ``ready(slice_ns)`` waits, checking the workers and the step timeout
-        between slices.  ``timeout`` raises TimeoutError and leaves the operation pending."""
+        between slices.  ``timeout`` raises TimeoutError and leaves the operation pending.
+        With ``on_worker_error="restart"``, ``on_restart(workers)`` follows each restart."""
         start = time.monotonic()
+        step_start = start
         try:
             while True:
                 slice_ns = _SLICE_NS
@@ -668,9 +899,13 @@ class Pool:
                 if ready(slice_ns):
                     return
                 self._pump_side()
-                self._check_alive(op)
-                if self.step_timeout is not None and time.monotonic() - start > self.step_timeout:
-                    self._fail_timeout(op)
+                restarted = self._check_alive(op)
+                if self.step_timeout is not None and time.monotonic() - step_start > self.step_timeout:
+                    restarted += self._fail_timeout(op)
+                if restarted:
+                    step_start = time.monotonic()  # the replacements get a full step_timeout
+                    if on_restart is not None:
+                        on_restart(restarted)
         except KeyboardInterrupt:
             self._kill_workers_now()
             raise
@@ -685,10 +920,15 @@ class Pool:
             except (EOFError, OSError):
                 pass  # a dead worker is reported by _check_alive
 
-    def _check_alive(self, op: str) -> None:
-        for k, proc in enumerate(self._procs):
-            if proc.exitcode is not None:
-                self._raise_died(k, op)
+    def _check_alive(self, op: str) -> list[int]:
+        """Raise for a dead worker, or (``on_worker_error="restart"``) replace it;
+        returns the workers replaced."""
+        dead = [k for k, proc in enumerate(self._procs) if proc.exitcode is not None or not _exists(proc.pid)]
+        if dead and self.on_worker_error != "restart":
+            self._raise_died(dead[0], op)
+        for k in dead:
+            self._restart(k, op)
+        return dead
 
     def _raise_died(self, k: int, op: str):
         proc = self._procs[k]
@@ -704,6 +944,8 @@ class Pool:
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:
                 how = f"was killed by signal {-code}"
+        elif code is None:  # reaped by someone else (a SIGCHLD handler, os.wait()): status unknown
+            how = "is gone (reaped outside shmpool, exit status unknown)"
         else:
             how = f"exited with code {code}"
         a, b = self._bounds[k]
@@ -713,8 +955,15 @@ class Pool:
             f"worker {k} (pid {pid}, cpu {self._worker_cpu[k]}, envs {a}..{b - 1}) {how} during {op}; "
             f"the pool is closed{last}", worker=k, pid=pid, exitcode=code)
 
-    def _fail_timeout(self, op: str):
+    def _fail_timeout(self, op: str) -> list[int]:
         late = [k for k in range(self.num_workers) if self._wire.done_seq(k) != self._wire.cmd_seq(k)]
+        if late and self.on_worker_error == "restart":
+            for k in late:  # hung: kill and replace
+                self._procs[k].kill()
+                self._procs[k].join(timeout=5.0)
+                self._restart(k, op, f"did not finish {op} within step_timeout={self.step_timeout} s "
+                                     "and was killed")
+            return late
         envs = [f"{a}..{b - 1}" for k, (a, b) in enumerate(self._bounds) if k in late]
         self._kill_workers_now()
         raise TimeoutError(
@@ -733,27 +982,51 @@ class Pool:
         self._kill_workers()
         self._release()
 
-    def _replies(self, op: str, workers: list[int] | None = None) -> list:
+    def _replies(self, op: str, workers: list[int] | None = None, retry: Callable[[int], None] | None = None) -> list:
         """The answers of ``workers`` (all by default) to the message just posted, in that order.
 
-        All answers are read before a failure is raised, so none is left in a pipe."""
-        answers = [self._reply(k, op) for k in (range(self.num_workers) if workers is None else workers)]
+        All answers are read before a failure is raised, so none is left in a pipe.
+        A worker replaced while it owed an answer is asked again through ``retry(k)``
+        once when given (the message is safe to repeat), else the call raises
+        WorkerRestartedError."""
+        workers = list(range(self.num_workers)) if workers is None else workers
+        generations = [self._generation[k] for k in workers]
+        answers = []
+        for k, gen in zip(workers, generations):
+            answer = self._reply(k, op, gen)
+            if answer is _RESTARTED and retry is not None:
+                retry(k)
+                answer = self._reply(k, op, self._generation[k])
+            if answer is _RESTARTED:
+                a, b = self._bounds[k]
+                last = next(e for e in reversed(self.restart_log) if e["worker"] == k)
+                answer = WorkerRestartedError(
+                    f"worker {k} (envs {a}..{b - 1}) {last['cause']} during {op} and was replaced "
+                    f"(on_worker_error='restart'); the call was not retried, the pool is still open",
+                    worker=k, pid=last["pid"], exitcode=last["exitcode"])
+            answers.append(answer)
         for a in answers:
-            if isinstance(a, EnvError):
+            if isinstance(a, (EnvError, WorkerRestartedError)):
                 raise a
         return answers
 
-    def _reply(self, k: int, op: str):
-        """Worker ``k``'s answer to a message (an EnvError if it failed), queueing side messages."""
-        conn = self._conns[k]
+    def _reply(self, k: int, op: str, generation: int | None = None):
+        """Worker ``k``'s answer to a message (an EnvError if it failed), queueing side
+        messages; ``_RESTARTED`` if the worker was replaced since ``generation``."""
+        if generation is None:
+            generation = self._generation[k]
         start = time.monotonic()
         try:
             while True:
+                if self._generation[k] != generation:
+                    return _RESTARTED
+                conn = self._conns[k]
                 if conn.poll(_SLICE_NS / 1e9):
                     try:
                         msg = conn.recv()
-                    except EOFError:
-                        self._raise_died(k, op)
+                    except (EOFError, OSError):  # OSError: reset, our unread message in its socket
+                        self._worker_lost(k, op)
+                        continue
                     if msg[0] == "reply":
                         return msg[1]
                     if msg[0] == "failed":
@@ -763,20 +1036,42 @@ class Pool:
                 self._check_alive(op)
                 if self.step_timeout is not None and time.monotonic() - start > self.step_timeout:
                     self._fail_timeout(op)
+                    start = time.monotonic()
         except KeyboardInterrupt:
             self._kill_workers_now()
             raise
 
     def _side_message(self, k: int, env_id: int, op: str):
+        """The next side message of worker ``k``; None if it died before sending it
+        (and was replaced)."""
         if self._side[k]:
             return self._side[k].popleft()
+        generation = self._generation[k]
         conn = self._conns[k]
         while not conn.poll(_SLICE_NS / 1e9):
             self._check_alive(op)
+            if self._generation[k] != generation:
+                return None
         try:
             return conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
+            self._worker_lost(k, op)
+            return None
+
+    def _send(self, k: int, msg, op: str) -> None:
+        """Send a message to worker ``k``.  One found dead already is raised (or
+        replaced, and the message goes to the replacement: nothing of it ran yet)."""
+        try:
+            self._conns[k].send(msg)
+        except OSError:
+            self._worker_lost(k, op)
+            self._conns[k].send(msg)
+
+    def _worker_lost(self, k: int, op: str) -> None:
+        """Worker ``k``'s pipe closed: it died.  Raise, or replace it."""
+        if self.on_worker_error != "restart":
             self._raise_died(k, op)
+        self._restart(k, op)
 
     def _collect(self, ids: np.ndarray | None, op: str) -> dict:
         """Infos of a finished batch, plus the side messages its status bytes announce."""
@@ -793,6 +1088,11 @@ class Pool:
             env_id = int(pos if ids is None else ids[pos])
             k = int(self._owner[env_id])
             msg = self._side_message(k, env_id, op)
+            if msg is None:  # its worker died between publishing and sending it
+                if status[pos] == L.STATUS_ERROR:
+                    errors.append((k, ("error", env_id, op, "unknown", f"(worker {k} died before sending "
+                                       "the traceback and was replaced)")))
+                continue  # non-numeric infos of this result are lost
             if msg[1] != env_id:
                 raise RuntimeError(f"side channel out of order: expected env {env_id}, got {msg[:2]}")
             if msg[0] == "extra":
@@ -817,6 +1117,31 @@ class Pool:
         return EnvError(f"{who} raised in {phase}: {what}{tail}\n--- remote traceback ---\n{tb}",
                         env_id=env_id, worker=k, phase=phase, remote_type=typ, remote_traceback=tb,
                         remote_exception=original)
+
+
+_RESTARTED = object()   # a worker owed an answer and was replaced
+
+
+def _death(code: int | None) -> str:
+    """How a worker process ended, in words."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _exists(pid: int) -> bool:
+    """False once ``pid`` is gone for good: a worker reaped behind multiprocessing's back
+    (its ``exitcode`` then stays None forever) must still count as dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _unpickle_quietly(data: bytes | None) -> BaseException | None:

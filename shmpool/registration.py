@@ -177,13 +177,24 @@ _TASKS: dict[str, Callable[..., list[Callable[[], gymnasium.Env]]]] = {}
 
 
 def register_task(task_id: str, builder: Callable[..., list[Callable[[], gymnasium.Env]]]) -> None:
-    """Make ``make(task_id, ...)`` build its envs with ``builder(num_envs=n, **kwargs)``."""
+    """Make ``make(task_id, ...)`` build its envs with ``builder(num_envs=n, **kwargs)``
+    (one constructor per env, or a ``shmpool.batched.Batched`` with ``num_envs`` set)."""
     _TASKS[task_id] = builder
+
+
+def _batch_pong(num_envs: int, **kwargs: Any):
+    """``BatchPong-v0``: numpy-batched Pong, one ``BatchPong`` per worker (kwargs: ``max_episode_steps``)."""
+    from .batched import Batched
+    from .envs.batch_pong import BatchPong
+    return Batched(functools.partial(BatchPong, **kwargs), num_envs=num_envs)
+
+
+register_task("BatchPong-v0", _batch_pong)
 
 
 # Built-in recipe modules and the package each needs; loaded on first use so that
 # importing shmpool never imports mujoco (or ale-py).
-_BUILTIN_RECIPES = {"shmpool.workers.recipes.mujoco": "mujoco"}
+_BUILTIN_RECIPES = {"shmpool.workers.recipes.mujoco": "mujoco", "shmpool.workers.recipes.atari": "ale_py"}
 _loaded_builtins = False
 
 
@@ -229,7 +240,8 @@ def make(
     """EnvPool's ``envpool.make`` over a shmpool :class:`VectorEnv`.
 
     - ``task_id``: a task with a shmpool recipe (:func:`list_tasks`: the MuJoCo v5 tasks
-      when ``mujoco`` is installed) or any gymnasium id.
+      when ``mujoco`` is installed, every Atari ``<Game>-v5`` with EnvPool's preprocessing
+      when ``ale_py`` is installed) or any gymnasium id.
     - ``env_type``: ``"gymnasium"`` or ``"gym"`` (both give gymnasium's 5-tuple
       API); ``"dm"`` is not supported.
     - ``num_envs``; ``batch_size`` (``None``/0: ``num_envs``): how many envs

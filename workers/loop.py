@@ -20,8 +20,9 @@ from threadpoolctl import threadpool_limits  # imported here so forked workers i
 
 from shmpool import _core
 from shmpool import layout as L
+from shmpool.batched import BatchedEnvs, hosting_info
 
-from .shard import Shard
+from .shard import BatchShard, Shard
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                    "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS")
@@ -131,29 +132,44 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
     except Exception as exc:
         _error(conn, None, "unpickle env constructors", exc)
         return
-    envs = []
-    for k, fn in enumerate(fns):
+    batch_env = None
+    if isinstance(fns, BatchedEnvs):
+        # One batched env for the whole shard (shmpool.batched).
         try:
-            envs.append(fn())
+            batch_env = fns.build(start)
         except Exception as exc:
-            _error(conn, start + k, "make", exc)
-            for env in envs:
-                _close_quietly(env)
+            _error(conn, start, "make", exc)
             return
-    first = envs[0]
-    for k, env in enumerate(envs[1:], 1):
-        if env.observation_space != first.observation_space or env.action_space != first.action_space:
-            conn.send(("error", start + k, "make", "ValueError",
-                       f"env {start + k} has observation/action spaces {env.observation_space}, "
-                       f"{env.action_space}; env {start} has {first.observation_space}, "
-                       f"{first.action_space}: all envs of a pool must share their spaces"))
-            for env in envs:
-                _close_quietly(env)
-            return
-    conn.send_bytes(cloudpickle.dumps((
-        "spaces", first.observation_space, first.action_space,
-        getattr(first, "metadata", {}), getattr(first, "render_mode", None), getattr(first, "spec", None),
-    )))
+        obs_space, act_space = batch_env.single_observation_space, batch_env.single_action_space
+        conn.send_bytes(cloudpickle.dumps((
+            "spaces", obs_space, act_space, getattr(batch_env, "metadata", {}),
+            getattr(batch_env, "render_mode", None), getattr(batch_env, "spec", None), hosting_info(batch_env),
+        )))
+    else:
+        envs = []
+        for k, fn in enumerate(fns):
+            try:
+                envs.append(fn())
+            except Exception as exc:
+                _error(conn, start + k, "make", exc)
+                for env in envs:
+                    _close_quietly(env)
+                return
+        first = envs[0]
+        for k, env in enumerate(envs[1:], 1):
+            if env.observation_space != first.observation_space or env.action_space != first.action_space:
+                conn.send(("error", start + k, "make", "ValueError",
+                           f"env {start + k} has observation/action spaces {env.observation_space}, "
+                           f"{env.action_space}; env {start} has {first.observation_space}, "
+                           f"{first.action_space}: all envs of a pool must share their spaces"))
+                for env in envs:
+                    _close_quietly(env)
+                return
+        obs_space, act_space = first.observation_space, first.action_space
+        conn.send_bytes(cloudpickle.dumps((
+            "spaces", obs_space, act_space,
+            getattr(first, "metadata", {}), getattr(first, "render_mode", None), getattr(first, "spec", None),
+        )))
     msg = conn.recv()
     if msg[0] != "map":
         return
@@ -168,13 +184,79 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
     wire = _core.Wire(region, layout.shard_sizes, num_envs=layout.num_envs, sems=sems, slice_ns=slice_ns)
     wire.check_header()
     views = L.Views(layout, region)
-    shard = Shard(envs, start, views, region, first.observation_space, first.action_space, autoreset_mode)
+    if batch_env is not None:
+        try:
+            shard = BatchShard(batch_env, start, views, region, obs_space, act_space, autoreset_mode)
+        except Exception as exc:
+            _error(conn, start, "bind", exc)
+            _close_quietly(batch_env)
+            wire.release()
+            return
+    else:
+        shard = Shard(envs, start, views, region, obs_space, act_space, autoreset_mode)
     shard.pending_seeds = list(seeds)
     conn.send(("ready",))
     try:
         Server(conn, index, wire, views, shard, policy, slice_ns, watch).serve()
     finally:
         wire.release()
+
+
+def restarted(shard: Shard, views) -> None:
+    """This worker replaces one that died: reset every env (unseeded), and make the
+    first step (or step request) of each env report that reset observation with
+    reward 0, terminated False, truncated True and info ``worker_restarted`` instead
+    of stepping.  Under NEXT_STEP the step after it is then an autoreset step, as
+    after any truncation.  An explicit reset drops the mark.
+
+    Unseeded: the dead worker's envs were mid-episode with RNG states nobody
+    knows, so no seed reproduces them, and re-using the pool's first seeds would
+    replay episodes already collected.
+
+    The marks wrap ``shard.step``/``shard.reset`` on the instance and remove
+    themselves once every env has reported, so the hot path is untouched after."""
+    if getattr(shard, "batched", False):
+        raise NotImplementedError("on_worker_error='restart' does not support batched envs yet")
+    n = len(shard.envs)
+    shard.pending_seeds = [None] * n
+    shard.autoreset = [False] * n
+    marks = {}
+    for j, env in enumerate(shard.envs):
+        marks[j] = env.reset()
+    plain_step, plain_reset = shard.step, shard.reset
+    same_step = getattr(shard, "same_step", False)
+    next_step = getattr(shard, "next_step", False)
+
+    def unmark(j: int):
+        mark = marks.pop(j, None)
+        if not marks:
+            shard.__dict__.pop("step", None)
+            shard.__dict__.pop("reset", None)
+        return mark
+
+    def step(i: int):
+        j = i - shard.start
+        mark = unmark(j)
+        if mark is None:
+            return plain_step(i)
+        obs, info = mark
+        views.reward[i] = 0.0
+        views.terminated[i] = False
+        views.truncated[i] = True
+        shard.write_obs(i, obs)
+        if next_step:
+            shard.autoreset[j] = True
+        info = {**info, "worker_restarted": True}
+        if same_step:
+            info = {"final_obs": obs, "final_info": {}, **info}
+        return info
+
+    def reset(i: int, seed=None, options=None):
+        unmark(i - shard.start)
+        return plain_reset(i, seed, options)
+
+    shard.step = step
+    shard.reset = reset
 
 
 def _close_quietly(env) -> None:
@@ -212,8 +294,11 @@ class Server:
             seq, cmd = wire.command(index)
             if cmd == _core.CMD_STEP:
                 self.step_shard()
-                wire.finish(index, seq)
+                # Shard counter first, done sequence second: once the parent
+                # reads done == posted for a worker, that worker's count is in
+                # the sync counter (a restart re-bases the counter on that).
                 wire.finish_shard()
+                wire.finish(index, seq)
                 self.flush()
             elif cmd == _core.CMD_ASYNC:
                 self.drain()
@@ -265,6 +350,9 @@ class Server:
 
     def step_shard(self) -> None:
         shard = self.shard
+        if shard.batched:  # the whole shard in one call of its batched env
+            shard.run(shard.all_ids, False, self._finish_env, self._fail_env)
+            return
         step, status, masks = shard.step, self.views.status, self.views.info_mask
         for i in range(shard.start, shard.stop):
             try:
@@ -281,6 +369,19 @@ class Server:
     def drain(self) -> None:
         """Serve the async request ring until it is empty, publishing each env."""
         wire, shard, index = self.wire, self.shard, self.index
+        if shard.batched:
+            # Every pending request first, then one call for them all, then publish each.
+            while True:
+                reqs = []
+                req = wire.pop_request(index)
+                while req >= 0:
+                    reqs.append(req)
+                    req = wire.pop_request(index)
+                if not reqs:
+                    return
+                shard.serve_requests(reqs, self._finish_env, self._fail_env, wire.publish)
+                if self.outbox:
+                    self.flush()
         while True:
             req = wire.pop_request(index)
             if req < 0:
@@ -303,7 +404,9 @@ class Server:
             if op == "reset":
                 _, seeds, options, mask = msg
                 per_env = isinstance(options, list)
-                for k, i in enumerate(range(shard.start, shard.stop)):
+                if shard.batched:
+                    shard.reset_message(seeds, options, mask, self._finish_env, self._fail_env)
+                for k, i in enumerate(() if shard.batched else range(shard.start, shard.stop)):
                     if mask is not None and not mask[k]:
                         # A partial reset leaves this env alone; its old infos
                         # must not be read as part of this reset.
@@ -317,6 +420,8 @@ class Server:
                         continue
                     self._finish_env(i, info)
                 value = None
+            elif op == "restart":
+                value = restarted(shard, self.views)
             elif op == "seed":
                 shard.pending_seeds = list(msg[1])
                 value = None

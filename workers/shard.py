@@ -6,9 +6,10 @@ from math import isfinite
 import numpy as np
 from gymnasium.spaces import Dict, Tuple
 
+from shmpool import _core
 from shmpool import layout as L
 from shmpool.autoreset import NEXT_STEP, SAME_STEP
-from shmpool.infos import InfoWriter
+from shmpool.infos import InfoWriter, column_dtype
 
 
 class ResultError(Exception):
@@ -34,6 +35,8 @@ def _leaf_writer(arr: np.ndarray):
 
 class Shard:
     """The envs ``start..stop-1`` of one worker, writing results by env id."""
+
+    batched = False
 
     def __init__(self, envs: list, start: int, views: L.Views, buf, obs_space, act_space,
                  autoreset_mode: str = NEXT_STEP) -> None:
@@ -113,3 +116,195 @@ class Shard:
         v.truncated[i] = False
         self.write_obs(i, obs)
         return info
+
+
+class _NoPerEnvObjects:
+    """``Shard.envs`` of a batched shard: iterating gives the one batched env (so closing
+    works); indexing one env is refused (call/get_attr/set_attr/apply need env objects)."""
+
+    def __init__(self, env) -> None:
+        self.env = env
+
+    def __iter__(self):
+        yield self.env
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, k):
+        raise TypeError(
+            f"the envs of this worker are one batched env ({type(self.env).__name__}): per-env "
+            "call/get_attr/set_attr/apply are not supported")
+
+
+def _unbatch(infos: dict, row: int) -> dict:
+    """One row of infos in gymnasium's vector layout, as that env's own info dict."""
+    out: dict = {}
+    for key, value in infos.items():
+        if isinstance(key, str) and key.startswith("_") and key[1:] in infos:
+            continue
+        mask = infos.get(f"_{key}")
+        if isinstance(value, dict):
+            if mask is None or mask[row]:
+                sub = _unbatch(value, row)
+                if sub or mask is not None:
+                    out[key] = sub
+        elif mask is None or mask[row]:
+            out[key] = value[row]
+    return out
+
+
+class BatchShard:
+    """The envs ``start..stop-1`` of one worker as one batched env (``shmpool.batched``).
+
+    Same role as :class:`Shard` for the worker loop, with shard-level calls:
+    :meth:`run` steps or resets a set of envs in one call of the batched env and
+    writes their statuses and infos; :meth:`serve_requests` does it for popped
+    async requests and publishes them; :meth:`reset_message` serves ``reset()``."""
+
+    batched = True
+
+    def __init__(self, env, start: int, views: L.Views, buf, obs_space, act_space,
+                 autoreset_mode: str = NEXT_STEP) -> None:
+        self.env = env
+        self.envs = _NoPerEnvObjects(env)
+        self.start = start
+        self.n = n = env.num_envs
+        self.stop = start + n
+        self.views = views
+        self.infos = InfoWriter(views, buf)
+        self.pending_seeds: list = [None] * n
+        self.all_ids = np.arange(n, dtype=np.int64)
+        rows = slice(start, self.stop)
+        env.bind(L.assemble(obs_space, [a[rows] for a in views.obs]), views.reward[rows],
+                 views.terminated[rows], views.truncated[rows], autoreset_mode)
+        self._acts = [a[rows] for a in views.act]
+        self._act_space = act_space
+        self._structured = len(self._acts) != 1 or isinstance(act_space, (Dict, Tuple))
+
+    def actions(self, ids: np.ndarray):
+        full = len(ids) == self.n
+        leaves = [a if full else a[ids] for a in self._acts]
+        return L.assemble(self._act_space, leaves) if self._structured else leaves[0]
+
+    def _seeds(self, ids: np.ndarray, seeds) -> list:
+        """Explicit seeds, else the seeds waiting for the first reset; those are used up."""
+        pending = self.pending_seeds
+        out = []
+        for k, j in enumerate(ids.tolist()):
+            s = seeds[k] if seeds is not None else None
+            out.append(pending[j] if s is None else s)
+            pending[j] = None
+        return out
+
+    def run(self, ids: np.ndarray, reset: bool, finish_env, fail_env, seeds=None, options=None) -> None:
+        """Reset or step the local envs ``ids`` (ascending) in one call; write statuses and infos.
+
+        ``finish_env(i, info)`` / ``fail_env(i, phase, exc)`` (global ids) are the
+        worker's per-env paths for infos that need the side channel and for errors;
+        they are called in ascending env order."""
+        v, g = self.views, ids + self.start
+        phase = "reset" if reset else "step"
+        try:
+            if reset:
+                info = self.env.reset(ids, self._seeds(ids, seeds), options)
+                v.reward[g] = 0.0
+                v.terminated[g] = False
+                v.truncated[g] = False
+            else:
+                if not self.env.supports_subsets and len(ids) != self.n:
+                    raise ValueError(
+                        f"a gymnasium VectorEnv steps all its envs at once: got {len(ids)} of envs "
+                        f"{self.start}..{self.stop - 1} in one send(); send all of them together or use "
+                        "a shmpool.batched.BatchEnv")
+                info = self.env.step(ids, self.actions(ids))
+                bad = ~np.isfinite(v.reward[g])
+                if bad.any():
+                    self._finish(ids, info, finish_env, fail_env, bad)
+                    return
+        except Exception as exc:
+            for i in g.tolist():
+                fail_env(i, phase, exc)
+            return
+        self._finish(ids, info, finish_env)
+
+    def _finish(self, ids: np.ndarray, info: dict, finish_env, fail_env=None, bad: np.ndarray | None = None) -> None:
+        """Statuses and infos of ``ids`` (rows of ``info`` in the same order); ``bad``: rows
+        whose reward is not finite, failed instead.  Per-env calls go in ascending order."""
+        v, g = self.views, ids + self.start
+        v.status[g] = L.STATUS_OK
+        v.info_mask[g] = 0
+        side = np.zeros(len(ids), dtype=bool)
+        for key, value in (info or {}).items():
+            if isinstance(key, str) and key.startswith("_") and key[1:] in info:
+                continue
+            mask = info.get(f"_{key}")
+            present = np.ones(len(ids), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+            col = self._column(key, value)
+            if col is None:
+                side |= present
+                continue
+            at = g[present]
+            col.values[at] = value[present]
+            v.info_mask[at] |= np.uint64(col.bit)
+        if bad is not None:
+            side |= bad
+        for row in np.flatnonzero(side).tolist():
+            i = int(g[row])
+            if bad is not None and bad[row]:
+                try:
+                    raise ResultError(f"reward is {v.reward[i]}: rewards must be finite")
+                except ResultError as exc:
+                    fail_env(i, "step", exc)
+            else:
+                # Everything of that env (its numeric keys again too) through the per-env path.
+                finish_env(i, _unbatch(info, row))
+
+    def _column(self, key, value):
+        """The shared-memory column of a numeric 1-d info array, or None (side channel).
+
+        Shares the InfoWriter's registry of keys, so per-env writes agree with these."""
+        if not isinstance(value, np.ndarray) or value.ndim != 1:
+            return None
+        sample = value.dtype.type(0) if value.dtype != object else None
+        if column_dtype(sample) != value.dtype:
+            return None
+        cols = self.infos._cols
+        col = cols.get(key, False)
+        if col is False:
+            col = cols[key] = self.infos._register(key, sample)
+        return col if col is not None and col.dtype == value.dtype else None
+
+    def serve_requests(self, reqs: list[int], finish_env, fail_env, publish) -> None:
+        """Serve popped async requests (global ids with the reset flag): one call for the
+        resets, one for the steps, then publish each env (ascending within each group)."""
+        arr = np.array(reqs, dtype=np.int64)
+        is_reset = (arr & _core.REQ_RESET) != 0
+        ids = (arr & 0x7FFFFFFF) - self.start
+        for reset in (True, False):
+            sel = np.sort(ids[is_reset == reset])
+            if len(sel):
+                self.run(sel, reset, finish_env, fail_env)
+                for i in (sel + self.start).tolist():
+                    publish(i)
+
+    def reset_message(self, seeds, options, mask, finish_env, fail_env) -> None:
+        """``reset()``: every env (or those of ``mask``) in one call; the others keep their results."""
+        if mask is None:
+            ids = self.all_ids
+        else:
+            keep = np.asarray(mask, dtype=bool)
+            ids = self.all_ids[keep]
+            others = self.all_ids[~keep] + self.start
+            self.views.info_mask[others] = 0
+            self.views.status[others] = L.STATUS_OK
+            if isinstance(options, list):
+                options = [options[j] for j in ids.tolist()]
+            seeds = [seeds[j] for j in ids.tolist()]
+        if len(ids):
+            self.run(ids, True, finish_env, fail_env, seeds, options)
+
+
+def build_batch_env(fns, start: int):
+    """The batched env of a worker whose constructors are a ``shmpool.batched.BatchedEnvs``."""
+    return fns.build(start)
