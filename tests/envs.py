@@ -79,6 +79,8 @@ class FaultyEnv(gym.Env):
             os._exit(3)
         if self.how == "hang":
             time.sleep(3600)
+        if self.how == "sleep":  # slow, not broken
+            time.sleep(0.5)
         if self.how == "bad_obs":
             return np.zeros(5, np.float32)
         if self.how == "bad_dtype":
@@ -108,6 +110,17 @@ class FaultyEnv(gym.Env):
     def close(self):
         if self.fail_in == "close":
             self._fail("close")
+
+    def render(self):
+        if self.fail_in == "render":
+            self._fail("render")
+        return np.zeros((2, 2, 3), np.uint8)
+
+    def probe(self):
+        """A method for ``call``: fails when told to fail in ``call``."""
+        if self.fail_in == "call":
+            self._fail("call")
+        return self.steps
 
 
 class EmptyEnv(gym.Env):

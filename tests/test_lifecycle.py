@@ -1,9 +1,6 @@
 """Processes and shared memory: nothing outlives a pool, however it ends."""
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 
@@ -50,49 +47,6 @@ def test_worker_blas_threads_are_limited(no_leaks):
             assert probe["sigint"] == signal.SIG_IGN  # Ctrl-C is the parent's to handle
 
 
-def test_parent_killed_takes_workers_with_it(tmp_path):
-    script = textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
-        import numpy as np, shmpool
-        pool = shmpool.Pool("CartPole-v1", 4, num_workers=2)
-        pool.reset()
-        print(*pool.worker_pids, flush=True)
-        while True:
-            pool.step(np.zeros(4, dtype=np.int64))
-    """)
-    before = shm_entries()
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    pids = [int(p) for p in proc.stdout.readline().split()]
-    assert len(pids) == 2
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    t0 = time.monotonic()
-    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() - t0 < 2.0:
-        time.sleep(0.02)
-    alive = [p for p in pids if psutil.pid_exists(p)]
-    assert not alive, f"workers {alive} outlived their parent by 2 s"
-    assert shm_entries() == before
-
-
-def test_keyboard_interrupt_during_step_closes_the_pool(no_leaks):
-    class Slow(EmptyEnv):
-        def step(self, action):
-            time.sleep(0.5)
-            return super().step(action)
-
-    pool = shmpool.Pool(Slow, 2, num_workers=2)
-    pool.reset()
-    timer = threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        pool.step(np.zeros(2, dtype=np.int64))
-    assert time.monotonic() - t0 < 0.45
-    assert pool.closed
-
-
 def test_dropping_a_pool_without_close_reaps_it(no_leaks):
     pool = shmpool.Pool("CartPole-v1", 2, num_workers=2)
     pool.reset()
@@ -101,7 +55,7 @@ def test_dropping_a_pool_without_close_reaps_it(no_leaks):
     gc.collect()
 
 
-def test_many_pools_at_once_and_in_a_loop(no_leaks):
+def test_many_pools_at_once(no_leaks):
     pools = [shmpool.Pool("CartPole-v1", 3, num_workers=1, seed=i) for i in range(3)]
     try:
         obs = [p.reset()[0].copy() for p in pools]
@@ -111,13 +65,34 @@ def test_many_pools_at_once_and_in_a_loop(no_leaks):
     finally:
         for p in pools:
             p.close()
-    for _ in range(20):
+
+
+def _resources() -> dict:
+    me = psutil.Process()
+    return {"fds": me.num_fds(), "threads": me.num_threads(), "shm": len(shm_entries()),
+            "rss": me.memory_info().rss}
+
+
+@pytest.mark.timeout(600)  # ~40 s on an idle 2-core machine
+def test_a_thousand_pools_created_and_closed_leak_nothing(no_leaks):
+    def one(k):
         with shmpool.Pool(EmptyEnv, 2, num_workers=2) as p:
-            p.reset()
+            p.reset(seed=k)
             p.step(np.zeros(2, dtype=np.int64))
+            if k % 2:  # half of them end with a batch still in flight
+                p.send(np.zeros(2, dtype=np.int64))
+
+    for k in range(20):  # warm-up: imports, allocator pools
+        one(k)
+    before = _resources()
+    for k in range(1000):
+        one(k)
+    after = _resources()
+    assert (after["fds"], after["threads"], after["shm"]) == (before["fds"], before["threads"], before["shm"])
+    assert after["rss"] - before["rss"] < 16 * 2**20, f"RSS grew by {(after['rss'] - before['rss']) / 2**20:.1f} MiB"
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_start_methods(method, no_leaks):
     with shmpool.Pool("CartPole-v1", 3, num_workers=2, start_method=method, seed=0) as pool:
         obs, _ = pool.reset()

@@ -1,0 +1,16 @@
+"""Every cell of the fault matrix (tests/faults/matrix.py): the exact error, a message that names
+the env and worker, a bounded detection time, and the pool's state afterwards."""
+import re
+
+import pytest
+from matrix import cells, expected, run_case
+
+
+@pytest.mark.parametrize("name,mode", cells(), ids=[f"{n}-{m}" for n, m in cells()])
+def test_fault(name, mode, no_leaks):
+    want = expected(name, mode)
+    got = run_case(name, mode)
+    assert got.error == want.error, got
+    assert re.search(want.message, got.message), f"{got.message!r} does not match {want.message!r}"
+    assert want.at_least <= got.seconds < want.limit, got
+    assert got.state == want.state, got
