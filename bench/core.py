@@ -22,7 +22,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,8 +94,8 @@ def pool_info(pool: shmpool.Pool) -> dict[str, Any]:
 class GymVector:
     """gymnasium's SyncVectorEnv or AsyncVectorEnv (shared memory), stepped with fixed actions."""
 
-    def __init__(self, system: str, task: str, n: int, actions: np.ndarray) -> None:
-        fns = [functools.partial(gym.make, task)] * n
+    def __init__(self, system: str, task: str | Callable[[], gym.Env], n: int, actions: np.ndarray) -> None:
+        fns = [task if callable(task) else functools.partial(gym.make, task)] * n
         if system == SYNC_VEC:
             self.env = gym.vector.SyncVectorEnv(fns)
         else:
@@ -564,8 +564,33 @@ def environment() -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "sched_getaffinity": sorted(os.sched_getaffinity(0)),
+        # What numactl --membind/--cpunodebind left in force (inherited by the workers).
+        "mems_allowed": proc_status("Mems_allowed_list"),
+        "numa_policy": numa_policy(),
         "start_method": mp.get_start_method(),
     }
+
+
+def proc_status(field: str) -> str | None:
+    """A field of /proc/self/status (e.g. ``Mems_allowed_list``: the NUMA nodes memory may come from)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def numa_policy() -> str | None:
+    """This process's memory policy as ``numactl --show`` prints it (``policy: bind; membind: 0``
+    after ``numactl --membind=0``), or None when numactl is not installed."""
+    try:
+        out = subprocess.run(["numactl", "--show"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return "; ".join(f"{k}: {fields[k].strip()}" for k in ("policy", "membind") if k in fields) or None
 
 
 def report(args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: list[Group],

@@ -1,13 +1,15 @@
 """The built-in task benchmark (issue 4): shmpool's recipes against EnvPool and gymnasium.
 
-    python -m bench.tasks                        # every available task at its N (Ant-v5: 8, 32)
+    python -m bench.tasks                        # every available task at its N (Pong-v5, Ant-v5: 8, 32)
     python -m bench.tasks --json /tmp/tasks.json # also write every raw measurement
     python -m bench.tasks --quick                # a few seconds, for tests
 
 For each (task, N), one run measures, with interleaved repetitions (each opens
 a fresh env/pool; opening is not timed):
 
-- gymnasium ``SyncVectorEnv`` and ``AsyncVectorEnv`` (shared memory) over ``gym.make(task)``;
+- gymnasium ``SyncVectorEnv`` and ``AsyncVectorEnv`` (shared memory) over ``gym.make(task)``
+  (Pong-v5: ``ALE/Pong-v5`` with ``frameskip=1, repeat_action_probability=0`` under
+  ``AtariPreprocessing`` + ``FrameStackObservation(4)``, the same preprocessing);
 - shmpool sync (``pool.step``) and async (``batch_size = N/2``: ``recv``, then
   ``send`` the batch straight back) over shmpool's recipe for the task;
 - EnvPool sync (``step`` of all N, ``batch_size = N``) and async (``batch_size =
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import importlib
 import json
 import os
 import sys
@@ -59,6 +62,7 @@ from .core import (
     fmt_ratio,
     fmt_summary,
     markdown_table,
+    pool_info,
     rich_table,
 )
 
@@ -75,7 +79,8 @@ class TaskDef:
 
     ``recipe`` returns the constructor of shmpool's recipe env (raises ImportError
     when its optional dependency is missing); ``gym_id`` is what the gymnasium rows
-    ``gym.make``; ``envpool_id`` is EnvPool's task id.  ``missing`` marks a task
+    ``gym.make``, or ``gym_env`` (a picklable callable) builds their env when plain
+    ``gym.make`` is not the same task; ``envpool_id`` is EnvPool's task id.  ``missing`` marks a task
     whose shmpool side does not exist yet (it is listed, not run)."""
 
     task: str
@@ -84,6 +89,11 @@ class TaskDef:
     gym_id: str | None = None
     envpool_id: str | None = None
     missing: str | None = None
+    gym_env: Callable[[], gym.Env] | None = None
+
+    def gym_fn(self) -> Callable[[], gym.Env]:
+        """What one env of the gymnasium rows is built with."""
+        return self.gym_env if self.gym_env is not None else functools.partial(gym.make, self.gym_id)
 
     def unavailable(self) -> str | None:
         """Why this task cannot run here, or None."""
@@ -91,7 +101,7 @@ class TaskDef:
             return self.missing
         try:
             self.recipe()
-            gym.make(self.gym_id).close()
+            self.gym_fn()().close()
         except (gym.error.DependencyNotInstalled, ImportError) as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
@@ -104,15 +114,40 @@ def _mujoco_recipe(task: str) -> Callable[[], Callable[[], gym.Env]]:
     return recipe
 
 
+def _atari_recipe(task: str) -> Callable[[], Callable[[], gym.Env]]:
+    def recipe() -> Callable[[], gym.Env]:
+        from shmpool.workers.recipes import atari as recipes
+        return functools.partial(recipes.AtariEnv, recipes.GAMES[task])
+    return recipe
+
+
+def gym_atari(task: str) -> gym.Env:
+    """gymnasium's equivalent of the Atari recipe (and of EnvPool's ``<Game>-v5``): the raw
+    ALE env without frame skip or sticky actions, ``AtariPreprocessing`` (30 no-ops, 4
+    frames max-pooled, 84x84 INTER_AREA gray) and a 4-frame stack.  No fire reset: gymnasium
+    has no wrapper for it."""
+    try:
+        import ale_py
+    except ImportError as exc:
+        raise gym.error.DependencyNotInstalled(f"ale_py: {exc}") from exc
+    gym.register_envs(ale_py)
+    env = gym.make(f"ALE/{task}", frameskip=1, repeat_action_probability=0.0)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
 TASKS: dict[str, TaskDef] = {
     t.task: t for t in (
-        TaskDef("Pong-v5", (8, 32), missing="not available yet: shmpool has no Atari recipe (issue 4, part 2)"),
+        TaskDef("Pong-v5", (8, 32), recipe=_atari_recipe("Pong-v5"), gym_id="ALE/Pong-v5", envpool_id="Pong-v5",
+                gym_env=functools.partial(gym_atari, "Pong-v5")),
         TaskDef("Ant-v5", (8, 32), recipe=_mujoco_recipe("Ant-v5"), gym_id="Ant-v5", envpool_id="Ant-v5"),
-        TaskDef("BatchPong-v0", (1024, 16384),
-                missing="not available yet: BatchPong-v0 does not exist (issue 4, part 4)"),
     )
 }
-DEFAULT_TASKS = tuple(TASKS)
+# BatchPong-v0 is measured by bench.batch_pong (a natively batched env against the same game one
+# env at a time: other systems than the rows above), and reported here beside them.
+BATCH_PONG = "BatchPong-v0"
+BATCH_PONG_N = (1024, 16384)
+DEFAULT_TASKS = (*TASKS, BATCH_PONG)
 
 
 def fixed_random_actions(space: gym.Space, n: int) -> np.ndarray:
@@ -168,16 +203,57 @@ class EnvPoolSubject:
 
 # --- the run ---------------------------------------------------------------------------------
 
+class GymVectorFn(GymVector):
+    """``bench.core.GymVector`` over any env constructor (Pong-v5's wrapped ALE env)."""
+
+    def __init__(self, system: str, make_env: Callable[[], gym.Env], n: int, actions: np.ndarray) -> None:
+        fns = [make_env] * n
+        if system == SYNC_VEC:
+            self.env = gym.vector.SyncVectorEnv(fns)
+        else:
+            self.env = gym.vector.AsyncVectorEnv(fns, shared_memory=True)
+        self.n = n
+        self.info: dict[str, Any] = {}
+        try:
+            self.env.reset(seed=0)
+        except BaseException:
+            self.env.close()
+            raise
+        self._step = functools.partial(self.env.step, actions)
+
+
+class PoolAsyncReady(PoolAsync):
+    """``bench.core.PoolAsync`` whose seeded first reset has finished before timing starts.
+
+    A seeded Atari reset reloads the ROM to seed the ALE, as gymnasium's ``AtariEnv`` does
+    (~0.2 s per env); ``async_reset`` alone would leave those reloads running into the timed
+    loop.  So: a blocking seeded ``reset()`` first (untimed, like every other system's
+    set-up), then ``async_reset()`` (unseeded, cheap)."""
+
+    def __init__(self, task: Any, n: int, actions: np.ndarray) -> None:
+        self.batch = max(1, n // 2)
+        self.pool = shmpool.Pool(task, n, batch_size=self.batch, seed=0)
+        self.info = pool_info(self.pool)
+        self.actions = actions[: self.batch]
+        try:
+            self.pool.reset()
+            self.pool.async_reset()
+        except BaseException:
+            self.pool.close()
+            raise
+
+
 def throughput_cases(spec: TaskDef, n: int, num_workers: int, with_envpool: bool) -> list[Case]:
-    probe = gym.make(spec.gym_id)
+    probe = spec.gym_fn()()
     actions = fixed_random_actions(probe.action_space, n)
     probe.close()
     recipe = spec.recipe()
+    gym_fn = spec.gym_fn()
     cases = [
-        Case(SYNC_VEC, functools.partial(GymVector, SYNC_VEC, spec.gym_id, n, actions)),
-        Case(ASYNC_VEC, functools.partial(GymVector, ASYNC_VEC, spec.gym_id, n, actions)),
+        Case(SYNC_VEC, functools.partial(GymVectorFn, SYNC_VEC, gym_fn, n, actions)),
+        Case(ASYNC_VEC, functools.partial(GymVectorFn, ASYNC_VEC, gym_fn, n, actions)),
         Case(POOL_SYNC, functools.partial(PoolSync, recipe, n, actions)),
-        Case(POOL_ASYNC, functools.partial(PoolAsync, recipe, n, actions)),
+        Case(POOL_ASYNC, functools.partial(PoolAsyncReady, recipe, n, actions)),
     ]
     if with_envpool:
         cases += [Case(s, functools.partial(EnvPoolSubject, s, spec.envpool_id, n, num_workers, actions))
@@ -196,8 +272,10 @@ class Plan:
 def make_plan(args: argparse.Namespace) -> Plan:
     cells, skipped = [], {}
     for name in args.tasks:
+        if name == BATCH_PONG:
+            continue
         spec = TASKS.get(name)
-        reason = f"unknown task (known: {', '.join(TASKS)})" if spec is None else spec.unavailable()
+        reason = f"unknown task (known: {', '.join(DEFAULT_TASKS)})" if spec is None else spec.unavailable()
         if reason is not None:
             skipped[name] = reason
             continue
@@ -206,6 +284,13 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.no_envpool:
         version, note = None, "not run (--no-envpool)"
     return Plan(cells, skipped, version, note)
+
+
+def _version(module: str) -> str | None:
+    try:
+        return importlib.import_module(module).__version__
+    except Exception:
+        return None
 
 
 def pool_workers(n: int) -> int:
@@ -242,8 +327,8 @@ def run(plan: Plan, args: argparse.Namespace, err: Console) -> list[Group]:
 # --- single-core cost per step -----------------------------------------------------------------
 
 def step_costs(task: str, steps: int, repeats: int) -> dict[str, float] | None:
-    """µs per ``env.step`` on one core: recipe, its physics share, gymnasium, Python overheads
-    (``bench.recipe_cost``), plus EnvPool's C++ env on one thread stepping N=32 in one batch."""
+    """µs per ``env.step`` on one core: recipe, its physics (emulator) share, gymnasium, Python
+    overheads (``bench.recipe_cost``), plus EnvPool's C++ env on one thread stepping N=32 in one batch."""
     if not task.endswith("-v5") or task not in TASKS or TASKS[task].recipe is None:
         return None
     from .recipe_cost import measure
@@ -262,7 +347,10 @@ def envpool_cost(task: str, steps: int, repeats: int, n: int = 32) -> float:
         space = env.single_action_space
         calls = max(1, steps // n)
         rng = np.random.default_rng(ACTION_SEED)
-        acts = rng.uniform(space.low, space.high, size=(calls, n, *space.shape)).astype(space.dtype)
+        if isinstance(space, gym.spaces.Discrete):
+            acts = rng.integers(0, space.n, size=(calls, n)).astype(space.dtype)
+        else:
+            acts = rng.uniform(space.low, space.high, size=(calls, n, *space.shape)).astype(space.dtype)
         env.reset()
         for a in acts:   # warm-up
             env.step(a)
@@ -309,7 +397,27 @@ def cost_rows(costs: dict[str, dict[str, float]]) -> list[list[str]]:
             for task, c in costs.items()]
 
 
-def targets(groups: Sequence[Group]) -> list[Target]:
+def batch_pong(args: argparse.Namespace) -> dict | None:
+    """bench.batch_pong's measurement at the task's N (or ``--num-envs``), when asked for."""
+    if BATCH_PONG not in args.tasks:
+        return None
+    from . import batch_pong as bp
+    sizes = args.num_envs or ([64, 256] if args.quick else list(BATCH_PONG_N))
+    bp_args = argparse.Namespace(num_envs=sizes, workers=pool_workers(max(sizes)), seconds=args.seconds,
+                                 warmup=args.warmup, repeats=args.repeats, baseline_envs=1024)
+    return bp.run(bp_args)
+
+
+def batch_pong_ratio(data: dict | None, n: int) -> float | None:
+    """BatchPong-v0 through shmpool ÷ the same game stepped one env at a time (SyncVectorEnv)."""
+    if data is None:
+        return None
+    from .batch_pong import SYNC
+    r = next((r for r in data["results"] if r["num_envs"] == n), None)
+    return None if r is None else r["ratios"].get(SYNC)
+
+
+def targets(groups: Sequence[Group], bp: dict | None = None) -> list[Target]:
     def ratio(task: str, n: int, num: str, den: str) -> float | None:
         g = next((g for g in groups if g.task == task and g.num_envs == n), None)
         return None if g is None else g.ratio(num, den)
@@ -319,14 +427,14 @@ def targets(groups: Sequence[Group]) -> list[Target]:
         Target("Pong-v5 N=32 shmpool sync ≥ 1.1× EnvPool sync", 1.1, ratio("Pong-v5", 32, POOL_SYNC, EP_SYNC)),
         Target("Ant-v5 N=32 shmpool async ≥ 1.1× EnvPool async", 1.1, ratio("Ant-v5", 32, POOL_ASYNC, EP_ASYNC)),
         Target("Ant-v5 N=32 shmpool sync ≥ 1.1× EnvPool sync", 1.1, ratio("Ant-v5", 32, POOL_SYNC, EP_SYNC)),
-        Target("BatchPong-v0 N=16384 ≥ 100× one env at a time", 100.0, None),
+        Target("BatchPong-v0 N=16384 ≥ 100× one env at a time", 100.0, batch_pong_ratio(bp, 16384)),
     ]
 
 
 def report(args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: list[Group],
-           costs: dict[str, dict[str, float]], out: Console) -> list[Target]:
+           costs: dict[str, dict[str, float]], out: Console, bp: dict | None = None) -> list[Target]:
     """Rich tables, then the same as plain markdown (pasteable), then the targets."""
-    goals = targets(groups)
+    goals = targets(groups, bp)
     tp_rows, c_rows = rows(groups), cost_rows(costs)
     out.print(rich_table("Throughput, env steps/s: median (min–max)", HEADER, tp_rows))
     if c_rows:
@@ -338,14 +446,16 @@ def report(args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: li
         "",
         f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · "
         f"python {env['python']}, numpy {env['numpy']}, gymnasium {env['gymnasium']}, mujoco {env['mujoco']}, "
-        f"envpool {env['envpool'] or 'unavailable'} · "
+        f"envpool {env['envpool'] or 'unavailable'}, ale-py {env.get('ale_py') or 'unavailable'} · "
         f"{args.repeats} interleaved repetitions × {args.seconds:g} s (warm-up {args.warmup:g} s)",
         "",
         f"shmpool workers {workers or '—'} (pinned, default wait policy); EnvPool num_threads = shmpool's "
         "workers, default thread affinity; async: batch_size = N/2. Actions: one fixed array of random "
         f"actions, uniform over the action space (seed {ACTION_SEED}), the same for every system — the "
         "action distribution changes MuJoCo's cost a lot (full-range random actions cause many contacts), "
-        "so compare only runs with the same actions.",
+        "so compare only runs with the same actions. Pong-v5: every system runs EnvPool's preprocessing "
+        "(30 no-ops, 4 frames max-pooled, 84x84 INTER_AREA gray, 4-frame stack); gymnasium's rows are "
+        "`ALE/Pong-v5` (frameskip=1, no sticky actions) + `AtariPreprocessing` + `FrameStackObservation(4)`.",
         "",
         "Throughput, env steps/s, median (min–max); ratios of medians:",
         "",
@@ -357,9 +467,14 @@ def report(args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: li
     if c_rows:
         lines += ["", f"Single-core cost per env step (µs, median of {args.cost_repeats} interleaved runs of "
                   f"{args.cost_steps} steps; `bench.recipe_cost`; physics = ctrl write + mj_step×frame_skip + "
-                  "mj_rnePostConstraint; Python overhead = step with physics stubbed out; EnvPool = one C++ "
+                  "mj_rnePostConstraint (Atari: the native floor, ALE frames + screen reads + max-pool + "
+                  "cv2 resize, in a bare loop); Python overhead = step with physics stubbed out (Atari: recipe "
+                  "minus that floor; gymnasium's wrapped env, minus the same floor); EnvPool = one C++ "
                   "thread stepping N=32 per call; all sides get fresh uniform random actions every step):",
                   "", markdown_table(COST_HEADER, c_rows)]
+    if bp is not None:
+        from .batch_pong import report as bp_report
+        lines += ["", bp_report(bp)]
     lines += ["", "### Targets (medians of this run)", "", *(t.line() for t in goals)]
     print("\n".join(lines), flush=True)
     return goals
@@ -375,7 +490,7 @@ def print_errors(groups: Sequence[Group], err: Console) -> int:
 
 
 def write_json(path: str, args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: list[Group],
-               costs: dict[str, dict[str, float]], goals: list[Target]) -> None:
+               costs: dict[str, dict[str, float]], goals: list[Target], bp: dict | None = None) -> None:
     data = {
         "benchmark": "bench.tasks",
         "environment": env,
@@ -386,6 +501,7 @@ def write_json(path: str, args: argparse.Namespace, env: dict[str, Any], plan: P
         "envpool_note": plan.envpool_note,
         "throughput": [g.to_json() for g in groups],
         "step_cost_us": costs,
+        "batch_pong": bp,
         "targets": [t.to_json() for t in goals],
     }
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
@@ -429,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(f"[yellow]{task} skipped[/yellow] — {reason}", highlight=False)
     if plan.envpool is None:
         err.print(f"[yellow]EnvPool rows unavailable[/yellow] — {plan.envpool_note}", highlight=False)
-    env = {**environment(), "envpool": plan.envpool, "os_cpu_count": os.cpu_count()}
+    env = {**environment(), "envpool": plan.envpool, "ale_py": _version("ale_py"), "os_cpu_count": os.cpu_count()}
     groups = run(plan, args, err)
     costs = {}
     for task in dict.fromkeys(spec.task for spec, _ in plan.cells):
@@ -437,9 +553,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         c = step_costs(task, args.cost_steps, args.cost_repeats)
         if c is not None:
             costs[task] = c
-    goals = report(args, env, plan, groups, costs, out)
+    if BATCH_PONG in args.tasks:
+        err.print(f"{BATCH_PONG}: batched in shmpool's workers vs one env at a time (bench.batch_pong)",
+                  highlight=False)
+    bp = batch_pong(args)
+    goals = report(args, env, plan, groups, costs, out, bp)
     if args.json:
-        write_json(args.json, args, env, plan, groups, costs, goals)
+        write_json(args.json, args, env, plan, groups, costs, goals, bp)
         err.print(f"raw measurements written to {args.json}")
     return 1 if print_errors(groups, err) else 0
 

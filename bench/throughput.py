@@ -47,18 +47,19 @@ from .core import ASYNC_VEC as GYM_ASYNC
 from .core import SYNC_VEC as GYM_SYNC
 from .core import GymVector, environment, markdown_table, pool_info, rich_table
 from .numa import Topology, format_cpu_list, read_topology
-from .tasks import fixed_random_actions
+from .tasks import TASKS, fixed_random_actions
 
-FOR_LOOP, SUBPROCESS, SB3 = "For-loop", "Subprocess", "SB3 SubprocVecEnv"
+FOR_LOOP, SUBPROCESS, SB3, SAMPLE_FACTORY = "For-loop", "Subprocess", "SB3 SubprocVecEnv", "Sample Factory"
 EP_SYNC, EP_ASYNC, EP_NUMA = "EnvPool (sync)", "EnvPool (async)", "EnvPool (numa+async)"
 SP_SYNC, SP_ASYNC, SP_NUMA = "shmpool (sync)", "shmpool (async)", "shmpool (numa+async)"
 SPR_SYNC, SPR_ASYNC = "shmpool recipe (sync)", "shmpool recipe (async)"
-ALL_SYSTEMS = (FOR_LOOP, SUBPROCESS, SB3, EP_SYNC, EP_ASYNC, EP_NUMA, SP_SYNC, SP_ASYNC, SP_NUMA,
+ALL_SYSTEMS = (FOR_LOOP, SUBPROCESS, SB3, SAMPLE_FACTORY, EP_SYNC, EP_ASYNC, EP_NUMA, SP_SYNC, SP_ASYNC, SP_NUMA,
                SPR_SYNC, SPR_ASYNC)
 NUMA_SYSTEMS = (EP_NUMA, SP_NUMA)
 RECIPE_SYSTEMS = (SPR_SYNC, SPR_ASYNC)
 # Short names accepted by --systems besides the row titles.
-ALIASES = {"for-loop": FOR_LOOP, "subprocess": SUBPROCESS, "sb3": SB3, "envpool-sync": EP_SYNC,
+ALIASES = {"for-loop": FOR_LOOP, "subprocess": SUBPROCESS, "sb3": SB3, "sample-factory": SAMPLE_FACTORY,
+           "envpool-sync": EP_SYNC,
            "envpool-async": EP_ASYNC, "envpool-numa": EP_NUMA, "shmpool-sync": SP_SYNC, "shmpool-async": SP_ASYNC,
            "shmpool-numa": SP_NUMA, "recipe-sync": SPR_SYNC, "recipe-async": SPR_ASYNC,
            "shmpool sync": SP_SYNC, "shmpool async": SP_ASYNC}
@@ -135,8 +136,9 @@ class Stepper:
 class GymSubject(Stepper):
     """gymnasium's SyncVectorEnv (For-loop) or AsyncVectorEnv (Subprocess, shared memory)."""
 
-    def __init__(self, system: str, task: str, n: int, actions: np.ndarray, budget: Budget) -> None:
-        self.inner = GymVector(GYM_SYNC if system == FOR_LOOP else GYM_ASYNC, task, n, actions)
+    def __init__(self, system: str, make_env: Callable[[], gym.Env], n: int, actions: np.ndarray,
+                 budget: Budget) -> None:
+        self.inner = GymVector(GYM_SYNC if system == FOR_LOOP else GYM_ASYNC, make_env, n, actions)
         self.units, self.budget = n, budget
         self.info = {"num_envs": n, "processes": 0 if system == FOR_LOOP else n}
         if system == SUBPROCESS:
@@ -150,11 +152,11 @@ class GymSubject(Stepper):
 class SB3Subject(Stepper):
     """Stable-Baselines3's SubprocVecEnv: one process per env, everything pickled."""
 
-    def __init__(self, task: str, n: int, actions: np.ndarray, budget: Budget) -> None:
+    def __init__(self, make_env: Callable[[], gym.Env], n: int, actions: np.ndarray, budget: Budget) -> None:
         from stable_baselines3.common.vec_env import SubprocVecEnv
         # "fork", not SB3's default forkserver: a forkserver keeps the affinity it was started with
         # (the first cell's cores) and hands it to every later child; fork children take the cell's.
-        self.env = SubprocVecEnv([functools.partial(gym.make, task)] * n, start_method="fork")
+        self.env = SubprocVecEnv([make_env] * n, start_method="fork")
         self.units, self.budget = n, budget
         self.info = {"num_envs": n, "processes": n, "start_method": "fork",
                      "child_affinity": child_affinity(self.env.processes)}
@@ -352,15 +354,35 @@ def sb3_status() -> tuple[str | None, str | None]:
     return stable_baselines3.__version__, None
 
 
+def sample_factory_status() -> str:
+    """Why the Sample Factory row is not run.  Its latest release (2.1.1) pins gymnasium<1.0 and
+    numpy<2.0, so it cannot share an environment with shmpool's gymnasium>=1.0 (nor EnvPool's
+    numpy 2 wheels); its sampler would have to be measured in an environment of its own."""
+    try:
+        import sample_factory
+    except Exception as exc:
+        return (f"not installed ({type(exc).__name__}); sample-factory 2.1.1 requires gymnasium<1.0 and "
+                f"numpy<2.0, this environment has gymnasium {gym.__version__} and numpy {np.__version__}")
+    return (f"sample-factory {getattr(sample_factory, '__version__', '?')} is importable, but this benchmark "
+            "does not drive its sampler (it needs gymnasium<1.0, which shmpool does not support)")
+
+
 def recipe_env(task: str) -> Callable[[], gym.Env] | None:
     """shmpool's own recipe constructor for ``task`` (``shmpool.make``'s), or None."""
-    if task not in shmpool.list_tasks():
+    spec = TASKS.get(task)
+    if task not in shmpool.list_tasks() or spec is None or spec.recipe is None:
         return None
     try:
-        from shmpool.workers.recipes import mujoco as recipes
+        return spec.recipe()
     except ImportError:
         return None
-    return recipes.TASKS.get(task)
+
+
+def gym_env(task: str) -> Callable[[], gym.Env]:
+    """What the gymnasium-based rows build one env with: ``gym.make(task)``, or for a task id
+    that means EnvPool's preprocessing (``Pong-v5``) gymnasium's equivalent wrapper stack."""
+    spec = TASKS.get(task)
+    return spec.gym_fn() if spec is not None else functools.partial(gym.make, task)
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -388,11 +410,16 @@ def make_plan(args: argparse.Namespace) -> Plan:
         version, why = sb3_status()
         if version is None:
             skipped[SB3] = why
+    if SAMPLE_FACTORY in systems:
+        skipped[SAMPLE_FACTORY] = sample_factory_status()
     systems = [s for s in systems if s not in skipped]
     if any(s in systems for s in (EP_SYNC, EP_ASYNC, EP_NUMA)):
+        spec = TASKS.get(args.task)
+        gym_side = (f"gymnasium's `gym.make({args.task!r})`" if spec is None or spec.gym_env is None else
+                    f"gymnasium's `{spec.gym_id}` (frameskip=1, no sticky actions) + `AtariPreprocessing` + "
+                    "`FrameStackObservation(4)`, EnvPool's preprocessing")
         notes.append("EnvPool rows step EnvPool's own C++ implementation of the task; every other row steps "
-                     f"gymnasium's `gym.make({args.task!r})`" + (" (recipe rows: shmpool's own recipe)"
-                                                                if args.recipe else ""))
+                     + gym_side + (" (recipe rows: shmpool's own recipe)" if args.recipe else ""))
 
     cells = []
     for w in args.workers:
@@ -406,7 +433,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def cell_cases(plan: Plan, cell: Cell, args: argparse.Namespace) -> list[Case]:
-    probe = gym.make(plan.task)
+    make_env = gym_env(plan.task)
+    probe = make_env()
     space = probe.action_space
     probe.close()
     actions = functools.partial(fixed_random_actions, space)    # n -> n seeded random actions
@@ -414,15 +442,15 @@ def cell_cases(plan: Plan, cell: Cell, args: argparse.Namespace) -> list[Case]:
     one = [cell.cpus]
     recipe = recipe_env(plan.task)
     openers: dict[str, Callable[[], Any]] = {
-        FOR_LOOP: lambda: GymSubject(FOR_LOOP, plan.task, n, actions(n), budget),
-        SUBPROCESS: lambda: GymSubject(SUBPROCESS, plan.task, n, actions(n), budget),
-        SB3: lambda: SB3Subject(plan.task, n, actions(n), budget),
+        FOR_LOOP: lambda: GymSubject(FOR_LOOP, make_env, n, actions(n), budget),
+        SUBPROCESS: lambda: GymSubject(SUBPROCESS, make_env, n, actions(n), budget),
+        SB3: lambda: SB3Subject(make_env, n, actions(n), budget),
         EP_SYNC: lambda: EnvPoolSubject(plan.task, one, k, False, actions, budget),
         EP_ASYNC: lambda: EnvPoolSubject(plan.task, one, k, True, actions, budget),
         EP_NUMA: lambda: EnvPoolSubject(plan.task, cell.groups, k, True, actions, budget),
-        SP_SYNC: lambda: PoolSubject(plan.task, one, k, False, actions, budget),
-        SP_ASYNC: lambda: PoolSubject(plan.task, one, k, True, actions, budget),
-        SP_NUMA: lambda: PoolSubject(plan.task, cell.groups, k, True, actions, budget),
+        SP_SYNC: lambda: PoolSubject(make_env, one, k, False, actions, budget),
+        SP_ASYNC: lambda: PoolSubject(make_env, one, k, True, actions, budget),
+        SP_NUMA: lambda: PoolSubject(make_env, cell.groups, k, True, actions, budget),
         SPR_SYNC: lambda: PoolSubject(recipe, one, k, False, actions, budget),
         SPR_ASYNC: lambda: PoolSubject(recipe, one, k, True, actions, budget),
     }

@@ -1,4 +1,5 @@
 """The task benchmark runs end to end and writes what it promises (not a timing test)."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import pytest
 
 pytest.importorskip("rich")
 pytest.importorskip("mujoco")
+ATARI = all(importlib.util.find_spec(m) is not None for m in ("ale_py", "cv2"))
 
 
 def test_quick_run_prints_tables_and_writes_json(tmp_path):
@@ -15,11 +17,18 @@ def test_quick_run_prints_tables_and_writes_json(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "| Ant-v5 | 8 |" in proc.stdout and "### Targets" in proc.stdout
-    assert "Pong-v5: skipped — not available yet" in proc.stdout
+    if ATARI:
+        assert "| Pong-v5 | 8 |" in proc.stdout
+    else:
+        assert "Pong-v5: skipped" in proc.stdout
     data = json.loads(out.read_text())
-    assert {"environment", "config", "throughput", "step_cost_us", "targets"} <= set(data)
+    assert {"environment", "config", "throughput", "step_cost_us", "targets", "batch_pong"} <= set(data)
+    assert "### BatchPong-v0" in proc.stdout
+    (bp,) = data["batch_pong"]["results"]
+    assert bp["num_envs"] == 8 and bp["rates"]["shmpool BatchPong"]["median"] > 0
     systems = data["throughput"][0]["systems"]
     assert {"SyncVectorEnv", "shmpool sync", "shmpool async"} <= set(systems)
+    assert ("Pong-v5" in data["step_cost_us"]) == ATARI
     if data["environment"]["envpool"] is None:
         assert "EnvPool rows unavailable" in proc.stdout
     else:
@@ -29,6 +38,6 @@ def test_quick_run_prints_tables_and_writes_json(tmp_path):
 
 def test_without_envpool_rows(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench.tasks", "--quick", "--no-envpool", "--seconds", "0.05",
-                           "--cost-steps", "20"], capture_output=True, text=True, timeout=300)
+                           "--cost-steps", "20", "--tasks", "Ant-v5"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "EnvPool rows unavailable — not run (--no-envpool)" in proc.stdout

@@ -170,3 +170,16 @@ def test_total_steps_budget(tmp_path, no_leaks):
     (sample,) = json.loads(js.read_text())["cells"][0]["systems"]["shmpool (async)"]["samples"]
     batch = sample["info"]["pools"][0]["batch_size"]
     assert 400 <= sample["count"] < 400 + batch
+
+
+def test_sample_factory_row_says_why_it_is_not_run():
+    plan = throughput.make_plan(throughput.parse_args(["--task", "CartPole-v1", "--systems", "sample-factory",
+                                                        "--workers", "1"]))
+    assert throughput.SAMPLE_FACTORY not in plan.systems
+    why = plan.skipped[throughput.SAMPLE_FACTORY]
+    try:
+        import sample_factory  # noqa: F401
+    except ImportError:
+        assert why.startswith("not installed (") and "requires gymnasium<1.0 and numpy<2.0" in why
+    else:
+        assert "does not drive its sampler" in why
