@@ -17,6 +17,8 @@ COMMANDS = {
     "latency": "bench.latency",      # seed 004: step/recv latency percentiles
     "poolvec": "bench.poolvec",      # seed 001: DummyVecEnv vs SubprocVecEnv vs ShmVecEnv
     "plot": "bench.plot",            # a latency JSON -> PNG
+    "batch-pong": "bench.batch_pong",  # issue 4: a natively batched env vs one env at a time
+    "distributed": "bench.distributed",  # issue 7: RayPool on a local Ray cluster vs one local Pool
 }
 
 

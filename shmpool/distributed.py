@@ -35,7 +35,10 @@ its envs are in flight; if no pool can give one (the caller held back envs so
 that every pool has fewer in flight than its sub-batch) ``recv`` raises
 ``RuntimeError`` at once instead of waiting forever.  Sending back the envs
 ``recv`` returned (EnvPool's loop) never gets there with the default sizes
-when ``batch_size * n_k / num_envs`` is an integer for every pool.
+when ``batch_size * n_k / num_envs`` is an integer for every pool.  A ``send``
+that gives a pool a whole sub-batch carries that pool's next ``recv`` in the
+same actor call (one Ray round trip); an actor runs one call at a time, so
+envs sent to a pool whose ``recv`` is outstanding start once it returns.
 
 Faults: an actor (or its node) dying raises :class:`RemotePoolDiedError` (a
 :class:`~shmpool.WorkerDiedError`) naming the node and its env range, and closes
@@ -43,7 +46,9 @@ the pool.  With ``on_worker_error="restart"`` the pool is rebuilt (on the same
 node if it is alive, else wherever Ray finds room), its envs are reset, and
 each of them comes back once with ``truncated=True`` and
 ``infos["worker_restarted"]`` set: at once for the envs that were in flight,
-and in place of the next result for the envs the caller held.  No wait is
+and in place of the next result for the envs the caller held; under NEXT_STEP
+the step after that row is an autoreset step (the reset observation again,
+reward 0, no flags), the local pool's convention.  No wait is
 unbounded: waits run in slices, checking between slices that the nodes with
 outstanding work are alive (``ray.nodes()``), and ``step_timeout`` bounds each
 call.
@@ -51,6 +56,7 @@ call.
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import os
 import time
@@ -68,7 +74,8 @@ try:
 except ImportError as _exc:  # pragma: no cover - exercised only without ray
     raise ImportError("shmpool.distributed needs ray: pip install 'shmpool[ray]' (or 'ray>=2.9')") from _exc
 
-from .errors import PoolClosedError, WorkerDiedError
+from .autoreset import NEXT_STEP
+from .errors import EnvError, PoolClosedError, ShmpoolError, WorkerDiedError
 from .pool import Pool, _check_count, _env_fns, shard_sizes
 from .resets import check_reset_mask, seed_list
 
@@ -130,6 +137,37 @@ def _slot_cpus(slot: int, per_node: int | str) -> list[int] | None:
     return [allowed[(start + i) % len(allowed)] for i in range(sizes[slot])]
 
 
+class _RemoteError(Exception):
+    """A shmpool error crossing Ray: its class, message and attributes (shmpool's errors take
+    keyword-only arguments, which Ray cannot unpickle)."""
+
+    def __init__(self, cls: type, message: str, attrs: dict) -> None:
+        super().__init__(cls, message, attrs)
+
+    def rebuild(self) -> BaseException:
+        cls, message, attrs = self.args
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, message)
+        exc.__dict__.update(attrs)
+        return exc
+
+
+def _portable(method: Callable) -> Callable:
+    """Actor method wrapper: shmpool's errors leave the actor as :class:`_RemoteError`."""
+    @functools.wraps(method)
+    def wrapper(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except ShmpoolError as exc:
+            attrs = dict(vars(exc))
+            try:
+                cloudpickle.dumps(attrs)
+            except Exception:
+                attrs = {k: (None if k == "remote_exception" else v) for k, v in attrs.items()}
+            raise _RemoteError(type(exc), str(exc), attrs) from None
+    return wrapper
+
+
 class _PoolActor:
     """Runs one local :class:`Pool` on its node; every method answers with plain numpy data."""
 
@@ -151,25 +189,32 @@ class _PoolActor:
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "hostname": os.uname().nodename, "num_workers": p.num_workers, "cpus": p.worker_cpus}
 
+    @_portable
     def reset(self, seeds: list, options: Any):
         return self.pool.reset(seed=seeds, options=options)
 
+    @_portable
     def step(self, actions: Any):
         return self.pool.step(actions)
 
+    @_portable
     def async_reset(self) -> None:
         self.pool.async_reset()
 
+    @_portable
     def send(self, actions: Any, env_ids: np.ndarray) -> None:
         self.pool.send(actions, env_ids)
 
+    @_portable
     def recv(self):
         return self.pool.recv()
 
+    @_portable
     def send_recv(self, actions: Any, env_ids: np.ndarray):
         self.pool.send(actions, env_ids)
         return self.pool.recv()
 
+    @_portable
     def per_env(self, op: str, name: str, env_ids: list[int], args: tuple, kwargs: dict):
         if op == "call":
             return self.pool.call(name, *args, env_ids=env_ids, **kwargs)
@@ -181,6 +226,7 @@ class _PoolActor:
             return self.pool.apply(cloudpickle.loads(args[0]), *args[1], env_ids=env_ids, **kwargs)
         raise ValueError(f"unknown op {op!r}")
 
+    @_portable
     def close(self) -> None:
         self.pool.close()
 
@@ -279,6 +325,11 @@ class _Chunk:
 
     def __init__(self, ids, obs, rew, term, trunc, infos) -> None:
         self.ids, self.obs, self.rew, self.term, self.trunc, self.infos = ids, obs, rew, term, trunc, infos
+
+    def select(self, rows: np.ndarray) -> _Chunk:
+        """The rows picked by a bool mask (or index array)."""
+        return _Chunk(self.ids[rows], _rows(self.obs, rows), self.rew[rows], self.term[rows], self.trunc[rows],
+                      _rows(self.infos, rows))
 
     def split(self, n: int) -> tuple[_Chunk, _Chunk]:
         head, tail = slice(0, n), slice(n, None)
@@ -416,6 +467,11 @@ class RayPool:
         self._n_ready = 0
         self._sends: list = []                        # fire-and-forget futures, checked for errors later
         self._held_restart: list[dict[int, _Chunk]] = [{} for _ in range(P)]  # env -> its restart row
+        # NEXT_STEP: the step after a restart row is an autoreset step, as after any truncation (the
+        # local pool's convention); the rebuilt env already is in its reset state, so it is answered
+        # here with that observation, reward 0 and no flags, without stepping the env.
+        self._env_autoreset: dict[int, Any] = {}     # async: env -> its reset observation (one row)
+        self._sync_autoreset: dict[int, Any] = {}    # sync: pool -> its envs' reset observations
         self._step_refs: list | None = None
         self._last_liveness = 0.0
         self._describe: list[dict] = [{}] * P
@@ -526,6 +582,7 @@ class RayPool:
                         "needs at least one env of each pool in the mask")
                 per_pool.append({**options, "reset_mask": sub})
         self._forget_async()
+        self._sync_autoreset.clear()
         refs = [self._actors[k].reset.remote(seeds[r.start:r.stop], per_pool[k])
                 for k, r in enumerate(map(self.env_range, range(self.num_pools)))]
         results = self._gather(refs, "reset", reset_seeds=seeds, reset_options=per_pool)
@@ -557,7 +614,8 @@ class RayPool:
         if _batch_len(actions) != self.num_envs:
             raise ValueError(f"actions have {_batch_len(actions)} rows, the pool has {self.num_envs} envs")
         self._forget_async()
-        self._step_refs = [self._actors[k].step.remote(_rows(actions, slice(r.start, r.stop)))
+        self._step_refs = [None if k in self._sync_autoreset else
+                           self._actors[k].step.remote(_rows(actions, slice(r.start, r.stop)))
                            for k, r in enumerate(map(self.env_range, range(self.num_pools)))]
 
     def step_wait(self, timeout: float | None = None):
@@ -566,8 +624,9 @@ class RayPool:
         if refs is None:
             self._check_open()
             raise RuntimeError("step_wait() without a pending step_async()")
+        pools = [k for k, ref in enumerate(refs) if ref is not None]
         try:
-            results = self._gather(refs, "step", timeout=timeout)
+            got = self._gather([refs[k] for k in pools], "step", timeout=timeout, pools=pools)
         except TimeoutError:
             if self._closed:      # step_timeout: fatal, the pool is closed
                 self._step_refs = None
@@ -576,6 +635,14 @@ class RayPool:
             self._step_refs = None
             raise
         self._step_refs = None
+        results: list = [None] * self.num_pools
+        for k, r in zip(pools, got):
+            results[k] = r
+        for k in range(self.num_pools):
+            if results[k] is None:   # the autoreset step after a restart: nothing ran on the node
+                n = self._sizes[k]
+                results[k] = (self._sync_autoreset.pop(k), np.zeros(n), np.zeros(n, dtype=bool),
+                              np.zeros(n, dtype=bool), {})
         obs = _concat([r[0] for r in results])
         rew = np.concatenate([r[1] for r in results])
         term = np.concatenate([r[2] for r in results])
@@ -591,6 +658,7 @@ class RayPool:
         if self._step_refs is not None:
             raise RuntimeError("a step_async() is pending; call step_wait() first")
         self._forget_async()
+        self._sync_autoreset.clear()
         for k, actor in enumerate(self._actors):
             self._sends.append((actor.async_reset.remote(), k))
             self._avail[k] = self._sizes[k]
@@ -624,14 +692,23 @@ class RayPool:
         for k in np.unique(owners).tolist():
             pos = np.flatnonzero(owners == k)
             mine = ids[pos]
-            held = self._held_restart[k]
-            if held:
-                back = [int(i) for i in mine if int(i) in held]
-                if back:   # envs reset by a restart while the caller held them: their restart row is the answer
-                    for i in back:
+            held, auto = self._held_restart[k], self._env_autoreset
+            if held or auto:
+                back = []
+                for i in mine.tolist():
+                    if i in held:   # reset by a restart while the caller held it: its restart row answers
                         chunk = held.pop(i)
-                        self._ready.append(chunk)
-                        self._n_ready += 1
+                        if self.autoreset_mode == NEXT_STEP:
+                            auto[i] = chunk.obs
+                    elif i in auto:  # the autoreset step after its restart row
+                        chunk = _Chunk(np.array([i]), auto.pop(i), np.zeros(1), np.zeros(1, dtype=bool),
+                                       np.zeros(1, dtype=bool), {})
+                    else:
+                        continue
+                    self._ready.append(chunk)
+                    self._n_ready += 1
+                    back.append(i)
+                if back:
                     keep = ~np.isin(mine, back)
                     pos, mine = pos[keep], mine[keep]
                     if not len(mine):
@@ -717,8 +794,11 @@ class RayPool:
             self._died(k, "recv", exc)
             return
         except ray.exceptions.RayTaskError as exc:
+            if _local_death(exc):   # a worker of that pool died and the local pool closed itself
+                self._died(k, "recv", _cause(exc))
+                return
             self._blocked = f"pool {k} raised in recv; call reset() or async_reset()"
-            raise _cause(exc) from None
+            raise self._raised(k, exc) from None
         ids = infos.pop("env_id").astype(np.int64) + self._starts[k]
         self._ready.append(_Chunk(ids, obs, rew, term, trunc, infos))
         self._n_ready += len(ids)
@@ -745,13 +825,13 @@ class RayPool:
         self._sends = pending
         dead: set[int] = set()
         for k, exc in failed:
-            if isinstance(exc, _DEATH):
+            if isinstance(exc, _DEATH) or _local_death(exc):
                 if k not in dead:
                     dead.add(k)
-                    self._died(k, "send", exc)
+                    self._died(k, "send", exc if isinstance(exc, _DEATH) else _cause(exc))
             else:
                 self._blocked = f"pool {k} raised in send; call reset() or async_reset()"
-                raise _cause(exc) from None
+                raise self._raised(k, exc) from None
 
     # --- per-env messages ----------------------------------------------------------------------
 
@@ -830,12 +910,17 @@ class RayPool:
                         self._fail(k, op, exc)
                     out[i] = self._restart(k, op, exc, reset_seeds, reset_options)
                 except ray.exceptions.RayTaskError as exc:
+                    if _local_death(exc):
+                        if not restart or self.on_worker_error != "restart":
+                            self._fail(k, op, _cause(exc))
+                        out[i] = self._restart(k, op, _cause(exc), reset_seeds, reset_options)
+                        continue
                     for other in left:   # let the rest finish so no actor is left mid-call
                         try:
                             ray.get(other, timeout=self.step_timeout)
                         except Exception:
                             pass
-                    raise _cause(exc) from None
+                    raise self._raised(k, exc) from None
             if left:
                 try:
                     self._between_slices(op, start, timeout, [pools[i] for i in left.values()])
@@ -848,6 +933,17 @@ class RayPool:
                         self._fail(k, op, gone.cause)
                     out[i] = self._restart(k, op, gone.cause, reset_seeds, reset_options)
         return out
+
+    def _raised(self, k: int, exc: ray.exceptions.RayTaskError) -> BaseException:
+        """Pool ``k``'s exception as the caller should see it: an ``EnvError`` gets the global
+        env id (``env_id``) and the pool's node in its message."""
+        err = _cause(exc)
+        if isinstance(err, EnvError) and err.env_id is not None:
+            err.env_id = int(err.env_id) + int(self._starts[k])
+            node = self._describe[k].get("node_id") or self._slots[k][0]
+            err.args = (f"env {err.env_id} (pool {k} on node {node}, envs {_fmt(self.env_range(k))}; local "
+                        f"ids below count from {self.env_range(k).start}): {err.args[0] if err.args else ''}",)
+        return err
 
     def _between_slices(self, op: str, start: float, timeout: float | None, waiting_on: list[int]) -> None:
         """After a slice with no answer: enforce the timeouts, and check the nodes are alive."""
@@ -885,8 +981,8 @@ class RayPool:
         else:
             text = str(exc).strip().splitlines()
             how = type(exc).__name__ + (f": {text[0][:300]}" if text else "")
-        return (f"pool {k} (Ray actor pid {d.get('pid')} on node {node} {d.get('hostname', '')}, "
-                f"envs {_fmt(self.env_range(k))}) died during {op}: {how}")
+        actor = f"Ray actor pid {d['pid']} on node {node} ({d.get('hostname')})" if d else f"Ray actor on node {node}"
+        return f"pool {k} ({actor}, envs {_fmt(self.env_range(k))}) died during {op}: {how}"
 
     def _fail(self, k: int, op: str, exc: BaseException, node_gone: bool = False):
         message = self._describe_death(k, op, exc, node_gone) + "; the pool is closed"
@@ -913,9 +1009,7 @@ class RayPool:
         for chunk in self._ready:
             mine = (chunk.ids >= r.start) & (chunk.ids < r.stop)
             if mine.any():
-                chunk = _Chunk(*(_rows(x, ~mine) if i else chunk.ids[~mine]
-                                 for i, x in enumerate((chunk.ids, chunk.obs, chunk.rew, chunk.term, chunk.trunc,
-                                                        chunk.infos))))
+                chunk = chunk.select(~mine)
             if len(chunk.ids):
                 kept.append(chunk)
         self._ready = kept
@@ -925,8 +1019,11 @@ class RayPool:
         flying = self._in_flight[r.start:r.stop]
         self._held_restart[k] = {}
         if flying.any():
-            self._ready.append(rows.split_mask(flying))
+            self._ready.append(rows.select(flying))
             self._n_ready += int(flying.sum())
+            if self.autoreset_mode == NEXT_STEP:
+                for local in np.flatnonzero(flying).tolist():
+                    self._env_autoreset[r.start + local] = _rows(obs, slice(local, local + 1))
         for local in np.flatnonzero(~flying).tolist():
             self._held_restart[k][r.start + local] = _restart_rows(
                 np.array([r.start + local]), _rows(obs, slice(local, local + 1)),
@@ -946,6 +1043,8 @@ class RayPool:
         self._held_restart[k] = {}
         if op == "reset":
             return obs, infos
+        if self.autoreset_mode == NEXT_STEP:
+            self._sync_autoreset[k] = obs
         return (obs, np.zeros(n, dtype=np.float64), np.zeros(n, dtype=bool), np.ones(n, dtype=bool), infos)
 
     def _rebuild(self, k: int, op: str, exc: BaseException, seeds: list | None, options: Any) -> tuple:
@@ -1008,6 +1107,7 @@ class RayPool:
         self._in_flight[:] = False
         self._n_flight = 0
         self._held_restart = [{} for _ in range(self.num_pools)]
+        self._env_autoreset = {}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1061,18 +1161,10 @@ class _PoolGone(Exception):
         self.cause = cause
 
 
-def _restart_rows(ids: np.ndarray, obs: Any, infos: dict, n: int) -> _RestartChunk:
+def _restart_rows(ids: np.ndarray, obs: Any, infos: dict, n: int) -> _Chunk:
+    """Rows of rebuilt envs: their reset observation, reward 0, truncated, ``worker_restarted``."""
     infos = _mark_restarted(dict(infos), n, np.arange(n))
-    return _RestartChunk(ids, obs, np.zeros(n, dtype=np.float64), np.zeros(n, dtype=bool), np.ones(n, dtype=bool),
-                         infos)
-
-
-class _RestartChunk(_Chunk):
-    __slots__ = ()
-
-    def split_mask(self, mask: np.ndarray) -> _Chunk:
-        return _Chunk(self.ids[mask], _rows(self.obs, mask), self.rew[mask], self.term[mask], self.trunc[mask],
-                      _rows(self.infos, mask))
+    return _Chunk(ids, obs, np.zeros(n, dtype=np.float64), np.zeros(n, dtype=bool), np.ones(n, dtype=bool), infos)
 
 
 def _apportion(total: int, sizes: list[int]) -> list[int]:
@@ -1105,9 +1197,16 @@ def _numa_count(pools_per_node: int | str, nodes: Iterable[str]) -> list[int]:
     return ray.get(refs, timeout=60)
 
 
+def _local_death(exc: BaseException) -> bool:
+    """A pool's own worker died inside its node (the local pool raised WorkerDiedError and closed)."""
+    return isinstance(exc, ray.exceptions.RayTaskError) and isinstance(_cause(exc), WorkerDiedError)
+
+
 def _cause(exc: ray.exceptions.RayTaskError) -> BaseException:
     """The remote exception itself when Ray kept it (its traceback is in the message)."""
     cause = getattr(exc, "cause", None)
+    if isinstance(cause, _RemoteError):
+        return cause.rebuild()
     return cause if isinstance(cause, BaseException) else exc
 
 

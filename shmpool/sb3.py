@@ -34,7 +34,7 @@ import inspect
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -50,6 +50,10 @@ from stable_baselines3.common.vec_env.patch_gym import _patch_env
 from .autoreset import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
 from .pool import Pool
+from .vector_env import _is_ray_pool
+
+if TYPE_CHECKING:
+    from .distributed import RayPool
 
 __all__ = ["ShmVecEnv"]
 
@@ -133,8 +137,8 @@ class ShmVecEnv(VecEnv):
     - one constructor plus ``num_envs``;
     - a gymnasium id plus ``num_envs`` (extra keyword arguments that are not ``Pool``
       arguments go to ``gymnasium.make``);
-    - an existing ``Pool`` built with ``autoreset_mode="same_step"`` (``ShmVecEnv``
-      then owns it and closes it).
+    - an existing ``Pool`` (or ``shmpool.distributed.RayPool``) built with
+      ``autoreset_mode="same_step"`` (``ShmVecEnv`` then owns it and closes it).
 
     ``start_method`` and ``**pool_kwargs`` (``num_workers``, ``cpus``, ``wait_policy``,
     ``step_timeout``, ``seed``...) go to ``Pool``; ``start_method=None`` is the pool's
@@ -152,7 +156,7 @@ class ShmVecEnv(VecEnv):
 
     def __init__(
         self,
-        env_fns: Sequence[Callable[[], gym.Env]] | Callable[[], gym.Env] | str | Pool,
+        env_fns: Sequence[Callable[[], gym.Env]] | Callable[[], gym.Env] | str | Pool | RayPool,
         start_method: str | None = None,
         *,
         num_envs: int | None = None,
@@ -166,8 +170,8 @@ class ShmVecEnv(VecEnv):
         self.metadata = dict(self._pool.metadata)
 
     @staticmethod
-    def _build_pool(env_fns, start_method, num_envs, pool_kwargs) -> Pool:
-        if isinstance(env_fns, Pool):
+    def _build_pool(env_fns, start_method, num_envs, pool_kwargs) -> Pool | RayPool:
+        if isinstance(env_fns, Pool) or _is_ray_pool(env_fns):
             if start_method is not None or num_envs is not None or pool_kwargs:
                 raise TypeError("ShmVecEnv(pool) takes no other arguments: the pool is already built")
             if env_fns.autoreset_mode != SAME_STEP:
@@ -197,8 +201,8 @@ class ShmVecEnv(VecEnv):
                     autoreset_mode=SAME_STEP, **pool_kwargs)
 
     @property
-    def pool(self) -> Pool:
-        """The underlying ``shmpool.Pool``."""
+    def pool(self) -> Pool | RayPool:
+        """The underlying ``shmpool.Pool`` (or ``RayPool``)."""
         return self._pool
 
     # --- stepping -------------------------------------------------------------

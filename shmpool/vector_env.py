@@ -13,8 +13,9 @@ import copy as _copy
 import functools
 import inspect
 import multiprocessing
+import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium
 import numpy as np
@@ -29,6 +30,9 @@ from .autoreset import NEXT_STEP, as_gymnasium, parse_autoreset_mode
 from .errors import EnvError
 from .pool import Pool
 from .resets import check_reset_mask, seed_list
+
+if TYPE_CHECKING:
+    from .distributed import RayPool
 
 __all__ = ["POOL_PARAMETERS", "VECTOR_PARAMETERS", "VectorEnv", "WaitTimeoutError"]
 
@@ -56,7 +60,8 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     - a gymnasium id with ``num_envs`` (other keywords that are not pool
       parameters go to ``gymnasium.make``),
     - one callable with ``num_envs``,
-    - an already built :class:`shmpool.Pool`; the VectorEnv then owns it and
+    - an already built :class:`shmpool.Pool` or
+      :class:`shmpool.distributed.RayPool`; the VectorEnv then owns it and
       closes it.
 
     ``copy=True`` (gymnasium's default) returns a fresh copy of the observations
@@ -83,16 +88,16 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
     def __init__(
         self,
-        env_fns: str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]] | Pool,
+        env_fns: str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]] | Pool | RayPool,
         num_envs: int | None = None,
         *,
         copy: bool = True,
         autoreset_mode: str | AutoresetMode | None = None,
         **pool_kwargs: Any,
     ) -> None:
-        self._pool: Pool | None = None
+        self._pool: Pool | RayPool | None = None
         self.closed = True  # until the pool exists: __del__ and close() have nothing to do
-        if isinstance(env_fns, Pool):
+        if isinstance(env_fns, Pool) or _is_ray_pool(env_fns):
             pool = env_fns
             if pool_kwargs:
                 raise TypeError(f"pool options {sorted(pool_kwargs)} cannot be given with an already built Pool")
@@ -128,8 +133,8 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     # --- properties gymnasium's vector envs have --------------------------
 
     @property
-    def pool(self) -> Pool:
-        """The :class:`shmpool.Pool` doing the work."""
+    def pool(self) -> Pool | RayPool:
+        """The :class:`shmpool.Pool` (or ``RayPool``) doing the work."""
         return self._pool
 
     @property
@@ -393,6 +398,13 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         if type(obs) is np.ndarray:
             return obs.copy()
         return _copy.deepcopy(obs)  # what gymnasium does; dict/tuple observations
+
+
+def _is_ray_pool(obj: Any) -> bool:
+    """A :class:`shmpool.distributed.RayPool`, checked without importing ray: if the module
+    was never imported, nothing can be one."""
+    mod = sys.modules.get("shmpool.distributed")
+    return mod is not None and isinstance(obj, mod.RayPool)
 
 
 # --- exceptions of the env's own type -------------------------------------------

@@ -11,6 +11,7 @@ import mmap
 import os
 import pickle
 import signal
+import sys
 import traceback
 from multiprocessing.reduction import recv_handle
 
@@ -25,7 +26,8 @@ from shmpool.batched import BatchedEnvs, hosting_info
 from .shard import BatchShard, Shard
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                   "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS")
+                   "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS",
+                   "OPENCV_FOR_THREADS_NUM")
 
 
 class ParentWatch:
@@ -73,6 +75,11 @@ def _setup_process(cpu: int | None, parent_pid: int, parent_started: float, main
         threadpool_limits(1)
     except Exception:  # pragma: no cover - a BLAS that refuses is not worth dying for
         pass
+    # OpenCV (Atari resizes) keeps its own thread pool: a forked worker inherits the
+    # parent's, sized for every core, and two workers' pools then fight over them.
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None:
+        cv2.setNumThreads(1)
     return watch
 
 

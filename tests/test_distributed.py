@@ -1,0 +1,447 @@
+"""``shmpool.distributed.RayPool`` on a local multi-node Ray cluster (``ray.cluster_utils.Cluster``).
+
+One cluster for the module (a head and two nodes, 1 CPU and an 80 MB object store
+each; one more node is added and removed by the node-loss tests).  Every pool
+runs one worker per node, so the whole file fits two cores.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import warnings
+
+import numpy as np
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import shmpool  # noqa: E402
+from shmpool.distributed import RayPool, RemotePoolDiedError  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+STORE = 80 * 2**20
+# A lost node is noticed by the GCS health check: the defaults take ~15-30 s, these ~5 s.  Not
+# tighter: on a loaded 2-core machine a starved raylet would be declared dead.
+FAST_HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
+               "health_check_timeout_ms": 2000, "health_check_failure_threshold": 5}
+RAY_DAEMONS = ("raylet", "gcs_server")
+TASK = "CartPole-v1"
+
+
+def ray_daemons() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name() in RAY_DAEMONS and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def shut_down(cluster: Cluster) -> list[psutil.Process]:
+    """Disconnect and stop the cluster; the Ray daemons still running after 10 s."""
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.shutdown()
+    deadline = time.monotonic() + 10
+    while ray_daemons() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return ray_daemons()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if ray.is_initialized():
+        pytest.skip("a Ray session is already connected in this process")
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": STORE, "include_dashboard": False, "_system_config": FAST_HEALTH})
+    for _ in range(2):
+        c.add_node(num_cpus=1, object_store_memory=STORE)
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+    yield c
+    left = shut_down(c)
+    assert not left, f"Ray daemons left after shutdown: {left}"
+
+
+def alive_node_ids() -> list[str]:
+    return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+
+
+def descendants(pid: int) -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)} | {pid}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def gone(pids: set[int], within: float = 10.0) -> set[int]:
+    """The pids still running after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        left = {p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def env_action(env_id: int, t: int) -> int:
+    """A fixed action per (env, step count): the same trajectory whatever order envs finish in."""
+    return (env_id * 7 + t * 3 + (t * t) % 5) % 2
+
+
+def per_env_async_log(pool, num_envs: int, recvs: int) -> dict[int, list]:
+    """Run EnvPool's loop ``recvs`` times; per env, the rows it returned, in order."""
+    log: dict[int, list] = {i: [] for i in range(num_envs)}
+    steps = np.zeros(num_envs, dtype=np.int64)
+    pool.async_reset()
+    for _ in range(recvs):
+        obs, rew, term, trunc, infos = pool.recv()
+        ids = infos["env_id"]
+        assert ids.dtype == np.int32 and len(ids) == pool.batch_size
+        for row, i in enumerate(ids.tolist()):
+            log[i].append((obs[row].copy(), float(rew[row]), bool(term[row]), bool(trunc[row])))
+        actions = np.array([env_action(i, steps[i]) for i in ids.tolist()], dtype=np.int64)
+        steps[ids] += 1
+        pool.send(actions, ids)
+    return log
+
+
+# --- correctness ----------------------------------------------------------------------------
+
+
+def test_sync_trajectories_match_local_pool(cluster):
+    """Same seeds, same actions: RayPool over 3 nodes and one local Pool give identical arrays."""
+    n = 10  # 4 + 3 + 3: uneven ranges
+    rng = np.random.default_rng(0)
+    with RayPool(TASK, n, seed=123, num_workers=1) as rp, shmpool.Pool(TASK, n, seed=123, num_workers=1) as lp:
+        assert rp.num_envs == n and rp.batch_size == n and rp.num_pools == 3
+        assert rp.single_observation_space == lp.single_observation_space
+        assert rp.single_action_space == lp.single_action_space
+        o1, i1 = rp.reset()
+        o2, i2 = lp.reset()
+        np.testing.assert_array_equal(o1, o2)
+        assert o1.dtype == np.float32 and o1.shape == (n, 4)
+        ended = 0
+        for t in range(150):
+            a = rng.integers(0, 2, n)
+            got, want = rp.step(a), lp.step(a)
+            for x, y in zip(got[:4], want[:4]):
+                assert x.dtype == y.dtype and x.shape == y.shape
+                np.testing.assert_array_equal(x, y, err_msg=f"step {t}")
+            assert set(got[4]) == set(want[4])
+            ended += int((got[2] | got[3]).sum())
+        assert ended > 0  # autoreset was exercised
+        # reset with a seed list and again with an int: still identical
+        seeds = [int(s) for s in rng.integers(0, 1000, n)]
+        np.testing.assert_array_equal(rp.reset(seed=seeds)[0], lp.reset(seed=seeds)[0])
+        for _ in range(20):
+            a = rng.integers(0, 2, n)
+            np.testing.assert_array_equal(rp.step(a)[0], lp.step(a)[0])
+
+
+def test_env_ids_spread_over_nodes(cluster):
+    n = 9
+    with RayPool(TASK, n, seed=0, num_workers=1, batch_size=3) as rp:
+        nodes = rp.nodes
+        assert sorted(d["node_id"] for d in nodes) == sorted(alive_node_ids())
+        assert [d["envs"] for d in nodes] == [range(0, 3), range(3, 6), range(6, 9)]
+        assert rp.sub_batch_sizes == [1, 1, 1]
+        pids = {d["pid"] for d in nodes}
+        assert len(pids) == 3 and os.getpid() not in pids
+        # each env runs where the pool says: ask the envs for their process's parent (the actor)
+        parents = rp.apply(lambda env: os.getppid())
+        assert parents == tuple(nodes[i // 3]["pid"] for i in range(n))
+        assert rp.get_attr("spec")[0].id == TASK
+
+
+def test_pools_per_node_split_the_cores(cluster):
+    head = cluster.head_node.node_id
+    for per_node in (2, "numa"):
+        with RayPool(TASK, 4, seed=0, nodes=[head], pools_per_node=per_node) as rp:
+            nodes = rp.nodes
+            assert {d["node_id"] for d in nodes} == {head}
+            cpus = [d["cpus"] for d in nodes]
+            if per_node == 2:
+                assert rp.num_pools == 2 and len({c[0] for c in cpus}) == min(2, len(os.sched_getaffinity(0)))
+            obs, _ = rp.reset(seed=1)
+            assert obs.shape == (4, 4)
+
+
+def test_async_per_env_trajectories_match_local_pool(cluster):
+    """Per env, the async loop yields the local pool's rows, whatever the completion order."""
+    n, b, recvs = 12, 6, 60
+    with RayPool(TASK, n, seed=7, num_workers=1, batch_size=b) as rp:
+        assert rp.sub_batch_sizes == [2, 2, 2]
+        got = per_env_async_log(rp, n, recvs)
+    with shmpool.Pool(TASK, n, seed=7, num_workers=1, batch_size=b) as lp:
+        want = per_env_async_log(lp, n, recvs)
+    for i in range(n):
+        m = min(len(got[i]), len(want[i]))
+        assert m > 5
+        for t in range(m):
+            np.testing.assert_array_equal(got[i][t][0], want[i][t][0], err_msg=f"env {i} row {t}")
+            assert got[i][t][1:] == want[i][t][1:], (i, t)
+
+
+def test_recv_returns_whole_sub_batches_and_valid_ids(cluster):
+    n, b = 12, 6
+    with RayPool(TASK, n, seed=0, num_workers=1, batch_size=b) as rp:
+        rp.async_reset()
+        assert rp.in_flight == n
+        counts = np.zeros(n, dtype=int)
+        for _ in range(40):
+            obs, rew, term, trunc, infos = rp.recv()
+            ids = infos["env_id"]
+            assert obs.shape == (b, 4) and rew.shape == term.shape == trunc.shape == (b,)
+            assert rew.dtype == np.float64 and term.dtype == trunc.dtype == np.bool_
+            assert len(set(ids.tolist())) == b and ids.min() >= 0 and ids.max() < n
+            owners = ids // 4
+            assert (owners[0::2] == owners[1::2]).all(), ids  # sub-batches of 2 from one pool, never split
+            assert rp.in_flight == n - b
+            counts[ids] += 1
+            with pytest.raises(RuntimeError, match="already in flight"):
+                rp.send(np.zeros(1, dtype=np.int64), [int(np.setdiff1d(np.arange(n), ids)[0])])
+            rp.send(np.zeros(b, dtype=np.int64), ids)
+        assert (counts > 0).all()
+
+
+def test_recv_exactly_batch_size_with_leftovers(cluster):
+    """Sub-batches [2, 1, 1] for batch 4 on 3 x 3 envs: rows beyond batch_size wait for the next recv."""
+    n, b = 9, 4
+    with RayPool(TASK, n, seed=0, num_workers=1, batch_size=b) as rp:
+        assert rp.sub_batch_sizes == [2, 1, 1]
+        rp.async_reset()
+        for _ in range(30):
+            *_, infos = rp.recv()
+            ids = infos["env_id"]
+            assert len(ids) == b and len(set(ids.tolist())) == b
+            rp.send(np.ones(b, dtype=np.int64), ids)
+        assert rp.in_flight == n
+
+
+def test_recv_that_cannot_finish_raises_at_once(cluster):
+    with RayPool(TASK, 6, seed=0, num_workers=1, batch_size=6) as rp:  # sub-batches of 2
+        rp.async_reset()
+        *_, infos = rp.recv()
+        ids = infos["env_id"]
+        keep = ids[[0, 2, 4]]  # one env of each pool: every pool has 1 < 2 in flight
+        rp.send(np.zeros(6, dtype=np.int64), ids)  # all back: fine
+        *_, infos = rp.recv()
+        owners = infos["env_id"] // 2
+        one_each = np.array([infos["env_id"][owners == k][0] for k in range(3)])
+        rp.send(np.zeros(3, dtype=np.int64), one_each)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="only 3 are in flight"):
+            rp.recv()
+        assert time.monotonic() - t0 < 1
+        del keep
+
+
+def test_sync_errors_before_anything_is_sent(cluster):
+    with RayPool(TASK, 6, seed=0, num_workers=1) as rp:
+        with pytest.raises(RuntimeError, match="reset"):
+            rp.step(np.zeros(6, dtype=np.int64))
+        rp.reset()
+        with pytest.raises(ValueError, match="rows"):
+            rp.step(np.zeros(5, dtype=np.int64))
+        with pytest.raises(ValueError, match="out of range"):
+            rp.send(np.zeros(1, dtype=np.int64), [6])
+    with pytest.raises(shmpool.PoolClosedError):
+        rp.reset()
+
+
+def test_env_error_names_the_global_env(cluster):
+    """An env raising on a node: shmpool's EnvError crosses Ray with the global env id."""
+    import gymnasium as gym
+
+    class Fragile(gym.Wrapper):   # defined here: cloudpickled by value, the nodes need not import tests/
+        def step(self, action):
+            if self.unwrapped.spec is not None and getattr(self, "bad", False):
+                raise ValueError("boom")
+            return super().step(action)
+
+    def make():
+        return Fragile(gym.make(TASK))
+
+    with RayPool(make, 6, seed=0, num_workers=1) as rp:
+        rp.reset()
+        rp.set_attr("bad", True, env_ids=[4])
+        with pytest.raises(shmpool.EnvError, match="boom") as info:
+            rp.step(np.zeros(6, dtype=np.int64))
+        assert info.value.env_id == 4 and info.value.remote_type == "ValueError"
+        assert "env 4 (pool 2" in str(info.value)
+        rp.set_attr("bad", False)
+        rp.reset()
+        rp.step(np.zeros(6, dtype=np.int64))  # usable again after reset, as the local pool
+
+
+def test_reset_mask_and_options_list(cluster):
+    with RayPool(TASK, 6, seed=0, num_workers=1) as rp, shmpool.Pool(TASK, 6, seed=0, num_workers=1) as lp:
+        rp.reset(seed=5)
+        lp.reset(seed=5)
+        for _ in range(3):
+            rp.step(np.ones(6, dtype=np.int64))
+            lp.step(np.ones(6, dtype=np.int64))
+        mask = np.array([True, False, False, True, True, False])
+        got, _ = rp.reset(seed=list(range(6)), options={"reset_mask": mask})
+        want, _ = lp.reset(seed=list(range(6)), options={"reset_mask": mask})
+        np.testing.assert_array_equal(got, want)
+        with pytest.raises(NotImplementedError, match="pool 1"):
+            rp.reset(options={"reset_mask": np.array([True, True, False, False, True, True])})
+        np.testing.assert_array_equal(rp.reset(options=[None] * 6)[0].shape, (6, 4))
+
+
+# --- faults -----------------------------------------------------------------------------------
+
+
+def test_killed_actor_raises_quickly_and_closes(cluster):
+    with RayPool(TASK, 6, seed=0, num_workers=1) as rp:
+        rp.reset()
+        victim = rp.nodes[1]
+        procs = descendants(victim["pid"])
+        assert len(procs) >= 2  # the actor and its pool's worker
+        os.kill(victim["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(RemotePoolDiedError) as info:
+            for _ in range(10_000):
+                rp.step(np.zeros(6, dtype=np.int64))
+        assert time.monotonic() - t0 < 5
+        err = info.value
+        assert isinstance(err, shmpool.WorkerDiedError)
+        assert err.worker == 1 and err.env_range == range(2, 4) and err.node_id == victim["node_id"]
+        assert "envs 2..3" in str(err) and victim["node_id"] in str(err) and "closed" in str(err)
+        assert rp.closed
+        assert not gone(procs), "the dead actor's pool workers outlived it"
+
+
+def test_dead_worker_inside_a_node_raises_with_the_node(cluster):
+    """A pool worker (not the actor) dying: the local pool's WorkerDiedError becomes the RayPool's."""
+    with RayPool(TASK, 6, seed=0, num_workers=1) as rp:
+        rp.reset()
+        actor = psutil.Process(rp.nodes[2]["pid"])
+        workers = actor.children()
+        assert workers
+        workers[0].kill()
+        with pytest.raises(RemotePoolDiedError, match=r"pool 2 .*envs 4..5.*WorkerDiedError"):
+            for _ in range(10_000):
+                rp.step(np.zeros(6, dtype=np.int64))
+        assert rp.closed
+
+
+def test_restart_mode_sync_step(cluster):
+    with RayPool(TASK, 6, seed=0, num_workers=1, on_worker_error="restart") as rp:
+        rp.reset()
+        old = rp.nodes[2]["pid"]
+        os.kill(old, signal.SIGKILL)
+        with pytest.warns(RuntimeWarning, match="pool 2 .*envs 4..5.*restarting"):
+            obs, rew, term, trunc, infos = rp.step(np.zeros(6, dtype=np.int64))
+        np.testing.assert_array_equal(trunc, [False, False, False, False, True, True])
+        np.testing.assert_array_equal(infos["worker_restarted"], trunc)
+        np.testing.assert_array_equal(infos["_worker_restarted"], trunc)
+        assert (rew[4:] == 0).all() and not term[4:].any()
+        assert (np.abs(obs[4:]) <= 0.05).all()  # CartPole's reset state
+        assert rp.nodes[2]["pid"] != old and rp.nodes[2]["node_id"] == rp.nodes[2]["node_id"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            # NEXT_STEP: the step after the restart row is the autoreset step (as after any truncation)
+            obs2, rew2, term2, trunc2, infos = rp.step(np.zeros(6, dtype=np.int64))
+            np.testing.assert_array_equal(obs2[4:], obs[4:])
+            assert (rew2[4:] == 0).all() and not (term2[4:] | trunc2[4:]).any()
+            assert "worker_restarted" not in infos
+            for _ in range(5):
+                obs3, *_ = rp.step(np.zeros(6, dtype=np.int64))
+            assert not np.array_equal(obs3[4:], obs[4:])  # stepping again
+
+
+def test_restart_mode_async_each_env_returns_once_flagged(cluster):
+    n, b = 6, 2
+    with RayPool(TASK, n, seed=0, num_workers=1, batch_size=b, on_worker_error="restart") as rp:
+        rp.async_reset()
+        *_, infos = rp.recv()
+        held = infos["env_id"]           # the caller holds these, the rest are in flight
+        os.kill(rp.nodes[0]["pid"], signal.SIGKILL)
+        os.kill(rp.nodes[1]["pid"], signal.SIGKILL)
+        flagged: dict[int, int] = {}
+        rows: dict[int, list] = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            rp.send(np.zeros(b, dtype=np.int64), held)
+            for _ in range(20):
+                obs, rew, term, trunc, infos = rp.recv()
+                ids = infos["env_id"]
+                mask = infos.get("worker_restarted", np.zeros(b, dtype=bool))
+                assert (trunc[mask]).all() and (rew[mask] == 0).all()
+                for row, i in enumerate(ids.tolist()):
+                    rows.setdefault(i, []).append((bool(mask[row]), obs[row].copy(), float(rew[row]),
+                                                   bool(term[row] or trunc[row])))
+                for i in ids[mask].tolist():
+                    flagged[i] = flagged.get(i, 0) + 1
+                rp.send(np.zeros(b, dtype=np.int64), ids)
+        assert flagged == {0: 1, 1: 1, 2: 1, 3: 1}  # every env of pools 0 and 1, once
+        for i in range(4):  # after its restart row, the autoreset row: same observation, reward 0, no flags
+            at = [r[0] for r in rows[i]].index(True)
+            assert len(rows[i]) > at + 1
+            _, obs_r, _, _ = rows[i][at]
+            _, obs_a, rew_a, done_a = rows[i][at + 1]
+            np.testing.assert_array_equal(obs_a, obs_r)
+            assert rew_a == 0 and not done_a
+
+
+def test_node_removed_raises_quickly(cluster):
+    extra = cluster.add_node(num_cpus=1, object_store_memory=STORE)
+    head = cluster.head_node.node_id
+    with RayPool(TASK, 4, seed=0, num_workers=1, batch_size=2, nodes=[head, extra.node_id]) as rp:
+        assert rp.nodes[1]["node_id"] == extra.node_id
+        rp.async_reset()
+        *_, infos = rp.recv()
+        rp.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        cluster.remove_node(extra, allow_graceful=False)
+        t0 = time.monotonic()
+        with pytest.raises(RemotePoolDiedError, match=r"pool 1 .*envs 2..3") as info:
+            for _ in range(100_000):
+                *_, infos = rp.recv()
+                rp.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        assert time.monotonic() - t0 < 30
+        assert info.value.node_id == extra.node_id
+
+
+def test_node_removed_restart_moves_the_pool(cluster):
+    extra = cluster.add_node(num_cpus=1, object_store_memory=STORE)
+    head = cluster.head_node.node_id
+    with RayPool(TASK, 4, seed=0, num_workers=1, nodes=[head, extra.node_id], on_worker_error="restart") as rp:
+        rp.reset()
+        cluster.remove_node(extra, allow_graceful=False)
+        t0 = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="restarting"):
+            while time.monotonic() - t0 < 30:   # steps may still finish while the node goes
+                *_, trunc, infos = rp.step(np.zeros(4, dtype=np.int64))
+                if "worker_restarted" in infos:
+                    break
+        np.testing.assert_array_equal(infos["worker_restarted"], [False, False, True, True])
+        np.testing.assert_array_equal(trunc[2:], [True, True])
+        assert rp.nodes[1]["node_id"] != extra.node_id and rp.nodes[1]["node_id"] in alive_node_ids()
+        rp.step(np.zeros(4, dtype=np.int64))
+
+
+# --- shutdown -----------------------------------------------------------------------------------
+
+
+def test_close_stops_actors_and_workers(cluster):
+    rp = RayPool(TASK, 6, seed=0, num_workers=1)
+    rp.reset()
+    procs = set().union(*(descendants(d["pid"]) for d in rp.nodes))
+    assert len(procs) >= 6
+    rp.close()
+    rp.close()  # idempotent
+    assert not gone(procs)
+
+
+def test_shutdown_leaves_no_ray_processes(cluster):
+    """Last in the file: take the module's cluster down and check nothing of Ray remains."""
+    assert ray_daemons()
+    assert shut_down(cluster) == []
