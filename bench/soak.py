@@ -125,12 +125,23 @@ def _one_pool(rng: np.random.Generator, deadline: float, counts: dict, kill_ever
                     pool.set_attr("fail_rate", float(rng.uniform(0, 0.2)))
             except shmpool.EnvError:
                 counts["errors"] += 1
-                pool.set_attr("fail_rate", 0.0)
-                pool.reset()
+                _recover(pool)
             except shmpool.WorkerRestartedError:
                 pass  # a call/get_attr/set_attr met a killed worker: it was replaced, not retried
         # A kill not noticed before close() is not restarted: count what was.
         counts["restarts"] = counts.get("restarts", 0) + pool.restarts
+
+
+def _recover(pool) -> None:
+    """After an injected env error: stop injecting, reset. A worker killed meanwhile makes the
+    set_attr raise WorkerRestartedError (it may or may not have run): do it again."""
+    for _ in range(3):
+        try:
+            pool.set_attr("fail_rate", 0.0)
+            break
+        except shmpool.WorkerRestartedError:
+            continue
+    pool.reset()
 
 
 def _async_round(pool, rng, n: int, batch: int, counts: dict) -> None:

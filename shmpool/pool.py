@@ -717,14 +717,20 @@ class Pool:
                     self._wire.post(k, _core.CMD_EXIT)
             deadline = time.monotonic() + _CLOSE_GRACE_S
             for k, conn in enumerate(self._conns):
-                while self._procs[k].exitcode is None and time.monotonic() < deadline:
+                # Read until the worker's "closed" (its envs' close errors): a worker that
+                # has already exited may have left it in the pipe, so exiting is no reason
+                # to stop reading, only an empty pipe after the exit is.
+                while time.monotonic() < deadline:
                     try:
                         if conn.poll(0.05):
                             msg = conn.recv()
                             if msg[0] == "closed":
                                 errors += [(k, *e) for e in msg[1]]
                                 break
+                            continue
                     except (EOFError, OSError):
+                        break
+                    if self._procs[k].exitcode is not None and not conn.poll(0):
                         break
         self._kill_workers()
         self._release()

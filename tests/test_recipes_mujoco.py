@@ -142,3 +142,33 @@ def test_make_builds_recipes_for_listed_tasks(no_leaks):
         assert obs.shape == (2, 105) and obs.dtype == np.float64
     finally:
         env.close()
+
+
+def test_pool_binds_recipe_obs_to_shared_rows_and_same_step_keeps_final_obs(no_leaks):
+    """In a pool a recipe assembles its observation in its shared row (no copy); under
+    SAME_STEP the final observation is copied out before the reset overwrites that row."""
+    n, steps = 2, 40
+    kwargs = {"max_episode_steps": 15}
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("Hopper-v5", **kwargs)] * n,
+                                   autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    rng = np.random.default_rng(4)
+    with shmpool.Pool([lambda: recipes.Hopper(**kwargs)] * n, num_workers=1, autoreset_mode="same_step") as pool:
+        assert pool.apply(lambda env: env._copy_obs) == (False, False)
+        o_ref, _ = ref.reset(seed=1)
+        o, _ = pool.reset(seed=1)
+        _same(o_ref, o, "reset obs")
+        ended = 0
+        for t in range(steps):
+            actions = rng.uniform(-1, 1, size=(n, 3)).astype(np.float32)
+            o_ref, *_, info_ref = ref.step(actions)
+            o, *_, info = pool.step(actions)
+            _same(o_ref, o, f"obs at step {t}")
+            if "final_obs" in info_ref:
+                mask = info_ref["_final_obs"]
+                np.testing.assert_array_equal(info["_final_obs"], mask)
+                for k in np.flatnonzero(mask):
+                    _same(info_ref["final_obs"][k], info["final_obs"][k], f"final_obs at step {t}")
+                    assert not np.array_equal(info["final_obs"][k], o[k])
+                ended += int(mask.sum())
+        assert ended >= n   # every env hit the time limit at least once
+    ref.close()

@@ -57,6 +57,17 @@ class Shard:
                 for w, v in zip(writers, L.split(obs_space, obs)):
                     w(i, v)
             self.write_obs = write_obs
+        # Recipes that can assemble their observation straight into their shared row
+        # do (``bind_obs``); their step then returns that row and nothing is copied.
+        # Not when the buffer is the env's state (Atari's frame stack): a trainer may
+        # write into the views a step returns.
+        self.bound: list = [None] * len(envs)
+        if len(views.obs) == 1 and not isinstance(obs_space, (Dict, Tuple)):
+            rows = views.obs[0]
+            for j, env in enumerate(envs):
+                bind = getattr(env, "bind_obs", None)
+                if bind is not None and not getattr(env, "obs_buffer_is_state", False):
+                    self.bound[j] = bind(rows[start + j])
         acts = views.act
         if len(acts) == 1 and not isinstance(act_space, (Dict, Tuple)):
             single = acts[0]
@@ -94,10 +105,12 @@ class Shard:
                 if self.next_step:
                     self.autoreset[j] = True
                 elif self.same_step:
-                    final = {"final_obs": obs, "final_info": info}
+                    # A bound row is about to be overwritten by the reset observation.
+                    final = {"final_obs": obs.copy() if obs is self.bound[j] else obs, "final_info": info}
                     obs, info = env.reset()
                     info = {**final, **info}
-        self.write_obs(i, obs)
+        if obs is not self.bound[j]:
+            self.write_obs(i, obs)
         return info
 
     def reset(self, i: int, seed=None, options=None):
@@ -114,7 +127,8 @@ class Shard:
         v.reward[i] = 0.0
         v.terminated[i] = False
         v.truncated[i] = False
-        self.write_obs(i, obs)
+        if obs is not self.bound[j]:
+            self.write_obs(i, obs)
         return info
 
 

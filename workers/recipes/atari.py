@@ -172,6 +172,10 @@ class AtariEnv(gymnasium.Env):
         self._new_game = True   # the next reset starts a new game (also after seeding)
 
     # --- buffers -----------------------------------------------------------------------
+    # The frame stack lives in the observation buffer: a pool must not hand its shared
+    # row to bind_obs, since a trainer may write into the views a step returns.
+    obs_buffer_is_state: ClassVar[bool] = True
+
     def bind_obs(self, out: np.ndarray | None = None) -> np.ndarray:
         """Write observations straight into ``out`` (uint8, ``observation_space.shape``);
         returns the buffer in use.  While bound, ``reset``/``step`` return ``out`` itself,
