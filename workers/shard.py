@@ -317,8 +317,3 @@ class BatchShard:
             seeds = [seeds[j] for j in ids.tolist()]
         if len(ids):
             self.run(ids, True, finish_env, fail_env, seeds, options)
-
-
-def build_batch_env(fns, start: int):
-    """The batched env of a worker whose constructors are a ``shmpool.batched.BatchedEnvs``."""
-    return fns.build(start)
