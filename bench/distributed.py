@@ -38,6 +38,7 @@ import gymnasium as gym
 import numpy as np
 
 from ._timing import Case, Record, Sample, fill_defaults, latency_loop, run_interleaved
+from .latency import observer_latencies, percentiles_of
 
 DEFAULT_JSON = "bench/results/distributed.json"
 REPORTED = (50, 95, 99)
@@ -92,32 +93,6 @@ def task_available(task: str) -> str | None:
     except Exception as exc:  # ale-py missing, unknown id, ...
         return f"{type(exc).__name__}: {exc}"
     return None
-
-
-# --- percentiles (the nearest-rank rule of _timing.latency_loop) -------------------------------
-
-
-def percentiles_of(values: np.ndarray, qs: Sequence[int] = REPORTED) -> dict[str, float]:
-    v = np.sort(np.asarray(values, dtype=np.float64))
-    if v.size == 0:
-        return {}
-    out = {f"p{q}": float(v[min(v.size - 1, v.size * q // 100)]) for q in qs}
-    out["max"] = float(v[-1])
-    return out
-
-
-def observer_latencies(ids: Sequence[np.ndarray], times: Sequence[int], n: int, timed: int) -> np.ndarray:
-    """µs from the call that sent each env's action to the call that received its result
-    (the same rule as ``bench.latency.observer_latencies``)."""
-    sent = np.full(n, -1, dtype=np.int64)
-    first_timed = len(ids) - timed
-    out = []
-    for k, (got, t) in enumerate(zip(ids, times)):
-        if k >= first_timed:
-            prev = sent[got]
-            out.append((t - prev[prev >= 0]) / 1e3)
-        sent[got] = t
-    return np.concatenate(out) if out else np.zeros(0)
 
 
 # --- subjects ------------------------------------------------------------------------------------
@@ -175,7 +150,7 @@ class Subject:
         if self.mode == "sync":
             return sample
         obs = observer_latencies(self._ids, self._times, self.n, timed=sample.count)
-        self.info["observer_latency_us"] = percentiles_of(obs)
+        self.info["observer_latency_us"] = percentiles_of(obs, REPORTED)
         self._ids, self._times = [], []
         return sample
 
