@@ -69,13 +69,14 @@ def step_all(pool: shmpool.Pool, mode: str):
     return pool.recv()
 
 
-def timed(call: Callable[[], object]) -> tuple[BaseException | None, float]:
+def timed(call: Callable[[], object]) -> tuple[BaseException | None, float, object]:
+    """(the exception raised or None, seconds taken, what the call returned)."""
     t0 = time.monotonic()
     try:
-        timed.result = call()
+        result = call()
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt is one of the cases
-        return exc, time.monotonic() - t0
-    return None, time.monotonic() - t0
+        return exc, time.monotonic() - t0, None
+    return None, time.monotonic() - t0, result
 
 
 def restart_kwargs(mode: str) -> dict:
@@ -86,10 +87,10 @@ def base(mode: str) -> str:
     return mode.split()[0]
 
 
-def after_restart(pool: shmpool.Pool, mode: str) -> str:
+def after_restart(pool: shmpool.Pool, mode: str, result) -> str:
     """After a step that replaced a worker: which envs came back truncated and marked, then
     whether the pool steps on."""
-    *_, trunc, infos = timed.result
+    *_, trunc, infos = result
     ids = infos.get("env_id", np.arange(4))
     marked = sorted(int(ids[i]) for i in np.flatnonzero(infos.get("_worker_restarted", np.zeros(len(ids), bool))))
     cut = sorted(int(ids[i]) for i in np.flatnonzero(trunc))
@@ -100,10 +101,10 @@ def after_restart(pool: shmpool.Pool, mode: str) -> str:
             + (f", then {late}" if late else "") + f"; restarts={pool.restarts}")
 
 
-def probe_state(pool: shmpool.Pool, mode: str) -> str:
+def probe_state(pool: shmpool.Pool, mode: str, result=None) -> str:
     """What the pool does now: closed, refuses until reset, or steps on."""
     if mode.endswith("restart") and not pool.closed:
-        return after_restart(pool, mode)
+        return after_restart(pool, mode, result)
     mode = base(mode)
     if pool.closed:
         try:
@@ -136,15 +137,15 @@ def env_fails(fail_in: str, how: str = "raise", at: int = 2, **kwargs) -> Callab
         with pool_with(faulty(fail_in, at, how), **kwargs, **restart_kwargs(mode)) as pool:
             if fail_in == "reset":
                 if mode == "sync":
-                    exc, dt = timed(pool.reset)
+                    exc, dt, _ = timed(pool.reset)
                 else:
                     pool.async_reset()
-                    exc, dt = timed(lambda: (pool.recv(), pool.recv()) if pool.batch_size < 4 else pool.recv())
+                    exc, dt, _ = timed(lambda: (pool.recv(), pool.recv()) if pool.batch_size < 4 else pool.recv())
                 return outcome(exc, dt, "closed" if pool.closed else refuses_then(pool, mode))
             pool.reset()
             pool.step(ZEROS)  # step 1: fine
-            exc, dt = timed(lambda: step_all(pool, base(mode)))
-            return outcome(exc, dt, probe_state(pool, mode))
+            exc, dt, result = timed(lambda: step_all(pool, base(mode)))
+            return outcome(exc, dt, probe_state(pool, mode, result))
     return run
 
 
@@ -158,7 +159,7 @@ def refuses_then(pool: shmpool.Pool, mode: str) -> str:
 
 
 def constructor_fails(mode: str) -> Outcome:
-    exc, dt = timed(lambda: pool_with(faulty("make")))
+    exc, dt, _ = timed(lambda: pool_with(faulty("make")))
     return outcome(exc, dt, "no pool (workers reaped)")
 
 
@@ -169,7 +170,7 @@ def message_fails(name: str) -> Callable[[str], Outcome]:
             pool.reset()
             if mode == "async":
                 pool.send(ZEROS)
-            exc, dt = timed(lambda: pool.call("render" if name == "render" else "probe"))
+            exc, dt, _ = timed(lambda: pool.call("render" if name == "render" else "probe"))
             if mode == "async":
                 obs, rew, *_ = pool.recv()      # the batch in flight is not lost
                 assert len(rew) == 4
@@ -182,7 +183,7 @@ def close_fails(mode: str) -> Outcome:
     pool.reset()
     if mode == "async":
         pool.send(ZEROS)
-    exc, dt = timed(pool.close)
+    exc, dt, _ = timed(pool.close)
     return outcome(exc, dt, probe_state(pool, mode))
 
 
@@ -200,8 +201,8 @@ def killed_while_idle(mode: str) -> Outcome:
         # psutil's wait(), would hide the exit code from multiprocessing).
         while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
             time.sleep(0.005)
-        exc, dt = timed(lambda: step_all(pool, base(mode)))
-        return outcome(exc, dt, probe_state(pool, mode))
+        exc, dt, result = timed(lambda: step_all(pool, base(mode)))
+        return outcome(exc, dt, probe_state(pool, mode, result))
 
 
 def reaped_elsewhere(mode: str) -> Outcome:
@@ -212,7 +213,7 @@ def reaped_elsewhere(mode: str) -> Outcome:
         pid = pool.worker_pids[1]
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        exc, dt = timed(lambda: step_all(pool, mode))
+        exc, dt, _ = timed(lambda: step_all(pool, mode))
         return outcome(exc, dt, probe_state(pool, mode))
 
 
@@ -227,8 +228,8 @@ def hangs(with_timeout: bool) -> Callable[[str], Outcome]:
             if not with_timeout:
                 pid = pool.worker_pids[1]
                 threading.Timer(0.3, lambda: os.kill(pid, signal.SIGKILL)).start()
-            exc, dt = timed(lambda: step_all(pool, base(mode)))
-            return outcome(exc, dt, probe_state(pool, mode))
+            exc, dt, result = timed(lambda: step_all(pool, base(mode)))
+            return outcome(exc, dt, probe_state(pool, mode, result))
     return run
 
 
@@ -238,7 +239,7 @@ def keyboard_interrupt(mode: str) -> Outcome:
     pool.reset()
     pool.step(ZEROS)
     threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    exc, dt = timed(lambda: step_all(pool, mode))
+    exc, dt, _ = timed(lambda: step_all(pool, mode))
     return outcome(exc, dt, probe_state(pool, mode))
 
 
