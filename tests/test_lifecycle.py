@@ -88,7 +88,10 @@ def test_a_thousand_pools_created_and_closed_leak_nothing(no_leaks):
     for k in range(1000):
         one(k)
     after = _resources()
-    assert (after["fds"], after["threads"], after["shm"]) == (before["fds"], before["threads"], before["shm"])
+    # A leak can only add: threads or fds that earlier tests left (Ray's driver threads wind
+    # down slowly) may end during the loop, which is no leak of ours.
+    assert after["fds"] <= before["fds"] and after["threads"] <= before["threads"], (before, after)
+    assert after["shm"] == before["shm"]
     assert after["rss"] - before["rss"] < 16 * 2**20, f"RSS grew by {(after['rss'] - before['rss']) / 2**20:.1f} MiB"
 
 
