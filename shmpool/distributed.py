@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import inspect
 import os
 import time
 import warnings
@@ -74,9 +73,10 @@ try:
 except ImportError as _exc:  # pragma: no cover - exercised only without ray
     raise ImportError("shmpool.distributed needs ray: pip install 'shmpool[ray]' (or 'ray>=2.9')") from _exc
 
+from .arguments import POOL_KEYWORDS, check_count, env_constructors, shard_sizes
 from .autoreset import NEXT_STEP
 from .errors import EnvError, PoolClosedError, ShmpoolError, WorkerDiedError
-from .pool import Pool, _check_count, _env_fns, shard_sizes
+from .pool import Pool
 from .resets import check_reset_mask, seed_list
 
 __all__ = ["RayPool", "RemotePoolDiedError"]
@@ -392,11 +392,11 @@ class RayPool:
     ) -> None:
         self._closed = True
         self._actors: list = []
-        pool_params = set(inspect.signature(Pool).parameters) - {"env", "num_envs", "env_kwargs"}
+        pool_params = POOL_KEYWORDS
         pool_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in pool_params}
         if "copy" in pool_kwargs:
             raise TypeError("'copy' is not a RayPool option: every array it returns is fresh")
-        fns = _env_fns(env, None if num_envs is None else _check_count("num_envs", num_envs), kwargs)
+        fns = env_constructors(env, num_envs, kwargs)
         self.num_envs = n = len(fns)
         if on_worker_error not in ("raise", "restart"):
             raise ValueError(f"on_worker_error must be 'raise' or 'restart', got {on_worker_error!r}")
@@ -407,7 +407,7 @@ class RayPool:
         if seed is not None and not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if pools_per_node != "numa":
-            pools_per_node = _check_count("pools_per_node", pools_per_node)
+            pools_per_node = check_count("pools_per_node", pools_per_node)
 
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -428,19 +428,19 @@ class RayPool:
                 raise ValueError(f"num_envs={n} is fewer than the {P} pools: every pool needs an env")
             sizes = shard_sizes(n, P)
         else:
-            sizes = [_check_count("env_counts[]", c) for c in env_counts]
+            sizes = [check_count("env_counts[]", c) for c in env_counts]
             if len(sizes) != P or sum(sizes) != n:
                 raise ValueError(f"env_counts {list(env_counts)} must give {P} pools summing to num_envs={n}")
         self._sizes = sizes
         self._starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         self._owner = np.repeat(np.arange(P, dtype=np.int64), sizes)
-        self.batch_size = B = n if batch_size is None else _check_count("batch_size", batch_size)
+        self.batch_size = B = n if batch_size is None else check_count("batch_size", batch_size)
         if B > n:
             raise ValueError(f"batch_size={B} is more than num_envs={n}")
         if sub_batch_sizes is None:
             subs = _apportion(B, sizes)
         else:
-            subs = [_check_count("sub_batch_sizes[]", b) for b in sub_batch_sizes]
+            subs = [check_count("sub_batch_sizes[]", b) for b in sub_batch_sizes]
             if len(subs) != P:
                 raise ValueError(f"sub_batch_sizes needs {P} entries (one per pool), got {len(subs)}")
         for k, (b, s) in enumerate(zip(subs, sizes)):

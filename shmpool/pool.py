@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 import mmap
 import multiprocessing as mp
@@ -18,7 +17,6 @@ from multiprocessing.reduction import send_handle
 from typing import Any
 
 import cloudpickle
-import gymnasium
 import numpy as np
 import posix_ipc
 import psutil
@@ -27,8 +25,9 @@ from gymnasium.vector import AutoresetMode
 from . import _core
 from . import layout as L
 from .actions import ActionWriter
+from .arguments import check_count, env_constructors, shard_sizes
 from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
-from .batched import Batched, BatchedEnvs, check_hosting
+from .batched import BatchedEnvs, check_hosting
 from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
 from .infos import InfoReader, add_info
 from .resets import check_reset_mask, seed_list
@@ -38,52 +37,6 @@ from .workers import loop
 _SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
 _CLOSE_GRACE_S = 5.0          # how long close() lets envs close before killing workers
 _WATCH_S = 0.1                # restart mode: recv() checks the workers at least this often
-
-
-def _make_env(env_id: str, kwargs: dict):
-    return gymnasium.make(env_id, **kwargs)
-
-
-def _env_fns(env, num_envs: int | None, env_kwargs: dict) -> list[Callable[[], Any]]:
-    """Turn a gymnasium id, one callable or a list of callables into one callable per env
-    (a ``Batched`` env into a ``BatchedEnvs``, sliced into shards the same way)."""
-    if isinstance(env, Batched):
-        if env_kwargs:
-            raise TypeError(f"unexpected keyword arguments {sorted(env_kwargs)}: a Batched env takes its "
-                            "arguments in make_fn")
-        return env.sized(num_envs)
-    if isinstance(env, str):
-        gymnasium.spec(env)  # unknown ids fail here, in the parent, with gymnasium's suggestion
-        if num_envs is None:
-            raise ValueError("num_envs is required when the env is given by id")
-        return [functools.partial(_make_env, env, env_kwargs)] * num_envs
-    if env_kwargs:
-        raise TypeError(f"unexpected keyword arguments {sorted(env_kwargs)}: env kwargs are only accepted "
-                        "with a gymnasium id")
-    if callable(env):
-        if num_envs is None:
-            raise ValueError("num_envs is required when the env is given by one callable")
-        return [env] * num_envs
-    fns = list(env)
-    if not fns or not all(callable(f) for f in fns):
-        raise TypeError("env must be a gymnasium id, a callable, or a non-empty list of callables")
-    if num_envs is not None and num_envs != len(fns):
-        raise ValueError(f"num_envs={num_envs} but {len(fns)} env constructors were given")
-    return fns
-
-
-def shard_sizes(num_envs: int, num_workers: int) -> list[int]:
-    """Contiguous shards as even as possible: the first ``num_envs % num_workers`` get one more."""
-    base, extra = divmod(num_envs, num_workers)
-    return [base + (1 if w < extra else 0) for w in range(num_workers)]
-
-
-def _check_count(name: str, value, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return int(value)
 
 
 class Pool:
@@ -151,15 +104,15 @@ class Pool:
         self._conns: list = []
         self._region = None
         self._wire = None
-        fns = _env_fns(env, None if num_envs is None else _check_count("num_envs", num_envs), env_kwargs)
+        fns = env_constructors(env, num_envs, env_kwargs)
         self.num_envs = n = len(fns)
         self.cpus = resolve_cpus(cpus)
         if num_workers is None:
             num_workers = min(len(self.cpus), n)
-        self.num_workers = w = _check_count("num_workers", num_workers)
+        self.num_workers = w = check_count("num_workers", num_workers)
         if w > n:
             raise ValueError(f"num_workers={w} is more than num_envs={n}: every worker needs an env")
-        self.batch_size = n if batch_size is None else _check_count("batch_size", batch_size)
+        self.batch_size = n if batch_size is None else check_count("batch_size", batch_size)
         if self.batch_size > n:
             raise ValueError(f"batch_size={self.batch_size} is more than num_envs={n}")
         if step_timeout is not None and not step_timeout > 0:

@@ -30,7 +30,6 @@ Requires the optional dependency ``stable-baselines3`` (``pip install shmpool[sb
 from __future__ import annotations
 
 import functools
-import inspect
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -47,10 +46,10 @@ from stable_baselines3.common.vec_env.base_vec_env import (
 )
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
+from .arguments import POOL_KEYWORDS, is_ray_pool, make_by_id
 from .autoreset import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
 from .pool import Pool
-from .vector_env import _is_ray_pool
 
 if TYPE_CHECKING:
     from .distributed import RayPool
@@ -82,10 +81,6 @@ def _get_attr(env: gym.Env, name: str) -> Any:
 
 def _set_attr(env: gym.Env, name: str, value: Any) -> None:
     setattr(env, name, value)  # SB3 sets on the outermost env, not set_wrapper_attr
-
-
-def _make_by_id(env_id: str, kwargs: dict) -> gym.Env:
-    return gym.make(env_id, **kwargs)
 
 
 # --- parent side: infos and observations -------------------------------------
@@ -171,7 +166,7 @@ class ShmVecEnv(VecEnv):
 
     @staticmethod
     def _build_pool(env_fns, start_method, num_envs, pool_kwargs) -> Pool | RayPool:
-        if isinstance(env_fns, Pool) or _is_ray_pool(env_fns):
+        if isinstance(env_fns, Pool) or is_ray_pool(env_fns):
             if start_method is not None or num_envs is not None or pool_kwargs:
                 raise TypeError("ShmVecEnv(pool) takes no other arguments: the pool is already built")
             if env_fns.autoreset_mode != SAME_STEP:
@@ -186,9 +181,8 @@ class ShmVecEnv(VecEnv):
             gym.spec(env_fns)  # an unknown id fails here, with gymnasium's suggestion
             if num_envs is None:
                 raise ValueError("num_envs is required when the env is given by id")
-            pool_args = inspect.signature(Pool).parameters
-            env_kwargs = {k: pool_kwargs.pop(k) for k in list(pool_kwargs) if k not in pool_args}
-            fns = [functools.partial(_make_by_id, env_fns, env_kwargs)] * num_envs
+            env_kwargs = {k: pool_kwargs.pop(k) for k in list(pool_kwargs) if k not in POOL_KEYWORDS}
+            fns = [functools.partial(make_by_id, env_fns, env_kwargs)] * num_envs
         elif callable(env_fns):
             if num_envs is None:
                 raise ValueError("num_envs is required when the env is given by one callable")

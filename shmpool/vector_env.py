@@ -11,9 +11,7 @@ from __future__ import annotations
 import builtins
 import copy as _copy
 import functools
-import inspect
 import multiprocessing
-import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +24,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space
 
+from .arguments import POOL_KEYWORDS, is_ray_pool
 from .autoreset import NEXT_STEP, as_gymnasium, parse_autoreset_mode
 from .errors import EnvError
 from .pool import Pool
@@ -39,7 +38,7 @@ __all__ = ["POOL_PARAMETERS", "VECTOR_PARAMETERS", "VectorEnv", "WaitTimeoutErro
 # AsyncVectorEnv refuses to run these through ``call`` (they would desync the vector env).
 _NOT_CALLABLE = ("reset", "step", "close", "_setattr", "_check_spaces")
 # Pool parameters a VectorEnv forwards; any other keyword is an env kwarg (gymnasium ids only).
-POOL_PARAMETERS = frozenset(inspect.signature(Pool).parameters) - {"env", "num_envs", "env_kwargs"}
+POOL_PARAMETERS = POOL_KEYWORDS
 # Keywords a VectorEnv takes besides its envs: its own and the pool's.
 VECTOR_PARAMETERS = POOL_PARAMETERS | {"copy", "autoreset_mode"}
 
@@ -97,7 +96,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     ) -> None:
         self._pool: Pool | RayPool | None = None
         self.closed = True  # until the pool exists: __del__ and close() have nothing to do
-        if isinstance(env_fns, Pool) or _is_ray_pool(env_fns):
+        if isinstance(env_fns, Pool) or is_ray_pool(env_fns):
             pool = env_fns
             if pool_kwargs:
                 raise TypeError(f"pool options {sorted(pool_kwargs)} cannot be given with an already built Pool")
@@ -398,13 +397,6 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         if type(obs) is np.ndarray:
             return obs.copy()
         return _copy.deepcopy(obs)  # what gymnasium does; dict/tuple observations
-
-
-def _is_ray_pool(obj: Any) -> bool:
-    """A :class:`shmpool.distributed.RayPool`, checked without importing ray: if the module
-    was never imported, nothing can be one."""
-    mod = sys.modules.get("shmpool.distributed")
-    return mod is not None and isinstance(obj, mod.RayPool)
 
 
 # --- exceptions of the env's own type -------------------------------------------

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from shmpool import _core, parse_cpu_list
+from shmpool import Pool, _core, parse_cpu_list
 from shmpool import layout as L
+from shmpool.arguments import POOL_KEYWORDS, shard_sizes
 from shmpool.infos import InfoReader, InfoWriter, add_info
-from shmpool.pool import shard_sizes
 from shmpool.topology import oversubscribed, resolve_wait_policy
 
 
@@ -28,6 +28,12 @@ def test_parse_cpu_list(spec, cpus):
 def test_parse_cpu_list_errors(spec, msg):
     with pytest.raises(ValueError, match=msg):
         parse_cpu_list(spec)
+
+
+def test_pool_keywords_are_pools_parameters():
+    import inspect
+
+    assert POOL_KEYWORDS == set(inspect.signature(Pool).parameters) - {"env", "num_envs", "env_kwargs"}
 
 
 def test_shard_sizes_spread_the_remainder():
