@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector.utils import concatenate, create_empty_array
 from stable_baselines3.common.env_util import is_wrapped
 from stable_baselines3.common.vec_env.base_vec_env import (
     VecEnv,
@@ -215,8 +216,11 @@ class ShmVecEnv(VecEnv):
         self._reset_options()
         return _copy_obs(obs)
 
-    def step_async(self, actions: np.ndarray) -> None:
-        """Start stepping every env; ``actions`` is ``(num_envs, *action_shape)``."""
+    def step_async(self, actions: np.ndarray | list) -> None:
+        """Start stepping every env; ``actions`` is ``(num_envs, *action_shape)``, or for Dict/Tuple
+        action spaces a list with one action (dict/tuple) per env, as SB3 passes them."""
+        if isinstance(actions, list) and isinstance(self.action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
+            actions = concatenate(self.action_space, actions, create_empty_array(self.action_space, self.num_envs))
         self._pool.step_async(actions)
         self._pending = True
 

@@ -473,3 +473,38 @@ def test_sb3_ppo_example_short_run(no_leaks):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "eval mean return" in proc.stdout
+
+
+# --- Dict and Tuple actions as SB3 hands them: one action per env ------------------------
+
+
+class EchoActionEnv(gym.Env):
+    """Observes its last action, flattened: a Dict or Tuple action reaches the env intact or not."""
+
+    def __init__(self, kind: str = "dict"):
+        parts = {"a": gym.spaces.Discrete(3), "b": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)}
+        self.action_space = gym.spaces.Dict(parts) if kind == "dict" else gym.spaces.Tuple(tuple(parts.values()))
+        self.observation_space = gym.spaces.Box(-5.0, 5.0, (3,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        a, b = (action["a"], action["b"]) if isinstance(action, dict) else action
+        return np.array([a, *b], np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("kind", ["dummy", "shm"])
+@pytest.mark.parametrize("space", ["dict", "tuple"])
+def test_per_env_dict_and_tuple_actions(kind, space, no_leaks):
+    fns = [functools.partial(EchoActionEnv, space)] * 3
+    venv = make(kind, fns)
+    with closing(venv):
+        venv.action_space.seed(3)
+        venv.reset()
+        actions = [venv.action_space.sample() for _ in range(3)]  # what SB3's own suite passes
+        obs, _, _, _ = venv.step(actions)
+    for row, action in zip(obs, actions):
+        a, b = (action["a"], action["b"]) if space == "dict" else action
+        np.testing.assert_array_equal(row, np.array([a, *b], np.float32))
