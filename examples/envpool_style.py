@@ -5,10 +5,12 @@ batch_size, async_reset, then recv -> send(action, env_id)).  The README snippet
 not run as printed (``batch_size`` and ``env_id`` are undefined, ``info.env_id`` is an
 attribute access on a dict, actions are drawn from ``range(batch_size)``), so this is
 the runnable form EnvPool's own ``examples/env_step.py`` uses, with gymnasium's 5-tuple
-``recv()``.  The default task is CartPole-v1 (EnvPool has it too): shmpool's built-in
-Pong-v5 recipe with EnvPool's preprocessing is not there yet, and any gymnasium id works.
+``recv()``.  The default task is CartPole-v1 (EnvPool has it too); ``--task Pong-v5`` runs
+shmpool's built-in Atari recipe with EnvPool's preprocessing (extra ``[atari]``), and any
+gymnasium id works.
 
     python examples/envpool_style.py --num-envs 64 --batch-size 16 --steps 20000
+    python examples/envpool_style.py --task Pong-v5 --num-envs 16 --batch-size 8 --steps 2000
 """
 from __future__ import annotations
 
