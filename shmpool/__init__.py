@@ -8,6 +8,18 @@ from .vector import VectorEnv, list_tasks, make, make_vec
 
 __version__ = "0.1.0"
 
+# The optional faces load on first use, so ``shmpool.sb3.ShmVecEnv`` works after ``import shmpool``
+# without making SB3 or Ray a dependency of ``import shmpool``.
+_OPTIONAL_FACES = ("sb3", "distributed")
+
+
+def __getattr__(name: str):
+    if name in _OPTIONAL_FACES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "BatchEnv",
     "Batched",

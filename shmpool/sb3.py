@@ -38,14 +38,19 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import concatenate, create_empty_array
-from stable_baselines3.common.env_util import is_wrapped
-from stable_baselines3.common.vec_env.base_vec_env import (
-    VecEnv,
-    VecEnvIndices,
-    VecEnvObs,
-    VecEnvStepReturn,
-)
-from stable_baselines3.common.vec_env.patch_gym import _patch_env
+
+try:
+    from stable_baselines3.common.env_util import is_wrapped
+    from stable_baselines3.common.vec_env.base_vec_env import (
+        VecEnv,
+        VecEnvIndices,
+        VecEnvObs,
+        VecEnvStepReturn,
+    )
+    from stable_baselines3.common.vec_env.patch_gym import _patch_env
+except ImportError as _exc:  # pragma: no cover - exercised only without SB3
+    raise ImportError("shmpool.sb3 needs stable-baselines3: pip install 'shmpool[sb3]' "
+                      "(or 'stable-baselines3>=2.3')") from _exc
 
 from .arguments import POOL_KEYWORDS, is_ray_pool, make_by_id
 from .autoreset import SAME_STEP, parse_autoreset_mode
