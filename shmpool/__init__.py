@@ -1,7 +1,7 @@
 """shmpool: many RL environments in pinned worker processes, batched through shared memory."""
 from ._core import WaitPolicy
 from .batched import Batched, BatchEnv
-from .errors import EnvError, PoolClosedError, ShmpoolError, WorkerDiedError, WorkerRestartedError
+from .errors import EnvError, PoolClosedError, PoolResourceError, ShmpoolError, WorkerDiedError, WorkerRestartedError
 from .pool import Pool
 from .topology import allowed_cpus, parse_cpu_list
 from .vector import VectorEnv, list_tasks, make, make_vec
@@ -26,6 +26,7 @@ __all__ = [
     "EnvError",
     "Pool",
     "PoolClosedError",
+    "PoolResourceError",
     "ShmpoolError",
     "WaitPolicy",
     "VectorEnv",

@@ -45,3 +45,19 @@ class WorkerRestartedError(ShmpoolError):
 
 class PoolClosedError(ShmpoolError):
     """The pool was used after ``close()`` (or after a fatal error closed it)."""
+
+
+class PoolResourceError(ShmpoolError, OSError):
+    """The pool could not get a resource it needs (memory for its shared region, address space,
+    file descriptors, processes).  The message names the resource, the size asked for, the limit
+    when known, and what to change.  ``EnvError`` stays for errors raised by env code."""
+
+    def __init__(self, message: str, *, errno_: int | None, resource: str, size: int | None,
+                 limit: int | None) -> None:
+        OSError.__init__(self, errno_, message)
+        self.resource = resource
+        self.size = size
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import mmap
 import multiprocessing as mp
 import os
 import pickle
@@ -30,6 +29,7 @@ from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
 from .batched import BatchedEnvs, check_hosting
 from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
 from .infos import InfoReader, add_info
+from .memory import create_region, map_region
 from .resets import check_reset_mask, seed_list
 from .topology import allowed_cpus, oversubscribed, resolve_cpus, resolve_wait_policy
 from .workers import loop
@@ -204,12 +204,11 @@ class Pool:
         self.spec = spec
         self._layout = layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space)
 
-        # The region is unlinked the moment it exists: workers get its file
+        # The region is anonymous memory (shmpool.memory): workers get its file
         # descriptor over their socket, so no crash can leave it in /dev/shm.
-        shm = posix_ipc.SharedMemory(None, posix_ipc.O_CREX, size=layout.size)
+        region_fd = create_region(layout.size)
         try:
-            shm.unlink()
-            self._region = mmap.mmap(shm.fd, layout.size)
+            self._region = map_region(region_fd, layout.size)
             sems = sem_names = None
             if self._use_sems:
                 sems = [posix_ipc.Semaphore(None, posix_ipc.O_CREX)
@@ -220,10 +219,10 @@ class Pool:
             self._wire.init_header()
             self._map_msg = ("map", layout, policy, _SLICE_NS, sem_names, self.autoreset_mode)
             if self.on_worker_error == "restart":
-                self._ctx, self._shm_fd = ctx, os.dup(shm.fd)
+                self._ctx, self._shm_fd = ctx, os.dup(region_fd)
             for conn, proc in zip(self._conns, self._procs):
                 conn.send(self._map_msg)
-                send_handle(conn, shm.fd, proc.pid)
+                send_handle(conn, region_fd, proc.pid)
             try:
                 for k in range(self.num_workers):
                     self._startup_message(k, "ready", deadline)
@@ -231,7 +230,7 @@ class Pool:
                 for s in sems or ():
                     s.unlink()
         finally:
-            shm.close_fd()
+            os.close(region_fd)
 
         self._views = views = L.Views(layout, self._region)
         self._wire.bind_results(layout.offsets["status"], layout.offsets["info_mask"])

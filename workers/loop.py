@@ -164,7 +164,11 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
                 return
         first = envs[0]
         for k, env in enumerate(envs[1:], 1):
-            if env.observation_space != first.observation_space or env.action_space != first.action_space:
+            # Identity first: Box equality runs allclose over low/high, seconds for large spaces x many envs.
+            obs_space, act_space = env.observation_space, env.action_space
+            same_obs = obs_space is first.observation_space or obs_space == first.observation_space
+            same_act = act_space is first.action_space or act_space == first.action_space
+            if not (same_obs and same_act):
                 conn.send(("error", start + k, "make", "ValueError",
                            f"env {start + k} has observation/action spaces {env.observation_space}, "
                            f"{env.action_space}; env {start} has {first.observation_space}, "
