@@ -10,6 +10,7 @@ import sys
 
 COMMANDS = {
     "core": "bench.core",            # issue 2's core targets
+    "train": "bench.train",          # env steps/s inside a PPO-shaped training loop, per vector env
     "tasks": "bench.tasks",          # recipes vs EnvPool
     "soak": "bench.soak",            # leaks under random use
     "recipe-cost": "bench.recipe_cost",
