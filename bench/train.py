@@ -37,25 +37,25 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from ._timing import Case, Record, Sample, fill_defaults, run_interleaved
-from .core import Group, Target, comma_counts, comma_list, environment, fmt_ratio, fmt_summary, markdown_table
+from . import cli
+from ._timing import Case, Record, Sample, run_interleaved
+from .envs import gym_env_fn
 from .ppo import PPOConfig, Stepper, Trainer, default_rollout_steps
+from .report import Group, Target, environment, fmt_ratio, fmt_summary, markdown_table, write_json
+from .subjects import ASYNC_VEC, POOL_ASYNC, POOL_SYNC, SYNC_VEC
 
-SYNC_VEC, ASYNC_VEC = "SyncVectorEnv", "AsyncVectorEnv"
 SB3_DUMMY, SB3_SUBPROC = "SB3 DummyVecEnv", "SB3 SubprocVecEnv"
 ENVPOOL = "EnvPool"
-POOL_SYNC, POOL_ASYNC = "shmpool sync", "shmpool async"
 SYSTEMS = (SYNC_VEC, ASYNC_VEC, SB3_DUMMY, SB3_SUBPROC, ENVPOOL, POOL_SYNC, POOL_ASYNC)
 GYM_VECTOR = (SYNC_VEC, ASYNC_VEC)
 SHMPOOL = (POOL_SYNC, POOL_ASYNC)
@@ -67,14 +67,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 # --- the envs each system steps ----------------------------------------------------------------
-
-def gym_env_fn(task: str) -> Callable[[], gym.Env]:
-    """A picklable constructor of gymnasium's env for ``task`` (Pong: ALE + EnvPool's preprocessing)."""
-    if task == "Pong-v5":
-        from .tasks import gym_atari
-        return functools.partial(gym_atari, task)
-    return functools.partial(gym.make, task)
-
 
 class GymVectorStepper:
     """gymnasium's ``SyncVectorEnv`` or ``AsyncVectorEnv`` (shared memory)."""
@@ -310,20 +302,28 @@ def rows(groups: Sequence[Group]) -> list[list[str]]:
 
 def targets(groups: Sequence[Group], busy: bool) -> list[Target]:
     """What a trainer-in-the-loop shmpool should reach (sync, the one-line swap), checked on this run."""
+    cores = len(os.sched_getaffinity(0))
+    share = (f"the {cores} cores are shared by the env workers, this process and torch's threads: waiting that "
+             "spins or yields on one side takes the cores the other side needs (see the lines below)")
     goals = []
     for g in groups:
         best = best_gym(g)
         if busy:
             goals.append(Target(f"{g.task} N={g.num_envs}, one core busy elsewhere: shmpool sync ≥ 0.9× "
-                                "SyncVectorEnv", 0.9, g.ratio(POOL_SYNC, SYNC_VEC)))
+                                "SyncVectorEnv", 0.9, g.ratio(POOL_SYNC, SYNC_VEC),
+                                moves=f"with one core taken, {share}"))
             continue
         goal = 1.0 if g.task == "CartPole-v1" else 1.5
         if g.task == "CartPole-v1" or g.num_envs == 32:
             goals.append(Target(f"{g.task} N={g.num_envs}: shmpool sync ≥ {goal:g}× the best gymnasium vector "
-                                f"env ({best})", goal, g.ratio(POOL_SYNC, best) if best else None))
+                                f"env ({best})", goal, g.ratio(POOL_SYNC, best) if best else None,
+                                moves=share + ("; CartPole's env step is so cheap that the policy dominates"
+                                               if g.task == "CartPole-v1" else "")))
         if g.num_envs >= 32:
             goals.append(Target(f"{g.task} N={g.num_envs}: shmpool sync max/min over repetitions ≤ 1.3×", 1.3,
-                                spread(g, POOL_SYNC), at_most=True))
+                                spread(g, POOL_SYNC), at_most=True,
+                                moves="other processes on the box, and wake-ups that miss (a sleeping worker "
+                                      "or trainer thread woken late stalls the whole step)"))
     return goals
 
 
@@ -392,13 +392,11 @@ def plot(groups: Sequence[Group], path: Path, title: str) -> None:
 
 def write_results(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Group], skipped: dict[str, str],
                   goals: Sequence[Target], text: str) -> list[Path]:
-    """JSON (every repetition), markdown (the printed report) and PNG next to ``args.json``."""
+    """JSON (every repetition), markdown (the printed report) and PNG: ``args.json`` and beside it."""
     path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "json"}
-    data = {"benchmark": "bench.train", "environment": env, "config": config, "skipped": skipped,
-            "cells": [g.to_json() for g in groups], "targets": [t.to_json() for t in goals]}
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_json(path, {"benchmark": "bench.train", "environment": env, "config": config, "skipped": skipped,
+                      "cells": [g.to_json() for g in groups], "targets": [t.to_json() for t in goals]})
     md, png = path.with_suffix(".md"), path.with_suffix(".png")
     md.write_text(text + "\n")
     written = [path, md]
@@ -412,45 +410,34 @@ def write_results(args: argparse.Namespace, env: dict[str, Any], groups: Sequenc
 # --- command line ------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench train", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 2)[2])
+    p = cli.parser("python -m bench train", __doc__)
     p.add_argument("--tasks", help=f"comma list of {', '.join(TASKS)} (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--num-envs", help="comma list of N (default 8,32)")
     p.add_argument("--systems", help=f"comma list of systems (default all: {', '.join(SYSTEMS)})")
-    p.add_argument("--seconds", type=float, help="timed seconds per repetition, whole iterations (default 5)")
-    p.add_argument("--repeats", type=int, help="interleaved repetitions per cell (default 3)")
-    p.add_argument("--warmup", type=float, help="untimed training seconds before each repetition (default 1)")
     p.add_argument("--rollout-steps", type=int,
                    help="loop steps between updates (default 1024 / batch, at least 8: ~1,024 transitions)")
     p.add_argument("--torch-threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
     p.add_argument("--busy-neighbour", action="store_true",
                    help="run a process that burns one core for the whole run (another job on the box)")
-    p.add_argument("--json", metavar="PATH",
-                   help="write every repetition here, the report beside it (.md) and a plot (.png) "
-                        "(default bench/results/train.json; --quick: not written)")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny run for tests: CartPole-v1 N=8, SyncVectorEnv and shmpool sync, 1 repeat of 0.5 s "
-                        "(explicit options still win)")
-    args = p.parse_args(argv)
-    args.command = " ".join(["python -m bench train", *(sys.argv[1:] if argv is None else argv)])
-    args.tasks = comma_list(args.tasks) if args.tasks else list(DEFAULT_TASKS)
+    cli.add_run_options(p, cli.RunDefaults(seconds=(4.0, 0.5), warmup=(0.5, 0.01), json=str(RESULTS / "train.json")),
+                        quick="CartPole-v1 N=8, SyncVectorEnv and shmpool sync, 1 repeat of 0.5 s",
+                        seconds_help="timed seconds per repetition, in whole rollout+update iterations")
+    args = cli.parse(p, argv)
+    args.tasks = cli.comma_list(args.tasks) if args.tasks else list(DEFAULT_TASKS)
     unknown = [t for t in args.tasks if t not in TASKS]
     if unknown:
         p.error(f"unknown task(s) {unknown}; tasks: {', '.join(TASKS)}")
-    args.num_envs = comma_counts(p, args.num_envs) if args.num_envs else ([8] if args.quick else list(DEFAULT_NUM_ENVS))
+    if args.num_envs:
+        args.num_envs = cli.positive_ints(p, "--num-envs", args.num_envs)
+    else:
+        args.num_envs = [8] if args.quick else list(DEFAULT_NUM_ENVS)
     if args.systems:
-        args.systems = comma_list(args.systems)
+        args.systems = cli.comma_list(args.systems)
         unknown = [s for s in args.systems if s not in SYSTEMS]
         if unknown:
             p.error(f"unknown system(s) {unknown}; systems: {', '.join(SYSTEMS)}")
     else:
         args.systems = [SYNC_VEC, POOL_SYNC] if args.quick else list(SYSTEMS)
-    fill_defaults(args, seconds=(5.0, 0.5), repeats=(3, 1), warmup=(1.0, 0.0))
-    if args.json is None and not args.quick:
-        args.json = str(RESULTS / "train.json")
-    if args.seconds <= 0 or args.warmup < 0 or args.repeats < 1:
-        p.error("--seconds must be > 0, --warmup >= 0 and --repeats >= 1")
     return args
 
 
