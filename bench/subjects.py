@@ -1,7 +1,12 @@
-"""The systems the env-only benchmarks compare, as timed subjects: gymnasium's vector envs and shmpool.
+"""The systems the benchmarks compare: one name each, opened one way each.
 
-Each subject is opened (not timed), then ``measure(seconds, warmup)`` steps it with one
-fixed batch of actions (so the policy costs nothing) and counts env steps:
+Two ways to drive them.  Env-only (``bench.core``, ``bench.tasks``, ``bench.throughput``): a
+subject is opened (not timed), then ``measure(seconds, warmup)`` steps it with one fixed
+batch of actions (so no policy costs anything) and counts env steps.  With a policy
+(``bench train``): :func:`open_stepper` gives every system, SB3's and EnvPool's included,
+the same ``reset()`` / ``step(actions) -> (obs, rewards, dones)`` face (``bench.ppo.Stepper``).
+
+The env-only systems:
 
 - ``SyncVectorEnv``: gymnasium's for-loop over the envs in this process;
 - ``AsyncVectorEnv``: gymnasium's one process per env, observations in shared memory;
@@ -12,8 +17,10 @@ fixed batch of actions (so the policy costs nothing) and counts env steps:
 from __future__ import annotations
 
 import functools
+import os
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -23,9 +30,17 @@ from gymnasium.vector.utils import batch_space
 import shmpool
 
 from ._timing import Sample, timed_loop
+from .envs import gym_env_fn
+
+if TYPE_CHECKING:
+    from .ppo import Stepper
 
 SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC = "SyncVectorEnv", "AsyncVectorEnv", "shmpool sync", "shmpool async"
-SYSTEMS = (SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC)
+SB3_DUMMY, SB3_SUBPROC, ENVPOOL = "SB3 DummyVecEnv", "SB3 SubprocVecEnv", "EnvPool"
+SYSTEMS = (SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC)          # the env-only headline's
+ALL_SYSTEMS = (SYNC_VEC, ASYNC_VEC, SB3_DUMMY, SB3_SUBPROC, ENVPOOL, POOL_SYNC, POOL_ASYNC)   # bench train's
+GYM_VECTOR = (SYNC_VEC, ASYNC_VEC)
+SHMPOOL = (POOL_SYNC, POOL_ASYNC)
 ACTION_SEED = 0
 
 
@@ -128,3 +143,126 @@ class PoolAsync:
 
     def close(self) -> None:
         self.pool.close()
+
+
+# --- the systems driven by a policy (bench train): reset() and step(actions) -> (obs, rewards, dones) ----
+
+class GymVectorStepper:
+    """gymnasium's ``SyncVectorEnv`` or ``AsyncVectorEnv`` (shared memory)."""
+
+    def __init__(self, system: str, task: str, n: int, seed: int) -> None:
+        fns = [gym_env_fn(task)] * n
+        self.env = gym.vector.SyncVectorEnv(fns) if system == SYNC_VEC else gym.vector.AsyncVectorEnv(fns)
+        self.num_envs = self.batch = n
+        self.observation_space = self.env.single_observation_space
+        self.action_space = self.env.single_action_space
+        self.seed = seed
+        self.info: dict[str, Any] = {}
+
+    def reset(self) -> np.ndarray:
+        return self.env.reset(seed=self.seed)[0]
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        obs, reward, terminated, truncated, _ = self.env.step(actions)
+        return obs, reward, terminated | truncated
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class SB3Stepper:
+    """stable-baselines3's ``DummyVecEnv`` or ``SubprocVecEnv``, through the VecEnv API."""
+
+    def __init__(self, system: str, task: str, n: int, seed: int) -> None:
+        from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+        fns = [gym_env_fn(task)] * n
+        self.env = DummyVecEnv(fns) if system == SB3_DUMMY else SubprocVecEnv(fns)
+        self.num_envs = self.batch = n
+        self.observation_space = self.env.observation_space
+        self.action_space = self.env.action_space
+        self.seed = seed
+        self.info: dict[str, Any] = {}
+
+    def reset(self) -> np.ndarray:
+        self.env.seed(self.seed)
+        return self.env.reset()
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        obs, reward, done, _ = self.env.step(actions)
+        return obs, reward, done
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class EnvPoolStepper:
+    """EnvPool's own task, sync: ``batch_size = N``, ``num_threads`` = the allowed cores."""
+
+    def __init__(self, task: str, n: int, seed: int) -> None:
+        import envpool
+        threads = min(n, len(os.sched_getaffinity(0)))
+        with warnings.catch_warnings():   # its float64 Box bounds cast to float32: nothing to act on here
+            warnings.simplefilter("ignore", UserWarning)
+            self.env = envpool.make(task, env_type="gymnasium", num_envs=n, batch_size=n, num_threads=threads,
+                                    seed=seed)
+        self.num_envs = self.batch = n
+        self.observation_space = self.env.observation_space
+        self.action_space = self.env.action_space
+        self.info = {"num_threads": threads}
+
+    def reset(self) -> np.ndarray:
+        return self.env.reset()[0]
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        obs, reward, terminated, truncated, _ = self.env.step(actions)
+        return obs, reward, terminated | truncated
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class ShmpoolStepper:
+    """``shmpool.make(task, num_envs=N)``: sync ``step``, or async ``recv``/``send`` with ``batch_size = N/2``."""
+
+    def __init__(self, system: str, task: str, n: int, seed: int) -> None:
+        self.batch = n if system == POOL_SYNC else max(1, n // 2)
+        self.env = shmpool.make(task, num_envs=n, batch_size=self.batch, seed=seed)
+        self.num_envs = n
+        self.observation_space = self.env.single_observation_space
+        self.action_space = self.env.single_action_space
+        self.info = {"pool": repr(self.env.pool)}
+        self._ids: np.ndarray | None = None
+
+    def reset(self) -> np.ndarray:
+        obs, _ = self.env.reset()   # seeded; a seeded Atari reset reloads the ROM: keep it out of recv
+        if self.batch == self.num_envs:
+            return obs
+        self.env.async_reset()
+        obs, _, _, _, info = self.env.recv()
+        self._ids = info["env_id"]
+        return obs
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._ids is None:
+            obs, reward, terminated, truncated, _ = self.env.step(actions)
+        else:
+            self.env.send(actions, self._ids)
+            obs, reward, terminated, truncated, info = self.env.recv()
+            self._ids = info["env_id"]
+        return obs, reward, terminated | truncated
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def open_stepper(system: str, task: str, n: int, seed: int = 0) -> Stepper:
+    """The vector env of ``system`` over ``task`` with ``n`` envs, seeded ``seed``."""
+    if system in GYM_VECTOR:
+        return GymVectorStepper(system, task, n, seed)
+    if system in (SB3_DUMMY, SB3_SUBPROC):
+        return SB3Stepper(system, task, n, seed)
+    if system == ENVPOOL:
+        return EnvPoolStepper(task, n, seed)
+    if system in SHMPOOL:
+        return ShmpoolStepper(system, task, n, seed)
+    raise ValueError(f"unknown system {system!r}; systems: {', '.join(SYSTEMS)}")

@@ -45,146 +45,30 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from . import cli
 from ._timing import Case, Record, Sample, run_interleaved
 from .envs import gym_env_fn
-from .ppo import PPOConfig, Stepper, Trainer, default_rollout_steps
+from .ppo import PPOConfig, Trainer, default_rollout_steps
 from .report import Group, Target, environment, fmt_ratio, fmt_summary, markdown_table, write_json
-from .subjects import ASYNC_VEC, POOL_ASYNC, POOL_SYNC, SYNC_VEC
+from .subjects import (
+    ALL_SYSTEMS,
+    ENVPOOL,
+    GYM_VECTOR,
+    POOL_SYNC,
+    SB3_DUMMY,
+    SB3_SUBPROC,
+    SHMPOOL,
+    SYNC_VEC,
+    open_stepper,
+)
 
-SB3_DUMMY, SB3_SUBPROC = "SB3 DummyVecEnv", "SB3 SubprocVecEnv"
-ENVPOOL = "EnvPool"
-SYSTEMS = (SYNC_VEC, ASYNC_VEC, SB3_DUMMY, SB3_SUBPROC, ENVPOOL, POOL_SYNC, POOL_ASYNC)
-GYM_VECTOR = (SYNC_VEC, ASYNC_VEC)
-SHMPOOL = (POOL_SYNC, POOL_ASYNC)
+SYSTEMS = ALL_SYSTEMS
 TASKS = ("CartPole-v1", "Pong-v5", "Ant-v5")
 DEFAULT_TASKS = ("CartPole-v1",)
 DEFAULT_NUM_ENVS = (8, 32)
 SEED = 0
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-# --- the envs each system steps ----------------------------------------------------------------
-
-class GymVectorStepper:
-    """gymnasium's ``SyncVectorEnv`` or ``AsyncVectorEnv`` (shared memory)."""
-
-    def __init__(self, system: str, task: str, n: int, seed: int) -> None:
-        fns = [gym_env_fn(task)] * n
-        self.env = gym.vector.SyncVectorEnv(fns) if system == SYNC_VEC else gym.vector.AsyncVectorEnv(fns)
-        self.num_envs = self.batch = n
-        self.observation_space = self.env.single_observation_space
-        self.action_space = self.env.single_action_space
-        self.seed = seed
-        self.info: dict[str, Any] = {}
-
-    def reset(self) -> np.ndarray:
-        return self.env.reset(seed=self.seed)[0]
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        obs, reward, terminated, truncated, _ = self.env.step(actions)
-        return obs, reward, terminated | truncated
-
-    def close(self) -> None:
-        self.env.close()
-
-
-class SB3Stepper:
-    """stable-baselines3's ``DummyVecEnv`` or ``SubprocVecEnv``, through the VecEnv API."""
-
-    def __init__(self, system: str, task: str, n: int, seed: int) -> None:
-        from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
-        fns = [gym_env_fn(task)] * n
-        self.env = DummyVecEnv(fns) if system == SB3_DUMMY else SubprocVecEnv(fns)
-        self.num_envs = self.batch = n
-        self.observation_space = self.env.observation_space
-        self.action_space = self.env.action_space
-        self.seed = seed
-        self.info: dict[str, Any] = {}
-
-    def reset(self) -> np.ndarray:
-        self.env.seed(self.seed)
-        return self.env.reset()
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        obs, reward, done, _ = self.env.step(actions)
-        return obs, reward, done
-
-    def close(self) -> None:
-        self.env.close()
-
-
-class EnvPoolStepper:
-    """EnvPool's own task, sync: ``batch_size = N``, ``num_threads`` = the allowed cores."""
-
-    def __init__(self, task: str, n: int, seed: int) -> None:
-        import envpool
-        threads = min(n, len(os.sched_getaffinity(0)))
-        self.env = envpool.make(task, env_type="gymnasium", num_envs=n, batch_size=n, num_threads=threads, seed=seed)
-        self.num_envs = self.batch = n
-        self.observation_space = self.env.observation_space
-        self.action_space = self.env.action_space
-        self.info = {"num_threads": threads}
-
-    def reset(self) -> np.ndarray:
-        return self.env.reset()[0]
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        obs, reward, terminated, truncated, _ = self.env.step(actions)
-        return obs, reward, terminated | truncated
-
-    def close(self) -> None:
-        self.env.close()
-
-
-class ShmpoolStepper:
-    """``shmpool.make(task, num_envs=N)``: sync ``step``, or async ``recv``/``send`` with ``batch_size = N/2``."""
-
-    def __init__(self, system: str, task: str, n: int, seed: int) -> None:
-        import shmpool
-        self.batch = n if system == POOL_SYNC else max(1, n // 2)
-        self.env = shmpool.make(task, num_envs=n, batch_size=self.batch, seed=seed)
-        self.num_envs = n
-        self.observation_space = self.env.single_observation_space
-        self.action_space = self.env.single_action_space
-        self.info = {"pool": repr(self.env.pool)}
-        self._ids: np.ndarray | None = None
-
-    def reset(self) -> np.ndarray:
-        obs, _ = self.env.reset()   # seeded; a seeded Atari reset reloads the ROM: keep it out of recv
-        if self.batch == self.num_envs:
-            return obs
-        self.env.async_reset()
-        obs, _, _, _, info = self.env.recv()
-        self._ids = info["env_id"]
-        return obs
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self._ids is None:
-            obs, reward, terminated, truncated, _ = self.env.step(actions)
-        else:
-            self.env.send(actions, self._ids)
-            obs, reward, terminated, truncated, info = self.env.recv()
-            self._ids = info["env_id"]
-        return obs, reward, terminated | truncated
-
-    def close(self) -> None:
-        self.env.close()
-
-
-def open_stepper(system: str, task: str, n: int, seed: int = SEED) -> Stepper:
-    """The vector env of ``system`` over ``task`` with ``n`` envs, seeded ``seed``."""
-    if system in GYM_VECTOR:
-        return GymVectorStepper(system, task, n, seed)
-    if system in (SB3_DUMMY, SB3_SUBPROC):
-        return SB3Stepper(system, task, n, seed)
-    if system == ENVPOOL:
-        return EnvPoolStepper(task, n, seed)
-    if system in SHMPOOL:
-        return ShmpoolStepper(system, task, n, seed)
-    raise ValueError(f"unknown system {system!r}; systems: {', '.join(SYSTEMS)}")
 
 
 # --- one timed subject: the loop over one system -------------------------------------------------
@@ -193,7 +77,7 @@ class TrainingRun:
     """A :class:`~bench.ppo.Trainer` over one system, as a subject of ``run_interleaved``."""
 
     def __init__(self, system: str, task: str, n: int, rollout_steps: int | None) -> None:
-        self.env = open_stepper(system, task, n)
+        self.env = open_stepper(system, task, n, seed=SEED)
         try:
             steps = rollout_steps or default_rollout_steps(self.env.batch)
             self.trainer = Trainer(self.env, PPOConfig(rollout_steps=steps), seed=SEED)
@@ -317,8 +201,9 @@ def targets(groups: Sequence[Group], busy: bool) -> list[Target]:
         if g.task == "CartPole-v1" or g.num_envs == 32:
             goals.append(Target(f"{g.task} N={g.num_envs}: shmpool sync ≥ {goal:g}× the best gymnasium vector "
                                 f"env ({best})", goal, g.ratio(POOL_SYNC, best) if best else None,
-                                moves=share + ("; CartPole's env step is so cheap that the policy dominates"
-                                               if g.task == "CartPole-v1" else "")))
+                                moves=share + ("; CartPole's env steps are so cheap that there is little to "
+                                               "win over the for-loop, and much to lose" if g.task == "CartPole-v1"
+                                               else "")))
         if g.num_envs >= 32:
             goals.append(Target(f"{g.task} N={g.num_envs}: shmpool sync max/min over repetitions ≤ 1.3×", 1.3,
                                 spread(g, POOL_SYNC), at_most=True,
