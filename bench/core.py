@@ -1,7 +1,8 @@
 """The headline benchmark: shmpool against gymnasium's vector envs stepping the same envs, and the raw round trip.
 
     python -m bench.core                        # CartPole-v1 N=8,32,128 and Ant-v5 N=8,32
-    python -m bench.core --json /tmp/core.json  # also write every raw measurement (+ the report as .md)
+    python -m bench.core --json /tmp/core.json  # every raw measurement there, the report beside it (.md)
+                                                # (default bench/results/core.json and core.md)
     python -m bench.core --quick                # a few seconds, for tests
 
 What it compares.  Env-only throughput: every system steps N copies of the same env
@@ -56,6 +57,7 @@ from . import cli
 from ._timing import Case, Sample, Summary, latency_loop, run_interleaved
 from .envs import EmptyEnv, gym_env_fn
 from .report import (
+    RESULTS,
     Group,
     Target,
     consoles,
@@ -87,6 +89,7 @@ DEFAULT_NUM_ENVS = {"CartPole-v1": (8, 32, 128), "Ant-v5": (8, 32)}
 OTHER_NUM_ENVS = (8, 32)
 PINGPONG = "spin ping-pong"
 PY_PINGPONG = "spin ping-pong, Python loop"
+DEFAULT_JSON = str(RESULTS / "core.json")   # and the markdown report beside it, core.md
 ROUND_TRIP_POLICIES = {"shmpool empty env, default wait": "auto", "shmpool empty env, wait_policy='spin'": "spin"}
 
 
@@ -414,7 +417,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", help=f"comma list of gymnasium ids (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--num-envs", help="comma list of N for every task (default: 8,32,128 for CartPole, 8,32 else)")
     p.add_argument("--no-roundtrip", action="store_true", help="skip the round-trip measurements")
-    cli.add_run_options(p, cli.RunDefaults(), quick="CartPole-v1 N=8, 0.2 s, 1 repeat")
+    cli.add_run_options(p, cli.RunDefaults(json=DEFAULT_JSON), quick="CartPole-v1 N=8, 0.2 s, 1 repeat")
     args = cli.parse(p, argv)
     quick = args.quick
     args.tasks = cli.comma_list(args.tasks) if args.tasks else (["CartPole-v1"] if quick else list(DEFAULT_TASKS))

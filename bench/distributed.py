@@ -39,9 +39,9 @@ from . import cli, envs
 from ._timing import Case, Record, Sample, latency_loop, run_interleaved
 from .envs import EmptyEnv, gym_atari
 from .latency import RecvLog, percentiles_of
-from .report import markdown_table, write_json
+from .report import RESULTS, markdown_table, write_json
 
-DEFAULT_JSON = "bench/results/distributed.json"
+DEFAULT_JSON = str(RESULTS / "distributed.json")
 REPORTED = (50, 95, 99)
 MEASURED = (5, 50, 95, 99)
 PONG = "Pong"   # ALE Pong-v5 with EnvPool's preprocessing (bench.envs.gym_atari): 84x84 gray, frame skip 4, 4 stacked

@@ -42,13 +42,13 @@ import shmpool
 
 from . import cli
 from ._timing import Case, Record, Sample, latency_loop, run_interleaved
-from .report import consoles, environment, fmt_rate, fmt_us, markdown_table, progress, write_json
+from .report import RESULTS, consoles, environment, fmt_rate, fmt_us, markdown_table, progress, write_json
 from .subjects import fixed_actions, pool_info
 
 DEFAULT_TASK = "CartPole-v1"
 DEFAULT_NUM_ENVS = (8, 32, 128)
 DEFAULT_BATCH_SIZES = (1, 8, 32)
-DEFAULT_JSON = "bench/results/latency.json"
+DEFAULT_JSON = str(RESULTS / "latency.json")
 MODES = ("sync", "async")
 REPORTED = (50, 75, 90, 95, 99)                   # the percentiles in the table and the JSON
 MEASURED = (1, 5, 10, 25, *REPORTED)              # low ones too: throughput p90 = batch / latency p10

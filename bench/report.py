@@ -22,6 +22,8 @@ import shmpool
 
 from ._timing import Case, Record, Summary, summarize
 
+RESULTS = Path(__file__).resolve().parent / "results"   # bench/results: the default home of every results file
+
 # --- the run's environment ---------------------------------------------------------------------
 
 

@@ -5,6 +5,9 @@
     python -m bench train --busy-neighbour                 # another process burns one core throughout
     python -m bench train --quick                          # a few seconds, for tests
 
+Results: the JSON (every repetition) at ``--json`` (default bench/results/train.json), the
+printed report beside it as ``.md`` and a plot of each system's ratio to SyncVectorEnv as ``.png``.
+
 Env-only benchmarks (``python -m bench.core``) step envs with nothing else running.  A
 trainer also runs a policy forward pass on every step's observations and, every
 ``--rollout-steps`` steps, a PPO update (a few epochs of minibatches, backward, Adam) —
@@ -50,7 +53,7 @@ from . import cli
 from ._timing import Case, Record, Sample, run_interleaved
 from .envs import gym_env_fn
 from .ppo import PPOConfig, Trainer, default_rollout_steps
-from .report import Group, Target, environment, fmt_ratio, fmt_summary, markdown_table, write_json
+from .report import RESULTS, Group, Target, environment, fmt_ratio, fmt_summary, markdown_table, write_json
 from .subjects import (
     ALL_SYSTEMS,
     ENVPOOL,
@@ -68,7 +71,6 @@ TASKS = ("CartPole-v1", "Pong-v5", "Ant-v5")
 DEFAULT_TASKS = ("CartPole-v1",)
 DEFAULT_NUM_ENVS = (8, 32)
 SEED = 0
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 # --- one timed subject: the loop over one system -------------------------------------------------
@@ -237,7 +239,9 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Gro
         markdown_table(HEADER, rows(groups)),
     ]
     lines += [f"\n{where} skipped — {reason}" for where, reason in skipped.items()]
-    lines += ["", "### Targets (medians of this run)", "", *(t.line() for t in goals), "", WHAT_MOVES_IT]
+    goal_lines = [t.line() for t in goals] or ["- none for these cells (they are set for CartPole at every N and "
+                                               "for Pong-v5/Ant-v5 at N=32)"]
+    lines += ["", "### Targets (medians of this run)", "", *goal_lines, "", WHAT_MOVES_IT]
     return "\n".join(lines)
 
 
