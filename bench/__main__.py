@@ -33,7 +33,14 @@ def main(argv: list[str]) -> int:
     if name not in COMMANDS:
         print(f"unknown command {name!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    return importlib.import_module(COMMANDS[name]).main(rest)
+    try:
+        module = importlib.import_module(COMMANDS[name])
+    except ModuleNotFoundError as exc:
+        if exc.name != COMMANDS[name]:
+            raise   # the command's own dependency is missing: its message says which
+        print(f"{name}: {COMMANDS[name]} is not in this checkout", file=sys.stderr)
+        return 2
+    return module.main(rest)
 
 
 raise SystemExit(main(sys.argv[1:]))
