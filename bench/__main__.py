@@ -9,16 +9,18 @@ import importlib
 import sys
 
 COMMANDS = {
-    "core": "bench.core",            # issue 2's core targets
-    "tasks": "bench.tasks",          # recipes vs EnvPool
+    "core": "bench.core",            # env-only steps/s vs gymnasium's vector envs, and the raw round trip
+    "train": "bench.train",          # env steps/s inside a PPO-shaped training loop, per vector-env system
+    "fairness": "bench.fairness",    # how evenly async recv serves the envs, and waiting beside a trainer
+    "tasks": "bench.tasks",          # the Pong/Ant recipes vs EnvPool and gymnasium, env-only
     "soak": "bench.soak",            # leaks under random use
-    "recipe-cost": "bench.recipe_cost",
+    "recipe-cost": "bench.recipe_cost",  # single-core µs per step: recipe vs gymnasium's env
     "throughput": "bench.throughput",  # EnvPool's table: FPS per system and core count
-    "latency": "bench.latency",      # seed 004: step/recv latency percentiles
-    "poolvec": "bench.poolvec",      # seed 001: DummyVecEnv vs SubprocVecEnv vs ShmVecEnv
+    "latency": "bench.latency",      # step/recv latency percentiles, per call and per env step
+    "poolvec": "bench.poolvec",      # SB3's DummyVecEnv vs SubprocVecEnv vs ShmVecEnv over N, fitted overhead
     "plot": "bench.plot",            # a latency JSON -> PNG
-    "batch-pong": "bench.batch_pong",  # issue 4: a natively batched env vs one env at a time
-    "distributed": "bench.distributed",  # issue 7: RayPool on a local Ray cluster vs one local Pool
+    "batch-pong": "bench.batch_pong",  # a natively batched env vs one env at a time
+    "distributed": "bench.distributed",  # RayPool on a local Ray cluster vs one local Pool
 }
 
 
@@ -31,7 +33,14 @@ def main(argv: list[str]) -> int:
     if name not in COMMANDS:
         print(f"unknown command {name!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    return importlib.import_module(COMMANDS[name]).main(rest)
+    try:
+        module = importlib.import_module(COMMANDS[name])
+    except ModuleNotFoundError as exc:
+        if exc.name != COMMANDS[name]:
+            raise   # the command's own dependency is missing: its message says which
+        print(f"{name}: {COMMANDS[name]} is not in this checkout", file=sys.stderr)
+        return 2
+    return module.main(rest)
 
 
 raise SystemExit(main(sys.argv[1:]))

@@ -217,11 +217,3 @@ class Summary:
 def summarize(records: Iterable[Record], case: str, value: Callable[[Sample], float]) -> Summary | None:
     """Summary of ``value(sample)`` over the successful repetitions of ``case``."""
     return Summary.of(value(r.sample) for r in records if r.case == case and r.sample is not None)
-
-
-def fill_defaults(args: Any, **defaults: tuple[Any, Any]) -> None:
-    """Set each option left unset (None) on ``args`` to its ``(normal, quick)`` default,
-    the quick one when ``args.quick``: explicit options always win over ``--quick``."""
-    for name, (normal, quick) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else normal)

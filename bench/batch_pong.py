@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 
 import gymnasium as gym
@@ -30,7 +29,9 @@ import shmpool
 from shmpool.batched import Batched
 from shmpool.envs import BatchPong, PongEnv
 
-from ._timing import Case, Sample, fill_defaults, run_interleaved, summarize, timed_loop
+from . import cli
+from ._timing import Case, Sample, run_interleaved, summarize, timed_loop
+from .report import write_json
 
 _ACTION_SETS = 8
 
@@ -180,20 +181,17 @@ def report(data: dict) -> str:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench batch-pong", description=__doc__.splitlines()[0])
-    parser.add_argument("--num-envs", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                        help="comma-separated N (default 1024,16384; --quick: 64,256)")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=None, help="timed seconds per repetition")
-    parser.add_argument("--warmup", type=float, default=None)
-    parser.add_argument("--repeats", type=int, default=None)
+    parser = cli.parser("python -m bench batch-pong", __doc__)
+    parser.add_argument("--num-envs", help="comma list of N (default 1024,16384; --quick: 64,256)")
+    parser.add_argument("--workers", type=int, default=2, help="shmpool workers (default 2)")
     parser.add_argument("--baseline-envs", type=int, default=1024,
                         help="most envs the one-at-a-time sides step (their per-env cost is flat in N)")
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--quick", action="store_true", help="a short run (for tests)")
-    args = parser.parse_args(argv)
-    fill_defaults(args, num_envs=([1024, 16384], [64, 256]), seconds=(3.0, 0.2), warmup=(0.5, 0.05),
-                  repeats=(3, 1))
+    cli.add_run_options(parser, cli.RunDefaults(seconds=(3.0, 0.2), warmup=(0.5, 0.05)), quick="N=64,256, 0.2 s")
+    args = cli.parse(parser, argv)
+    if args.num_envs:
+        args.num_envs = cli.positive_ints(parser, "--num-envs", args.num_envs)
+    else:
+        args.num_envs = [64, 256] if args.quick else [1024, 16384]
     return args
 
 
@@ -202,8 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     data = run(args)
     print(report(data), flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=2)
+        write_json(args.json, data)
     failed = any(r["rates"][SHMPOOL] is None for r in data["results"])
     return 1 if failed else 0
 

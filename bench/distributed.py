@@ -1,11 +1,11 @@
-"""RayPool on a local multi-node Ray cluster against one local Pool on the same cores (issue 7).
+"""RayPool on a local multi-node Ray cluster against one local Pool on the same cores.
 
     python -m bench distributed                      # empty env, CartPole-v1, Pong (if ale-py), 3 reps
     python -m bench distributed --tasks CartPole-v1 --num-envs 32 --batch-size 16
     python -m bench distributed --quick              # a few seconds after the cluster is up, for tests
 
 The driver (this process) is the *agent*, the envs on the nodes are the
-*observers* (seed 004's terms, as ``python -m bench latency``):
+*observers* (as in ``python -m bench latency``):
 
 - **agent latency**: one driver call, ``step(actions)`` over all N (sync) or
   ``recv()`` of ``batch`` envs plus ``send()`` of their actions (async);
@@ -26,54 +26,28 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from ._timing import Case, Record, Sample, fill_defaults, latency_loop, run_interleaved
-from .latency import observer_latencies, percentiles_of
+from . import cli, envs
+from ._timing import Case, Record, Sample, latency_loop, run_interleaved
+from .envs import EmptyEnv, gym_atari
+from .latency import RecvLog, percentiles_of
+from .report import RESULTS, markdown_table, write_json
 
-DEFAULT_JSON = "bench/results/distributed.json"
+DEFAULT_JSON = str(RESULTS / "distributed.json")
 REPORTED = (50, 95, 99)
 MEASURED = (5, 50, 95, 99)
-PONG = "Pong"   # ALE Pong-v5 with EnvPool's preprocessing: 84x84 gray, frame skip 4, 4 frames stacked
+PONG = "Pong"   # ALE Pong-v5 with EnvPool's preprocessing (bench.envs.gym_atari): 84x84 gray, frame skip 4, 4 stacked
 
 
-# --- envs (pickled by value: the nodes need not import this package) ---------------------------
-
-
-class EmptyEnv(gym.Env):
-    """A step that does nothing: what the machinery alone costs."""
-
-    observation_space = gym.spaces.Box(0.0, 1.0, (4,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self) -> None:
-        self._obs = np.zeros(4, dtype=np.float32)
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        return self._obs, {}
-
-    def step(self, action):
-        return self._obs, 0.0, False, False, {}
-
-
-def make_pong() -> gym.Env:
-    """EnvPool's ``Pong-v5`` observation: (4, 84, 84) uint8, frame skip 4, no sticky-action change."""
-    import ale_py
-
-    gym.register_envs(ale_py)
-    env = gym.make("ALE/Pong-v5", frameskip=1)
-    env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)
-    return gym.wrappers.FrameStackObservation(env, 4)
+# --- envs: bench.envs, pickled by value (the nodes need not import this package) ----------------
 
 
 def env_spec(task: str) -> tuple[Any, dict]:
@@ -81,7 +55,7 @@ def env_spec(task: str) -> tuple[Any, dict]:
     if task == "empty":
         return EmptyEnv, {}
     if task == PONG:
-        return make_pong, {}
+        return functools.partial(gym_atari, "Pong-v5"), {}
     return task, {}
 
 
@@ -126,8 +100,7 @@ class Subject:
         except BaseException:
             self.pool.close()
             raise
-        self._ids: list[np.ndarray] = []
-        self._times: list[int] = []
+        self.log = RecvLog()
 
     def _sync(self) -> None:
         self.pool.step(self.actions)
@@ -135,23 +108,22 @@ class Subject:
     def _async(self) -> None:
         *_, infos = self.pool.recv()
         ids = infos["env_id"]
-        self._times.append(time.perf_counter_ns())
-        self._ids.append(ids)
+        self.log.add(ids)
         self.pool.send(self.actions, ids)
 
     def measure(self, seconds: float, warmup: float) -> Sample:
         step = self._sync if self.mode == "sync" else self._async
         if warmup > 0:
             latency_loop(step, warmup)
-        self._ids, self._times = [], []
+        self.log.clear()
         cpu = time.process_time()   # the driver's CPU, all its threads (Ray's core worker included)
         sample = latency_loop(step, seconds, percentiles=MEASURED)
         self.info["driver_cpu_us_per_call"] = 1e6 * (time.process_time() - cpu) / sample.count
         if self.mode == "sync":
             return sample
-        obs = observer_latencies(self._ids, self._times, self.n, timed=sample.count)
+        obs = self.log.observer_latencies(self.n, timed=sample.count)
         self.info["observer_latency_us"] = percentiles_of(obs, REPORTED)
-        self._ids, self._times = [], []
+        self.log.clear()
         return sample
 
     def close(self) -> None:
@@ -277,47 +249,33 @@ def rows(cells: list[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
-def markdown(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(r) + " |" for r in body]
-    return "\n".join(lines)
-
-
 # --- command line --------------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench distributed", description=__doc__.split("\n\n")[0])
+    p = cli.parser("python -m bench distributed", __doc__)
     p.add_argument("--tasks", help=f"comma list: empty, CartPole-v1, {PONG}, or gymnasium ids "
                                    f"(default empty,CartPole-v1,{PONG}; --quick: empty,CartPole-v1)")
     p.add_argument("--nodes", type=int, help="Ray nodes = cores used (default: the allowed cores, at least 2)")
     p.add_argument("--num-envs", type=int, help="N (default 8 per node)")
     p.add_argument("--batch-size", type=int, help="async batch (default N/2)")
     p.add_argument("--modes", default="sync,async", help="comma list of sync, async (default both)")
-    p.add_argument("--repeats", type=int, help="interleaved repetitions per cell (default 3, --quick 1)")
-    p.add_argument("--seconds", type=float, help="timed seconds per repetition (default 3, --quick 0.3)")
-    p.add_argument("--warmup", type=float, help="untimed seconds first (default 0.5, --quick 0.1)")
     p.add_argument("--store-mb", type=int, default=80, help="object store per node, MB (default 80)")
-    p.add_argument("--json", metavar="PATH",
-                   help=f"write the cells here (default {DEFAULT_JSON}; --quick: only if given)")
-    p.add_argument("--quick", action="store_true", help="tiny run for tests (explicit options still win)")
-    args = p.parse_args(argv)
-    args.command = " ".join(["python -m bench distributed", *(sys.argv[1:] if argv is None else argv)])
-    fill_defaults(args, repeats=(3, 1), seconds=(3.0, 0.3), warmup=(0.5, 0.1))
+    cli.add_run_options(p, cli.RunDefaults(seconds=(3.0, 0.3), warmup=(0.5, 0.1), json=DEFAULT_JSON),
+                        quick="empty and CartPole-v1, 1 repeat of 0.3 s")
+    args = cli.parse(p, argv)
     if args.tasks is None:
         args.tasks = "empty,CartPole-v1" if args.quick else f"empty,CartPole-v1,{PONG}"
-    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.tasks = cli.comma_list(args.tasks)
+    args.modes = cli.comma_list(args.modes)
     if not args.modes or any(m not in ("sync", "async") for m in args.modes):
         p.error(f"--modes must be a comma list of sync, async, got {','.join(args.modes) or 'nothing'}")
     cpus = sorted(os.sched_getaffinity(0))
     if args.nodes is None:
         args.nodes = max(2, len(cpus))
-    if args.nodes < 1 or args.repeats < 1 or args.seconds <= 0 or args.warmup < 0:
-        p.error("--nodes and --repeats must be >= 1, --seconds > 0, --warmup >= 0")
+    if args.nodes < 1:
+        p.error("--nodes must be >= 1")
     args.cpus = [cpus[k % len(cpus)] for k in range(args.nodes)]
-    if args.json is None and not args.quick:
-        args.json = DEFAULT_JSON
     try:
         import ray  # noqa: F401
     except ImportError:
@@ -344,9 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from ray import cloudpickle as ray_cloudpickle
 
-    # The nodes need not import this package: EmptyEnv/make_pong (pickled by shmpool) and _Echo (by Ray) go by value.
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # The nodes need not import this package: the envs (pickled by shmpool) and _Echo (by Ray) go by value.
+    for module in (sys.modules[__name__], envs):
+        cloudpickle.register_pickle_by_value(module)
+        ray_cloudpickle.register_pickle_by_value(module)
     skipped = {t: why for t in args.tasks if (why := task_available(t))}
     for t, why in skipped.items():
         print(f"skipped {t}: {why}", file=sys.stderr)
@@ -385,14 +344,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "from its `send` to the `recv` returning it; driver CPU = the driver process's CPU time per call (all "
         "threads); overhead = Ray p50 − local p50 per call.",
         "",
-        markdown(HEADER, rows(results)),
+        markdown_table(HEADER, rows(results)),
     ]
     print("\n".join(lines), flush=True)
     if args.json:
-        data = {"benchmark": "bench.distributed", "config": {k: v for k, v in vars(args).items() if k != "json"},
-                "cluster_startup_s": startup, "ray_round_trip_us": floor, "skipped": skipped, "cells": results}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+        write_json(args.json, {"benchmark": "bench.distributed",
+                               "config": {k: v for k, v in vars(args).items() if k != "json"},
+                               "cluster_startup_s": startup, "ray_round_trip_us": floor, "skipped": skipped,
+                               "cells": results})
         print(f"cells written to {args.json}", file=sys.stderr)
     failed = [c for c in results if "error" in c]
     for c in failed:

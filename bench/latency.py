@@ -1,18 +1,18 @@
-"""Latency percentiles (seed 004): how long one ``pool.step`` / ``pool.recv`` round takes, batch vs no batch.
+"""Latency percentiles: how long one ``pool.step`` / ``pool.recv`` round takes, batch vs no batch.
 
     python -m bench latency                                   # CartPole-v1, N=8,32,128 × batch 1,8,32
     python -m bench latency --task Ant-v5 --num-envs 8,32 --batch-size 1,4
     python -m bench latency --quick --json /tmp/latency.json  # a few seconds, for tests
     python -m bench plot bench/results/latency.json           # the PNG
 
-Seed 004 measures an *agent* answering *observers*; here the trainer is the
+The terms are those of agent/observer latency studies: the trainer is the
 agent and every env (stepped in a worker) is an observer:
 
 - **agent latency**: one trainer call — ``pool.step(actions)`` over all N envs
   (sync), or ``pool.recv()`` of the first ``batch_size`` envs to finish plus
   ``pool.send()`` of their next actions (async).  Percentiles over every call.
 - **agent throughput**: env steps per second of one call, ``batch / latency``
-  (the seed's definition), so its p90 is the batch over the latency's p10.
+  (the usual definition), so its p90 is the batch over the latency's p10.
 - **observer latency**: per env step, from the trainer sending that env's
   action to the ``recv()`` that returns its result — dispatch, the env's step
   and the wait for the rest of its batch.  In sync mode every env of a step
@@ -30,28 +30,25 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import shmpool
 
-from ._timing import Case, Record, Sample, fill_defaults, latency_loop, run_interleaved
-from .core import comma_list, environment, fixed_actions, fmt_rate, fmt_us, markdown_table, pool_info, rich_table
+from . import cli
+from ._timing import Case, Record, Sample, latency_loop, run_interleaved
+from .report import RESULTS, consoles, environment, fmt_rate, fmt_us, markdown_table, progress, write_json
+from .subjects import fixed_actions, pool_info
 
 DEFAULT_TASK = "CartPole-v1"
 DEFAULT_NUM_ENVS = (8, 32, 128)
 DEFAULT_BATCH_SIZES = (1, 8, 32)
-DEFAULT_JSON = "bench/results/latency.json"
+DEFAULT_JSON = str(RESULTS / "latency.json")
 MODES = ("sync", "async")
 REPORTED = (50, 75, 90, 95, 99)                   # the percentiles in the table and the JSON
 MEASURED = (1, 5, 10, 25, *REPORTED)              # low ones too: throughput p90 = batch / latency p10
@@ -134,26 +131,43 @@ class AsyncRecv:
         except BaseException:
             self.pool.close()
             raise
-        self._ids: list[np.ndarray] = []
-        self._times: list[int] = []
+        self.log = RecvLog()
 
     def _step(self) -> None:
         *_, infos = self.pool.recv()
         ids = infos["env_id"]  # a fresh array per call
-        self._times.append(time.perf_counter_ns())
-        self._ids.append(ids)
+        self.log.add(ids)
         self.pool.send(self.actions, ids)
 
     def measure(self, seconds: float, warmup: float) -> Sample:
         sample = latency_loop(self._step, seconds, warmup, percentiles=MEASURED)
-        obs = observer_latencies(self._ids, self._times, self.n, timed=sample.count)
+        obs = self.log.observer_latencies(self.n, timed=sample.count)
         self.info["observer_latency_us"] = percentiles_of(obs, MEASURED)
         self.info["observer_steps"] = int(obs.size)
-        self._ids, self._times = [], []
+        self.log.clear()
         return sample
 
     def close(self) -> None:
         self.pool.close()
+
+
+class RecvLog:
+    """Which envs each async ``recv()`` returned, and when it returned: two list appends per call."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def add(self, ids: np.ndarray) -> None:
+        self.times.append(time.perf_counter_ns())
+        self.ids.append(ids)
+
+    def clear(self) -> None:
+        self.ids: list[np.ndarray] = []
+        self.times: list[int] = []
+
+    def observer_latencies(self, n: int, timed: int) -> np.ndarray:
+        """:func:`observer_latencies` of the calls logged (``n`` envs, the last ``timed`` calls timed)."""
+        return observer_latencies(self.ids, self.times, n, timed)
 
 
 def observer_latencies(ids: Sequence[np.ndarray], times: Sequence[int], n: int, timed: int) -> np.ndarray:
@@ -199,7 +213,7 @@ def cell_case(task: str, mode: str, n: int, b: int, wait_policy: str | None) -> 
 
 
 def cell_json(task: str, mode: str, n: int, b: int, record: Record) -> dict[str, Any]:
-    """One cell, shaped like seed 004's report: agent (trainer) and observer (env) latency and throughput."""
+    """One cell: agent (trainer) and observer (env) latency and throughput."""
     out: dict[str, Any] = {"task": task, "mode": mode, "num_envs": n, "batch_size": b}
     info = dict(record.info)
     observer = info.pop("observer_latency_us", None)
@@ -229,23 +243,12 @@ def cell_json(task: str, mode: str, n: int, b: int, record: Record) -> dict[str,
 
 # --- the run ------------------------------------------------------------------------------------
 
-def run(args: argparse.Namespace, cells: list[tuple[str, int, int]], err: Console) -> list[Record]:
+def run(args: argparse.Namespace, cells: list[tuple[str, int, int]], err: Any) -> list[Record]:
     cases = [cell_case(args.task, mode, n, b, args.wait_policy) for mode, n, b in cells]
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    # No auto-refresh: a refresh thread would compete for the GIL and the cores being measured.
-    with Progress(*columns, console=err, auto_refresh=False) as progress:
-        bar = progress.add_task("starting", total=len(cases))
-
-        def on_start(case: Case, rep: int) -> None:
-            progress.update(bar, description=f"{args.task} · {case.name}", refresh=True)
-
-        def on_done(_: Record) -> None:
-            progress.advance(bar)
-            progress.refresh()
-
+    with progress(err, len(cases)) as update:
         return run_interleaved(cases, repeats=1, seconds=args.seconds, warmup=args.warmup,
-                               on_start=on_start, on_done=on_done)
+                               on_start=lambda case, rep: update(description=f"{args.task} · {case.name}"),
+                               on_done=lambda _: update(advance=1))
 
 
 # --- the report ---------------------------------------------------------------------------------
@@ -269,16 +272,14 @@ def table_rows(cells: Sequence[dict[str, Any]]) -> list[list[str]]:
 
 
 def x_axis_name(args: argparse.Namespace) -> str:
-    """The swept variable (seed 004's ``x_axis_name``): the one with more values, num_envs on a tie."""
+    """The swept variable (``x_axis_name`` in the JSON): the one with more values, num_envs on a tie."""
     return "batch_size" if len(args.batch_size) > len(args.num_envs) else "num_envs"
 
 
 def report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
-           skipped: list[dict[str, Any]], out: Console) -> None:
+           skipped: list[dict[str, Any]]) -> None:
+    """The table once, as markdown, with what its columns mean."""
     rows = table_rows(cells)
-    title = (f"{args.task}: µs per trainer call (sync: pool.step; async: recv + send) "
-             "and per env step (env = send → recv)")
-    out.print(rich_table(title, HEADER, rows))
     lines = [
         f"## shmpool latency benchmark — {env['date']}",
         "",
@@ -299,10 +300,10 @@ def report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, 
     print("\n".join(lines), flush=True)
 
 
-def write_json(path: str, args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
-               skipped: list[dict[str, Any]]) -> None:
+def json_data(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
+              skipped: list[dict[str, Any]]) -> dict[str, Any]:
     config = {k: v for k, v in vars(args).items() if k != "json"}
-    data = {
+    return {
         "benchmark": "bench.latency",
         "environment": env,
         "config": config,
@@ -317,52 +318,29 @@ def write_json(path: str, args: argparse.Namespace, env: dict[str, Any], cells: 
         "skipped": skipped,
         "cells": cells,
     }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
 
 # --- command line ----------------------------------------------------------------------------
 
-def positive_ints(p: argparse.ArgumentParser, option: str, text: str) -> list[int]:
-    try:
-        values = [int(t) for t in comma_list(text)]
-    except ValueError:
-        p.error(f"{option} must be a comma list of integers, got {text!r}")
-    if not values or min(values) < 1:
-        p.error(f"{option} must be a comma list of positive integers, got {text!r}")
-    return list(dict.fromkeys(values))
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench latency", description=__doc__.split("\n\n")[0])
+    p = cli.parser("python -m bench latency", __doc__)
     p.add_argument("--task", default=DEFAULT_TASK, help=f"gymnasium id (default {DEFAULT_TASK})")
     p.add_argument("--num-envs", help="comma list of N (default 8,32,128)")
     p.add_argument("--batch-size", help="comma list of async batch sizes; those > N are skipped (default 1,8,32)")
     p.add_argument("--modes", default="sync,async", help="comma list of sync, async (default both)")
-    p.add_argument("--seconds", type=float, help="timed seconds per cell (default 2)")
-    p.add_argument("--warmup", type=float, help="untimed seconds before each cell (default 0.3)")
     p.add_argument("--wait-policy", help="the pool's wait_policy (default: the pool's automatic choice)")
-    p.add_argument("--json", metavar="PATH",
-                   help=f"write the cells here (default {DEFAULT_JSON}; with --quick, only when given)")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny run for tests: 0.2 s, N=8, batch 1,8, no JSON (explicit options still win)")
-    args = p.parse_args(argv)
-
+    cli.add_run_options(p, cli.RunDefaults(repeats=None, json=DEFAULT_JSON), quick="0.2 s, N=8, batch 1,8",
+                        seconds_help="timed seconds per cell")
+    args = cli.parse(p, argv)
     quick = args.quick
-    args.command = " ".join(["python -m bench latency", *(sys.argv[1:] if argv is None else argv)])
-    args.num_envs = (positive_ints(p, "--num-envs", args.num_envs) if args.num_envs is not None
+    args.num_envs = (cli.positive_ints(p, "--num-envs", args.num_envs) if args.num_envs is not None
                      else ([8] if quick else list(DEFAULT_NUM_ENVS)))
-    args.batch_size = (positive_ints(p, "--batch-size", args.batch_size) if args.batch_size is not None
+    args.batch_size = (cli.positive_ints(p, "--batch-size", args.batch_size) if args.batch_size is not None
                        else ([1, 8] if quick else list(DEFAULT_BATCH_SIZES)))
-    args.modes = comma_list(args.modes)
+    args.modes = cli.comma_list(args.modes)
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         p.error(f"--modes must be a comma list of {', '.join(MODES)}, got {','.join(bad) or 'nothing'}")
-    fill_defaults(args, seconds=(2.0, 0.2), warmup=(0.3, 0.1))
-    if args.seconds <= 0 or args.warmup < 0:
-        p.error("--seconds must be > 0 and --warmup >= 0")
-    if args.json is None and not quick:
-        args.json = DEFAULT_JSON
     cells, _ = plan_cells(args.num_envs, args.batch_size, args.modes)
     if not cells:
         p.error(f"nothing to run: every --batch-size {args.batch_size} is larger than every "
@@ -376,19 +354,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    out, err = Console(), Console(stderr=True)
-    if not out.is_terminal:
-        out = Console(width=180)  # piped or redirected: keep the table readable, not folded to 80 columns
+    _, err = consoles()
     cells, skipped = plan_cells(args.num_envs, args.batch_size, args.modes)
     for s in skipped:
         err.print(f"[yellow]skipped[/yellow] N={s['num_envs']} batch={s['batch_size']}: {s['reason']}",
                   highlight=False)
-    env = {**environment(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
+    env = environment()
     records = run(args, cells, err)
     results = [cell_json(args.task, mode, n, b, r) for (mode, n, b), r in zip(cells, records)]
-    report(args, env, results, skipped, out)
+    report(args, env, results, skipped)
     if args.json:
-        write_json(args.json, args, env, results, skipped)
+        write_json(args.json, json_data(args, env, results, skipped))
         err.print(f"cells written to {args.json}")
     failed = [r for r in records if r.error is not None]
     for r in failed:

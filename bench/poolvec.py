@@ -1,4 +1,4 @@
-"""The PoolVecEnv experiments (seed 001): SB3's DummyVecEnv vs SubprocVecEnv vs shmpool's ShmVecEnv.
+"""The PoolVecEnv experiments (an SB3 VecEnv blog's model): SB3's DummyVecEnv vs SubprocVecEnv vs shmpool's ShmVecEnv.
 
     python -m bench poolvec                                   # CartPole, Acrobot, HumanoidStandup
     python -m bench poolvec --tasks CartPole-v1 --num-envs 1,2,4 --json p.json --png p.png
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -39,16 +38,15 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import shmpool
 from shmpool.topology import allowed_cpus, resolve_cpus
 
-from ._timing import Case, Record, Sample, Summary, fill_defaults, run_interleaved, summarize, timed_loop
-from .core import environment, markdown_table, rich_table
+from . import cli
+from ._timing import Case, Record, Sample, Summary, run_interleaved, summarize, timed_loop
 from .numa import format_cpu_list
-from .tasks import fixed_random_actions
+from .report import consoles, environment, markdown_table, progress, write_json
+from .subjects import fixed_random_actions
 from .throughput import Limited, child_affinity, sb3_status
 
 DUMMY, SUBPROC, SHM = "DummyVecEnv", "SubprocVecEnv", "ShmVecEnv (shmpool)"
@@ -191,26 +189,19 @@ def fit(run: TaskRun, cores: int) -> None:
                             "per_core_rms": rms_p}
 
 
-def run_all(runs: list[TaskRun], args: argparse.Namespace, err: Console) -> None:
+def run_all(runs: list[TaskRun], args: argparse.Namespace, err: Any) -> None:
     total = sum(len(r.num_envs) for r in runs if r.skipped is None) * len(SYSTEMS) * args.repeats
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
-    # No auto-refresh: a refresh thread would compete for the GIL and the cores being measured.
-    with Progress(*columns, console=err, auto_refresh=False) as progress:
-        bar = progress.add_task("starting", total=total, last="")
+    with progress(err, total) as update:
         for run in runs:
             if run.skipped is not None:
                 continue
             space = gym.make(run.task).action_space
             for n in run.num_envs:
                 def on_start(case: Case, rep: int, n: int = n, task: str = run.task) -> None:
-                    progress.update(bar, description=f"{task} N={n} · {case.name} · rep {rep + 1}/{args.repeats}",
-                                    refresh=True)
+                    update(description=f"{task} N={n} · {case.name} · rep {rep + 1}/{args.repeats}")
 
                 def on_done(r: Record) -> None:
-                    last = "failed" if r.sample is None else f"{r.case}: {r.sample.rate:,.0f} steps/s"
-                    progress.update(bar, advance=1, last=last)
-                    progress.refresh()
+                    update(advance=1, last="failed" if r.sample is None else f"{r.case}: {r.sample.rate:,.0f} steps/s")
 
                 acts = fixed_random_actions(space, n)
                 cases = [Case(s, functools.partial(Limited, functools.partial(VecSubject, s, run.task, n,
@@ -268,7 +259,7 @@ def fit_rows(runs: Sequence[TaskRun]) -> list[list[str]]:
 def markdown(runs: Sequence[TaskRun], args: argparse.Namespace, env: dict[str, Any]) -> str:
     cores = len(args.cpus)
     lines = [
-        f"## PoolVecEnv experiments (seed 001) - {env['cpu_model']}, {cores} cores", "",
+        f"## PoolVecEnv experiments - {env['cpu_model']}, {cores} cores", "",
         markdown_table(TABLE_HEADER, table_rows(runs)), "",
         "### Efficiency model fit", "",
         markdown_table(FIT_HEADER, fit_rows(runs)), "",
@@ -292,8 +283,8 @@ def markdown(runs: Sequence[TaskRun], args: argparse.Namespace, env: dict[str, A
     return "\n".join(lines) + "\n"
 
 
-def write_json(path: str, runs: Sequence[TaskRun], args: argparse.Namespace, env: dict[str, Any]) -> None:
-    data = {
+def json_data(runs: Sequence[TaskRun], args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {
         "benchmark": "bench.poolvec",
         "environment": env,
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "md", "png")},
@@ -317,7 +308,7 @@ def write_json(path: str, runs: Sequence[TaskRun], args: argparse.Namespace, env
                 }
             item["cells"].append(cell)
         data["tasks"].append(item)
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    return data
 
 
 def write_png(path: str, runs: Sequence[TaskRun], cores: int, env: dict[str, Any]) -> None:
@@ -361,7 +352,7 @@ def write_png(path: str, runs: Sequence[TaskRun], cores: int, env: dict[str, Any
     plt.close(fig)
 
 
-def print_errors(runs: Sequence[TaskRun], err: Console) -> int:
+def print_errors(runs: Sequence[TaskRun], err: Any) -> int:
     failed = [(run, n, r) for run in runs for n, rs in run.records.items() for r in rs if r.error is not None]
     for run, n, r in failed:
         err.print(f"{run.task} N={n} · {r.case} · rep {r.rep + 1} failed:", style="red", markup=False,
@@ -372,39 +363,22 @@ def print_errors(runs: Sequence[TaskRun], err: Console) -> int:
 
 # --- command line ----------------------------------------------------------------------------
 
-def _counts(p: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
-    try:
-        out = sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        p.error(f"{flag} must be a comma list of integers, got {text!r}")
-    if not out or out[0] < 1:
-        p.error(f"{flag} must be positive integers")
-    return out
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench poolvec", description=__doc__.split("\n\n")[0])
+    p = cli.parser("python -m bench poolvec", __doc__)
     p.add_argument("--tasks", help=f"comma list of gymnasium ids (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--num-envs", help="comma list of N (default 1,2,4,... up to 8 × the cores)")
     p.add_argument("--cpus", help="core budget, taskset syntax (default: this process's allowed cpus)")
-    p.add_argument("--seconds", type=float, help="timed seconds per repetition (default 1)")
-    p.add_argument("--repeats", type=int, help="interleaved repetitions per cell (default 3)")
-    p.add_argument("--warmup", type=float, help="untimed seconds before each repetition (default 0.3)")
-    p.add_argument("--json", metavar="PATH", help="write every sample, the fits and the environment here")
     p.add_argument("--md", metavar="PATH", help="write the markdown tables here")
     p.add_argument("--png", metavar="PATH", help="write the ratio-vs-N grid here")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny run: CartPole-v1, N=1,2, 0.2 s, 1 repeat (explicit options still win)")
-    args = p.parse_args(argv)
-
-    args.command = " ".join(["python -m bench poolvec", *(sys.argv[1:] if argv is None else argv)])
+    cli.add_run_options(p, cli.RunDefaults(seconds=(1.0, 0.2)), quick="CartPole-v1, N=1,2, 0.2 s, 1 repeat")
+    args = cli.parse(p, argv)
     try:
         args.cpus = resolve_cpus(args.cpus)
     except ValueError as exc:
         p.error(str(exc))
     quick = args.quick
     if args.tasks:
-        args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        args.tasks = cli.comma_list(args.tasks)
         if not args.tasks:
             p.error("--tasks is empty")
         for t in args.tasks:
@@ -415,21 +389,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     else:
         args.tasks = list(QUICK_TASKS if quick else DEFAULT_TASKS)
     if args.num_envs:
-        args.num_envs = _counts(p, "--num-envs", args.num_envs)
+        args.num_envs = sorted(cli.positive_ints(p, "--num-envs", args.num_envs))
     elif quick:
         args.num_envs = [1, 2]
     else:
         top = 8 * len(args.cpus)
         args.num_envs = sorted({min(2 ** i, top) for i in range(top.bit_length() + 1)})
-    fill_defaults(args, seconds=(1.0, 0.2), repeats=(3, 1), warmup=(0.3, 0.1))
-    if args.seconds <= 0 or args.warmup < 0 or args.repeats < 1:
-        p.error("--seconds must be > 0, --warmup >= 0, --repeats >= 1")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    err = Console(stderr=True)   # progress and the rich tables; stdout gets only the markdown
+    _, err = consoles()   # progress on stderr; stdout gets the tables once, as markdown
     version, why = sb3_status()
     if version is None:
         err.print(f"stable-baselines3 is required: {why}", highlight=False, markup=False)
@@ -444,14 +415,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {**environment(), "stable_baselines3": version, "allowed_cpus_at_start": allowed_cpus(),
            "shmpool_version": shmpool.__version__}
     run_all(runs, args, err)
-    err.print(rich_table("PoolVecEnv experiments (steps/s)", TABLE_HEADER, table_rows(runs)))
-    err.print(rich_table("efficiency model fit", FIT_HEADER, fit_rows(runs)))
     text = markdown(runs, args, env)
     print(text, flush=True)
     if args.md:
         Path(args.md).write_text(text)
     if args.json:
-        write_json(args.json, runs, args, env)
+        write_json(args.json, json_data(runs, args, env))
     if args.png:
         write_png(args.png, runs, len(args.cpus), env)
     for kind, path in (("markdown", args.md), ("raw measurements", args.json), ("plot", args.png)):

@@ -1,4 +1,4 @@
-"""EnvPool's throughput table (seeds 000/002): FPS of every system against the number of cores.
+"""EnvPool's throughput table: FPS of every system against the number of cores, env-only.
 
     python -m bench throughput --task CartPole-v1 --workers 1,2
     python -m bench throughput --task Ant-v5 --workers 1,2 --recipe --md t.md --json t.json --png t.png
@@ -14,7 +14,7 @@ that shmpool pins its W workers one per core and EnvPool gets ``num_threads=W``
 (pinned with ``thread_affinity_offset`` when the W cores are consecutive).
 Every system steps ``num_envs = envs_per_worker × W`` envs (default 8 × W) with
 one fixed array of seeded random actions; async rows use ``batch_size =
-num_envs / 2``.  A cell is FPS = env steps/s × frame_skip (the seed's unit);
+num_envs / 2``.  A cell is FPS = env steps/s × frame_skip (EnvPool's unit);
 warm-up is not timed.  ``--numa`` adds the numa+async rows: one pool per NUMA
 node of the cell's cores, each pinned to its node and created while the parent
 runs on that node (so the pages it touches are first-touched there, as are the
@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import functools
 import gc
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -36,18 +35,19 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import shmpool
 from shmpool.topology import allowed_cpus, resolve_cpus
 
-from ._timing import Case, Record, Sample, Summary, clock, fill_defaults, run_interleaved, summarize, timed_loop
-from .core import ASYNC_VEC as GYM_ASYNC
-from .core import SYNC_VEC as GYM_SYNC
-from .core import GymVector, environment, markdown_table, pool_info, rich_table
+from . import cli
+from ._timing import Case, Record, Sample, Summary, clock, run_interleaved, summarize, timed_loop
+from .envs import gym_env_fn
 from .numa import Topology, format_cpu_list, read_topology
-from .tasks import TASKS, fixed_random_actions
+from .report import consoles, environment, markdown_table, progress, version_of, write_json
+from .subjects import ASYNC_VEC as GYM_ASYNC
+from .subjects import SYNC_VEC as GYM_SYNC
+from .subjects import GymVector, fixed_random_actions, pool_info
+from .tasks import TASKS
 
 FOR_LOOP, SUBPROCESS, SB3, SAMPLE_FACTORY = "For-loop", "Subprocess", "SB3 SubprocVecEnv", "Sample Factory"
 EP_SYNC, EP_ASYNC, EP_NUMA = "EnvPool (sync)", "EnvPool (async)", "EnvPool (numa+async)"
@@ -63,8 +63,8 @@ ALIASES = {"for-loop": FOR_LOOP, "subprocess": SUBPROCESS, "sb3": SB3, "sample-f
            "envpool-async": EP_ASYNC, "envpool-numa": EP_NUMA, "shmpool-sync": SP_SYNC, "shmpool-async": SP_ASYNC,
            "shmpool-numa": SP_NUMA, "recipe-sync": SPR_SYNC, "recipe-async": SPR_ASYNC,
            "shmpool sync": SP_SYNC, "shmpool async": SP_ASYNC}
-# frame_skip per task, the seed's FPS multiplier: Pong-v5 steps 4 emulator frames.  Gymnasium's MuJoCo and
-# classic-control tasks count one step as one frame (the seed's Ant numbers do the same).
+# frame_skip per task, EnvPool's FPS multiplier: Pong-v5 steps 4 emulator frames.  Gymnasium's MuJoCo and
+# classic-control tasks count one step as one frame (EnvPool's Ant numbers do the same).
 FRAME_SKIP = {"Pong-v5": 4}
 DEFAULT_ENVS_PER_WORKER = 8
 
@@ -350,11 +350,9 @@ def envpool_status(task: str) -> tuple[str | None, str | None]:
 
 
 def sb3_status() -> tuple[str | None, str | None]:
-    try:
-        import stable_baselines3
-    except Exception as exc:
-        return None, f"not installed ({type(exc).__name__}: {exc})"
-    return stable_baselines3.__version__, None
+    """(stable-baselines3's version, None) if it imports, else (None, why not)."""
+    version = version_of("stable_baselines3")
+    return (version, None) if version else (None, "not installed (stable_baselines3 does not import)")
 
 
 def sample_factory_status() -> str:
@@ -379,13 +377,6 @@ def recipe_env(task: str) -> Callable[[], gym.Env] | None:
         return spec.recipe()
     except ImportError:
         return None
-
-
-def gym_env(task: str) -> Callable[[], gym.Env]:
-    """What the gymnasium-based rows build one env with: ``gym.make(task)``, or for a task id
-    that means EnvPool's preprocessing (``Pong-v5``) gymnasium's equivalent wrapper stack."""
-    spec = TASKS.get(task)
-    return spec.gym_fn() if spec is not None else functools.partial(gym.make, task)
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -436,7 +427,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def cell_cases(plan: Plan, cell: Cell, args: argparse.Namespace) -> list[Case]:
-    make_env = gym_env(plan.task)
+    make_env = gym_env_fn(plan.task)
     probe = make_env()
     space = probe.action_space
     probe.close()
@@ -460,22 +451,16 @@ def cell_cases(plan: Plan, cell: Cell, args: argparse.Namespace) -> list[Case]:
     return [Case(s, functools.partial(Limited, openers[s], cell.cpus)) for s in plan.systems]
 
 
-def run(plan: Plan, args: argparse.Namespace, err: Console) -> None:
-    total = len(plan.cells) * len(plan.systems) * args.repeats
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
-    # No auto-refresh: a refresh thread would compete for the GIL and the cores being measured.
-    with Progress(*columns, console=err, auto_refresh=False) as progress:
-        bar = progress.add_task("starting", total=total, last="")
+def run(plan: Plan, args: argparse.Namespace, err: Any) -> None:
+    with progress(err, len(plan.cells) * len(plan.systems) * args.repeats) as update:
         for cell in plan.cells:
             def on_start(case: Case, rep: int, cell: Cell = cell) -> None:
-                progress.update(bar, description=f"{plan.task} W={cell.workers} N={cell.num_envs} · {case.name} · "
-                                f"rep {rep + 1}/{args.repeats}", refresh=True)
+                update(description=f"{plan.task} W={cell.workers} N={cell.num_envs} · {case.name} · "
+                       f"rep {rep + 1}/{args.repeats}")
 
             def on_done(r: Record) -> None:
-                last = "failed" if r.sample is None else f"{r.case}: {r.sample.rate * plan.frame_skip:,.0f} FPS"
-                progress.update(bar, advance=1, last=last)
-                progress.refresh()
+                update(advance=1, last="failed" if r.sample is None
+                       else f"{r.case}: {r.sample.rate * plan.frame_skip:,.0f} FPS")
 
             cell.cases = cell_cases(plan, cell, args)
             old = os.sched_getaffinity(0)
@@ -493,7 +478,7 @@ def title(plan: Plan, env: dict[str, Any]) -> str:
 
 
 def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
-    """The seed's table: one row per system, one column per number of workers, FPS medians."""
+    """EnvPool's table: one row per system, one column per number of workers, FPS medians."""
     header = [str(c.workers) for c in plan.cells]
     rows = []
     for system in plan.systems:
@@ -527,8 +512,8 @@ def markdown(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_json(path: str, plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> None:
-    data = {
+def json_data(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
+    return {
         "benchmark": "bench.throughput",
         "environment": env,
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "md", "png")},
@@ -539,7 +524,6 @@ def write_json(path: str, plan: Plan, args: argparse.Namespace, env: dict[str, A
         "systems": plan.systems, "skipped": plan.skipped, "notes": plan.notes,
         "cells": [c.to_json(plan.frame_skip) for c in plan.cells],
     }
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
 
 def write_png(path: str, plan: Plan, env: dict[str, Any]) -> None:
@@ -570,7 +554,7 @@ def write_png(path: str, plan: Plan, env: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-def print_errors(plan: Plan, err: Console) -> int:
+def print_errors(plan: Plan, err: Any) -> int:
     failed = [(c, r) for c in plan.cells for r in c.records if r.error is not None]
     for c, r in failed:
         err.print(f"W={c.workers} · {r.case} · rep {r.rep + 1} failed:", style="red", markup=False, highlight=False)
@@ -581,40 +565,29 @@ def print_errors(plan: Plan, err: Console) -> int:
 # --- command line ----------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench throughput", description=__doc__.split("\n\n")[0])
+    p = cli.parser("python -m bench throughput", __doc__)
     p.add_argument("--task", default="CartPole-v1", help="gymnasium/EnvPool task id (default CartPole-v1)")
     p.add_argument("--workers", help="comma list of worker (core) counts (default 1,2,4,... up to the cpus)")
     p.add_argument("--cpus", help="taskset syntax, e.g. 0-7,16-23 (default: this process's allowed cpus)")
     p.add_argument("--numa", action="store_true", help="add the numa+async rows (one pool per NUMA node)")
     p.add_argument("--numa-root", default="/sys/devices/system/node", help=argparse.SUPPRESS)
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--seconds", type=float, help="timed seconds per repetition (default 2)")
     budget.add_argument("--total-steps", type=int, help="env steps per repetition instead of --seconds")
-    p.add_argument("--repeats", type=int, help="interleaved repetitions per cell (default 3)")
-    p.add_argument("--warmup", type=float, help="untimed seconds before each repetition (default 0.3)")
     p.add_argument("--envs-per-worker", type=int, default=DEFAULT_ENVS_PER_WORKER,
                    help=f"num_envs = this × workers (default {DEFAULT_ENVS_PER_WORKER})")
     p.add_argument("--frame-skip", type=int, help="FPS multiplier (default: 4 for Pong-v5, else 1)")
     p.add_argument("--recipe", action="store_true", help="add rows for shmpool over its own recipe (shmpool.make's)")
     p.add_argument("--systems", help="comma list of rows to run (row titles or short names; default all)")
-    p.add_argument("--json", metavar="PATH", help="write every raw measurement and the configuration here")
     p.add_argument("--md", metavar="PATH", help="write the markdown table here")
     p.add_argument("--png", metavar="PATH", help="write a plot of FPS against workers here")
-    p.add_argument("--quick", action="store_true", help="tiny run: 0.2 s, 1 repeat (explicit options still win)")
-    args = p.parse_args(argv)
-
-    args.command = " ".join(["python -m bench throughput", *(sys.argv[1:] if argv is None else argv)])
+    cli.add_run_options(p, cli.RunDefaults(), quick="0.2 s, 1 repeat", seconds_in=budget)
+    args = cli.parse(p, argv)
     try:
         args.cpus = resolve_cpus(args.cpus)
     except ValueError as exc:
         p.error(str(exc))
     if args.workers:
-        try:
-            args.workers = [int(t) for t in args.workers.split(",") if t.strip()]
-        except ValueError:
-            p.error(f"--workers must be a comma list of integers, got {args.workers!r}")
-        if not args.workers or min(args.workers) < 1:
-            p.error("--workers must be positive integers")
+        args.workers = cli.positive_ints(p, "--workers", args.workers)
     else:
         args.workers = sorted({min(2 ** i, len(args.cpus)) for i in range(len(args.cpus).bit_length() + 1)})
     if args.systems:
@@ -628,10 +601,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.recipe = args.recipe or any(s in RECIPE_SYSTEMS for s in chosen)
     else:
         args.systems = list(ALL_SYSTEMS)
-    fill_defaults(args, seconds=(2.0, 0.2), repeats=(3, 1), warmup=(0.3, 0.1))
     args.frame_skip = args.frame_skip or FRAME_SKIP.get(args.task, 1)
-    if args.seconds <= 0 or args.warmup < 0 or args.repeats < 1 or args.envs_per_worker < 1:
-        p.error("--seconds must be > 0, --warmup >= 0, --repeats and --envs-per-worker >= 1")
+    if args.envs_per_worker < 1:
+        p.error("--envs-per-worker must be >= 1")
     if args.total_steps is not None and args.total_steps < 1:
         p.error("--total-steps must be >= 1")
     if args.task not in TASKS:   # Pong-v5 is EnvPool's id (our recipe), not a gymnasium one
@@ -644,9 +616,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    out, err = Console(), Console(stderr=True)
-    if not out.is_terminal:
-        out = Console(width=200)
+    _, err = consoles()
     plan = make_plan(args)
     for note in plan.notes:
         err.print(note, highlight=False, markup=False)
@@ -655,14 +625,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {**environment(), "envpool": envpool_status(args.task)[0], "stable_baselines3": sb3_status()[0],
            "allowed_cpus_at_start": allowed_cpus()}
     run(plan, args, err)
-    header, rows = table(plan)
-    out.print(rich_table(title(plan, env), ["system", *header], rows))
     text = markdown(plan, args, env)
-    print(text, flush=True)
+    print(text, flush=True)   # the table once, as markdown (EnvPool's format)
     if args.md:
         Path(args.md).write_text(text)
     if args.json:
-        write_json(args.json, plan, args, env)
+        write_json(args.json, json_data(plan, args, env))
     if args.png:
         write_png(args.png, plan, env)
     for kind, path in (("markdown", args.md), ("raw measurements", args.json), ("plot", args.png)):

@@ -1,0 +1,297 @@
+"""What every benchmark reports the same way: the run's environment, number formats, tables,
+targets, the repetitions of one cell, progress, failures and the JSON file."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+import shmpool
+
+from ._timing import Case, Record, Summary, summarize
+
+RESULTS = Path(__file__).resolve().parent / "results"   # bench/results: the default home of every results file
+
+# --- the run's environment ---------------------------------------------------------------------
+
+
+def environment() -> dict[str, Any]:
+    """Versions, cpu, affinity, memory policy and date: what a reader needs to compare two runs."""
+    try:
+        import mujoco
+        mujoco_version = mujoco.__version__
+    except ImportError:
+        mujoco_version = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "gymnasium": gym.__version__,
+        "mujoco": mujoco_version,
+        "shmpool": shmpool.__version__,
+        "git_commit": git_commit(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "sched_getaffinity": sorted(os.sched_getaffinity(0)),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        # What numactl --membind/--cpunodebind left in force (inherited by the workers).
+        "mems_allowed": proc_status("Mems_allowed_list"),
+        "numa_policy": numa_policy(),
+        "start_method": mp.get_start_method(),
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout this package runs from, ``+dirty`` when tracked files differ from it."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        head, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def proc_status(field: str) -> str | None:
+    """A field of /proc/self/status (e.g. ``Mems_allowed_list``: the NUMA nodes memory may come from)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def numa_policy() -> str | None:
+    """This process's memory policy as ``numactl --show`` prints it (``policy: bind; membind: 0``
+    after ``numactl --membind=0``), or None when numactl is not installed."""
+    try:
+        out = subprocess.run(["numactl", "--show"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return "; ".join(f"{k}: {fields[k].strip()}" for k in ("policy", "membind") if k in fields) or None
+
+
+def version_of(module: str) -> str | None:
+    """``module.__version__`` if it imports, else None."""
+    try:
+        return __import__(module).__version__
+    except Exception:   # ImportError, or a broken binary wheel
+        return None
+
+
+# --- numbers and tables ------------------------------------------------------------------------
+
+
+def fmt_rate(v: float) -> str:
+    """Three significant digits with a k/M suffix: 176k, 17.7k, 4.44k."""
+    for div, suffix in ((1e6, "M"), (1e3, "k"), (1.0, "")):
+        if v >= div or div == 1.0:
+            x = v / div
+            digits = max(0, 3 - len(str(int(x))))
+            return f"{x:.{digits}f}{suffix}"
+    raise AssertionError("unreachable")
+
+
+def fmt_summary(s: Summary | None, fmt: Callable[[float], str] = fmt_rate) -> str:
+    """``median (min–max)``; ``error`` when nothing was measured."""
+    if s is None:
+        return "error"
+    if s.n == 1:
+        return fmt(s.median)
+    return f"{fmt(s.median)} ({fmt(s.lo)}–{fmt(s.hi)})"
+
+
+def fmt_ratio(r: float | None) -> str:
+    return "—" if r is None else f"{r:.2f}×"
+
+
+def fmt_us(v: float) -> str:
+    return f"{v:.2f}" if v < 100 else f"{v:.0f}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def show_table(out: Any, title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Print a table once: drawn by rich on a terminal, as markdown when the output is piped.
+
+    ``out`` is a ``rich.console.Console`` (the markdown of the whole report also goes to the results file)."""
+    if not out.is_terminal:
+        out.file.write(f"{title}:\n\n{markdown_table(header, rows)}\n\n")
+        out.file.flush()
+        return
+    from rich.table import Table
+    table = Table(title=title)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+
+
+def consoles(width: int = 200) -> tuple[Any, Any]:
+    """(stdout, stderr) rich consoles; a piped stdout keeps wide lines rather than folding them to 80 columns."""
+    from rich.console import Console
+    out = Console()
+    return (out if out.is_terminal else Console(width=width)), Console(stderr=True)
+
+
+@contextlib.contextmanager
+def progress(err: Any, total: int) -> Iterator[Callable[..., None]]:
+    """A progress bar on stderr; yields ``update(description=None, advance=0, last=None)``.
+
+    No auto-refresh: a refresh thread would compete for the GIL and the cores being measured."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
+    with Progress(*columns, console=err, auto_refresh=False) as bar:
+        task = bar.add_task("starting", total=total, last="")
+
+        def update(description: str | None = None, advance: int = 0, last: str | None = None) -> None:
+            fields: dict[str, Any] = {"advance": advance}
+            if description is not None:
+                fields["description"] = description
+            if last is not None:
+                fields["last"] = last
+            bar.update(task, **fields)
+            bar.refresh()
+
+        yield update
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    """``data`` as indented JSON at ``path`` (its directory created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def config_of(args: Any, *leave_out: str) -> dict[str, Any]:
+    """The parsed options worth recording (output paths left out)."""
+    return {k: v for k, v in vars(args).items() if k not in ("json", "md", "png", *leave_out)}
+
+
+# --- the repetitions of one cell ---------------------------------------------------------------
+
+
+@dataclass
+class Group:
+    """The repetitions of one (task, N) cell: every case (system) of the cell, interleaved."""
+
+    task: str
+    num_envs: int
+    cases: list[Case]
+    records: list[Record]
+
+    def rate(self, system: str) -> Summary | None:
+        return summarize(self.records, system, lambda s: s.rate)
+
+    def us(self, system: str) -> Summary | None:
+        return summarize(self.records, system, lambda s: s.us_per_unit)
+
+    def latency(self, system: str, key: str) -> Summary | None:
+        return summarize((r for r in self.records if r.sample is not None and r.sample.latency_us),
+                         system, lambda s: s.latency_us[key])
+
+    def ratio(self, num: str, den: str) -> float | None:
+        """Median rate of ``num`` ÷ median rate of ``den`` (None if either did not run)."""
+        a, b = self.rate(num), self.rate(den)
+        return None if a is None or b is None else a.median / b.median
+
+    def ran(self, system: str) -> bool:
+        return any(c.name == system for c in self.cases)
+
+    def errors(self) -> list[Record]:
+        return [r for r in self.records if r.error is not None]
+
+    def where(self) -> str:
+        return f"{self.task} N={self.num_envs}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"task": self.task, "num_envs": self.num_envs, "systems": {}}
+        for case in self.cases:
+            rate, us = self.rate(case.name), self.us(case.name)
+            out["systems"][case.name] = {
+                "samples": [r.to_json() for r in self.records if r.case == case.name],
+                "median_rate": rate and rate.median, "min_rate": rate and rate.lo, "max_rate": rate and rate.hi,
+                "median_us": us and us.median,
+            }
+        return out
+
+
+def print_failures(groups: Iterable[Group], err: Any) -> int:
+    """Every recorded failure with its traceback, on stderr; returns how many there were."""
+    failed = [(g, r) for g in groups for r in g.errors()]
+    for g, r in failed:
+        err.print(f"{g.where()} · {r.case} · rep {r.rep + 1} failed:", style="red", markup=False, highlight=False)
+        sys.stderr.write(r.error.rstrip() + "\n")  # not through rich: no markup, no re-wrapping
+    return len(failed)
+
+
+# --- targets -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A ratio a benchmark is expected to reach; ``at_most`` for "within N×" targets.
+
+    ``moves`` says what the ratio depends on, printed with a MISS so that a reader knows
+    whether the miss is the code's or the machine's."""
+
+    label: str
+    goal: float
+    value: float | None
+    at_most: bool = False
+    note: str = ""
+    moves: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.value is None:
+            return "not measured"
+        ok = self.value <= self.goal if self.at_most else self.value >= self.goal
+        return "PASS" if ok else "MISS"
+
+    def line(self) -> str:
+        if self.value is None:
+            return f"- {self.label}: not measured"
+        text = f"- {self.label}: {fmt_ratio(self.value)} — {self.status}" + (f" ({self.note})" if self.note else "")
+        if self.status == "MISS" and self.moves:
+            text += f". What moves it: {self.moves}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.label, "goal": self.goal, "at_most": self.at_most, "value": self.value,
+                "status": self.status}

@@ -1,0 +1,354 @@
+"""Trainer in the loop: env steps/s of a PPO-shaped training loop, per vector-env system.
+
+    python -m bench train                                  # CartPole-v1 N=8,32 every system
+    python -m bench train --tasks Pong-v5,Ant-v5 --num-envs 32
+    python -m bench train --busy-neighbour                 # another process burns one core throughout
+    python -m bench train --quick                          # a few seconds, for tests
+
+Results: the JSON (every repetition) at ``--json`` (default bench/results/train.json), the
+printed report beside it as ``.md`` and a plot of each system's ratio to SyncVectorEnv as ``.png``.
+
+Env-only benchmarks (``python -m bench.core``) step envs with nothing else running.  A
+trainer also runs a policy forward pass on every step's observations and, every
+``--rollout-steps`` steps, a PPO update (a few epochs of minibatches, backward, Adam) —
+with torch's own threads, which take the cores the env workers need.  This loop
+(``bench.ppo``: a small MLP, CleanRL's PPO settings) is the same for every system;
+only the vector env under it changes:
+
+- ``SyncVectorEnv``, ``AsyncVectorEnv`` (shared memory): gymnasium's vector envs;
+- ``SB3 DummyVecEnv``, ``SB3 SubprocVecEnv``: stable-baselines3's, through their VecEnv
+  API (same-step autoreset: the obs after a ``done`` is the next episode's first);
+- ``EnvPool``: EnvPool's own C++ task (``num_threads`` = allowed cores, ``batch_size = N``);
+- ``shmpool sync``: ``shmpool.make(task, num_envs=N)``, ``step`` of all N envs;
+- ``shmpool async``: the same with ``batch_size = N/2``: ``recv`` the first half of the
+  envs to finish, run the policy on that batch, ``send`` its actions back.
+
+Tasks: ``CartPole-v1`` (gymnasium's env on every side but EnvPool's); ``Pong-v5`` (shmpool:
+its Atari recipe; gymnasium/SB3: ``ALE/Pong-v5`` with ``frameskip=1,
+repeat_action_probability=0`` + ``AtariPreprocessing`` + ``FrameStackObservation(4)``;
+EnvPool: its ``Pong-v5``, which also presses FIRE on reset); ``Ant-v5`` (shmpool: its
+MuJoCo recipe; EnvPool: its bundled MuJoCo).
+
+A repetition opens the system (not timed), trains for whole rollout+update iterations
+until ``--seconds`` have passed, and counts env steps.  Repetitions are interleaved:
+repetition 1 of every system of a (task, N) cell, then repetition 2, ...  Reported:
+median steps/s with min–max, the ratio of medians to ``SyncVectorEnv`` and to the best
+gymnasium vector env (Sync or Async, whichever is faster in this run), and each system's
+max/min over repetitions.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from . import cli
+from ._timing import Case, Record, Sample, run_interleaved
+from .envs import gym_env_fn
+from .ppo import PPOConfig, Trainer, default_rollout_steps
+from .report import RESULTS, Group, Target, environment, fmt_ratio, fmt_summary, markdown_table, write_json
+from .subjects import (
+    ALL_SYSTEMS,
+    ENVPOOL,
+    GYM_VECTOR,
+    POOL_SYNC,
+    SB3_DUMMY,
+    SB3_SUBPROC,
+    SHMPOOL,
+    SYNC_VEC,
+    open_stepper,
+)
+
+SYSTEMS = ALL_SYSTEMS
+TASKS = ("CartPole-v1", "Pong-v5", "Ant-v5")
+DEFAULT_TASKS = ("CartPole-v1",)
+DEFAULT_NUM_ENVS = (8, 32)
+SEED = 0
+
+
+# --- one timed subject: the loop over one system -------------------------------------------------
+
+class TrainingRun:
+    """A :class:`~bench.ppo.Trainer` over one system, as a subject of ``run_interleaved``."""
+
+    def __init__(self, system: str, task: str, n: int, rollout_steps: int | None) -> None:
+        self.env = open_stepper(system, task, n, seed=SEED)
+        try:
+            steps = rollout_steps or default_rollout_steps(self.env.batch)
+            self.trainer = Trainer(self.env, PPOConfig(rollout_steps=steps), seed=SEED)
+        except BaseException:
+            self.env.close()
+            raise
+        self.info = {**self.env.info, "batch": self.env.batch, "rollout_steps": steps}
+
+    def measure(self, seconds: float, warmup: float) -> Sample:
+        if warmup > 0:
+            self.trainer.run(warmup)
+        steps, elapsed = self.trainer.run(seconds)
+        return Sample(steps, elapsed)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+# --- another job on the box ------------------------------------------------------------------------
+
+class BusyNeighbour:
+    """A process that burns one core (a Python busy loop) until closed."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+def unavailable(system: str, task: str) -> str | None:
+    """Why ``system`` cannot run ``task`` here (a missing package), or None."""
+    modules = {SB3_DUMMY: "stable_baselines3", SB3_SUBPROC: "stable_baselines3", ENVPOOL: "envpool"}
+    try:
+        if system in modules:
+            __import__(modules[system])
+        if system not in (ENVPOOL, *SHMPOOL):
+            gym_env_fn(task)().close()
+    except (ImportError, gym.error.DependencyNotInstalled) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def run(args: argparse.Namespace) -> tuple[list[Group], dict[str, str]]:
+    """Every (task, N) cell, its systems interleaved; returns the groups and the skipped (task, system)."""
+    groups, skipped = [], {}
+    neighbour = BusyNeighbour() if args.busy_neighbour else None
+    try:
+        for task in args.tasks:
+            systems = []
+            for system in args.systems:
+                reason = unavailable(system, task)
+                if reason is None:
+                    systems.append(system)
+                else:
+                    skipped[f"{task} · {system}"] = reason
+            for n in args.num_envs:
+                cases = [Case(s, functools.partial(TrainingRun, s, task, n, args.rollout_steps)) for s in systems]
+
+                def done(record: Record, where: str = f"{task} N={n}") -> None:
+                    rate = "failed" if record.sample is None else f"{record.sample.rate:,.0f} steps/s"
+                    print(f"{where} · {record.case} · rep {record.rep + 1}/{args.repeats}: {rate}",
+                          file=sys.stderr, flush=True)
+
+                records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
+                                          on_done=done)
+                groups.append(Group(task, n, cases, records))
+    finally:
+        if neighbour is not None:
+            neighbour.close()
+    return groups, skipped
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+HEADER = ("task", "N", "system", "env steps/s: median (min–max)", "÷ SyncVectorEnv", "÷ best gymnasium vector env",
+          "max/min over reps")
+
+
+def best_gym(g: Group) -> str | None:
+    """The faster of SyncVectorEnv and AsyncVectorEnv in this cell (by median), or None."""
+    rates = [(r.median, s) for s in GYM_VECTOR if (r := g.rate(s)) is not None]
+    return max(rates)[1] if rates else None
+
+
+def spread(g: Group, system: str) -> float | None:
+    s = g.rate(system)
+    return None if s is None or s.lo <= 0 else s.hi / s.lo
+
+
+def rows(groups: Sequence[Group]) -> list[list[str]]:
+    out = []
+    for g in groups:
+        best = best_gym(g)
+        for case in g.cases:
+            sp = spread(g, case.name)
+            out.append([g.task, str(g.num_envs), case.name, fmt_summary(g.rate(case.name)),
+                        fmt_ratio(g.ratio(case.name, SYNC_VEC)),
+                        fmt_ratio(g.ratio(case.name, best)) if best else "—",
+                        "—" if sp is None else f"{sp:.2f}"])
+    return out
+
+
+def targets(groups: Sequence[Group], busy: bool) -> list[Target]:
+    """What a trainer-in-the-loop shmpool should reach (sync, the one-line swap), checked on this run."""
+    cores = len(os.sched_getaffinity(0))
+    share = (f"the {cores} cores are shared by the env workers, this process and torch's threads: waiting that "
+             "spins or yields on one side takes the cores the other side needs (see the lines below)")
+    goals = []
+    for g in groups:
+        best = best_gym(g)
+        if busy:
+            goals.append(Target(f"{g.task} N={g.num_envs}, one core busy elsewhere: shmpool sync ≥ 0.9× "
+                                "SyncVectorEnv", 0.9, g.ratio(POOL_SYNC, SYNC_VEC),
+                                moves=f"with one core taken, {share}"))
+            continue
+        goal = 1.0 if g.task == "CartPole-v1" else 1.5
+        if g.task == "CartPole-v1" or g.num_envs == 32:
+            goals.append(Target(f"{g.task} N={g.num_envs}: shmpool sync ≥ {goal:g}× the best gymnasium vector "
+                                f"env ({best})", goal, g.ratio(POOL_SYNC, best) if best else None,
+                                moves=share + ("; CartPole's env steps are so cheap that there is little to "
+                                               "win over the for-loop, and much to lose" if g.task == "CartPole-v1"
+                                               else "")))
+        if g.num_envs >= 32:
+            goals.append(Target(f"{g.task} N={g.num_envs}: shmpool sync max/min over repetitions ≤ 1.3×", 1.3,
+                                spread(g, POOL_SYNC), at_most=True,
+                                moves="other processes on the box, and wake-ups that miss (a sleeping worker "
+                                      "or trainer thread woken late stalls the whole step)"))
+    return goals
+
+
+WHAT_MOVES_IT = """\
+What moves the ratios: on a machine with few cores the env workers and torch's threads
+(OpenMP, which spins for a while after every parallel region) share the cores; a pool
+whose workers spin or yield while the trainer computes, or a trainer whose threads spin
+while the workers step, takes cores from the other side.  `--torch-threads 1` (or
+OMP_NUM_THREADS=1) removes torch's side of it; `--busy-neighbour` adds a process that
+takes one core for the whole run.  Light envs (CartPole) leave little to win over the
+for-loop; heavy ones (Pong, Ant) gain up to the number of cores."""
+
+
+def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Group], skipped: dict[str, str],
+             goals: Sequence[Target]) -> str:
+    lines = [
+        f"## Trainer in the loop — {env['date']}",
+        "",
+        f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · torch {env['torch']} "
+        f"({env['torch_threads']} threads) · {args.repeats} interleaved repetitions × {args.seconds:g} s "
+        f"(warm-up {args.warmup:g} s)" + (" · **one core busy elsewhere**" if args.busy_neighbour else ""),
+        "",
+        "Env steps/s of the PPO-shaped loop (policy forward every step, PPO update every rollout), "
+        "median (min–max); ratios of medians in the same run:",
+        "",
+        markdown_table(HEADER, rows(groups)),
+    ]
+    lines += [f"\n{where} skipped — {reason}" for where, reason in skipped.items()]
+    goal_lines = [t.line() for t in goals] or ["- none for these cells (they are set for CartPole at every N and "
+                                               "for Pong-v5/Ant-v5 at N=32)"]
+    lines += ["", "### Targets (medians of this run)", "", *goal_lines, "", WHAT_MOVES_IT]
+    return "\n".join(lines)
+
+
+def plot(groups: Sequence[Group], path: Path, title: str) -> None:
+    """One panel per task: each system's steps/s ÷ SyncVectorEnv over N, with min–max whiskers."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(g.task for g in groups))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        cells = [g for g in groups if g.task == task]
+        systems = list(dict.fromkeys(c.name for g in cells for c in g.cases))
+        width = 0.8 / max(1, len(systems))
+        for i, system in enumerate(systems):
+            xs, ys, lo, hi = [], [], [], []
+            for j, g in enumerate(cells):
+                s, base = g.rate(system), g.rate(SYNC_VEC)
+                if s is None or base is None:
+                    continue
+                xs.append(j + (i - (len(systems) - 1) / 2) * width)
+                ys.append(s.median / base.median)
+                lo.append((s.median - s.lo) / base.median)
+                hi.append((s.hi - s.median) / base.median)
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=system)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(cells)), [f"N={g.num_envs}" for g in cells])
+        ax.set_ylabel("env steps/s ÷ SyncVectorEnv (median, min–max)")
+        ax.set_title(task)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_results(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Group], skipped: dict[str, str],
+                  goals: Sequence[Target], text: str) -> list[Path]:
+    """JSON (every repetition), markdown (the printed report) and PNG: ``args.json`` and beside it."""
+    path = Path(args.json)
+    config = {k: v for k, v in vars(args).items() if k != "json"}
+    write_json(path, {"benchmark": "bench.train", "environment": env, "config": config, "skipped": skipped,
+                      "cells": [g.to_json() for g in groups], "targets": [t.to_json() for t in goals]})
+    md, png = path.with_suffix(".md"), path.with_suffix(".png")
+    md.write_text(text + "\n")
+    written = [path, md]
+    if groups:
+        plot(groups, png, f"PPO-shaped loop, torch {env['torch_threads']} threads"
+             + (", one core busy elsewhere" if args.busy_neighbour else ""))
+        written.append(png)
+    return written
+
+
+# --- command line ------------------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = cli.parser("python -m bench train", __doc__)
+    p.add_argument("--tasks", help=f"comma list of {', '.join(TASKS)} (default {','.join(DEFAULT_TASKS)})")
+    p.add_argument("--num-envs", help="comma list of N (default 8,32)")
+    p.add_argument("--systems", help=f"comma list of systems (default all: {', '.join(SYSTEMS)})")
+    p.add_argument("--rollout-steps", type=int,
+                   help="loop steps between updates (default 1024 / batch, at least 8: ~1,024 transitions)")
+    p.add_argument("--torch-threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
+    p.add_argument("--busy-neighbour", action="store_true",
+                   help="run a process that burns one core for the whole run (another job on the box)")
+    cli.add_run_options(p, cli.RunDefaults(seconds=(4.0, 0.5), warmup=(0.5, 0.01), json=str(RESULTS / "train.json")),
+                        quick="CartPole-v1 N=8, SyncVectorEnv and shmpool sync, 1 repeat of 0.5 s",
+                        seconds_help="timed seconds per repetition, in whole rollout+update iterations")
+    args = cli.parse(p, argv)
+    args.tasks = cli.comma_list(args.tasks) if args.tasks else list(DEFAULT_TASKS)
+    unknown = [t for t in args.tasks if t not in TASKS]
+    if unknown:
+        p.error(f"unknown task(s) {unknown}; tasks: {', '.join(TASKS)}")
+    if args.num_envs:
+        args.num_envs = cli.positive_ints(p, "--num-envs", args.num_envs)
+    else:
+        args.num_envs = [8] if args.quick else list(DEFAULT_NUM_ENVS)
+    if args.systems:
+        args.systems = cli.comma_list(args.systems)
+        unknown = [s for s in args.systems if s not in SYSTEMS]
+        if unknown:
+            p.error(f"unknown system(s) {unknown}; systems: {', '.join(SYSTEMS)}")
+    else:
+        args.systems = [SYNC_VEC, POOL_SYNC] if args.quick else list(SYSTEMS)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    env = {**environment(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+           "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "MKL_", "KMP_"))}}
+    groups, skipped = run(args)
+    goals = targets(groups, args.busy_neighbour)
+    text = markdown(args, env, groups, skipped, goals)
+    print(text, flush=True)
+    if args.json:
+        for path in write_results(args, env, groups, skipped, goals, text):
+            print(f"written: {path}", file=sys.stderr)
+    failed = [(g, r) for g in groups for r in g.errors()]
+    for g, r in failed:
+        print(f"{g.task} N={g.num_envs} · {r.case} · rep {r.rep + 1} failed:\n{r.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

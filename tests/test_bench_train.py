@@ -1,0 +1,78 @@
+"""The `bench train` loop trains the same with every system that steps the same envs."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from bench import subjects, train  # noqa: E402
+from bench.ppo import PPOConfig, Trainer  # noqa: E402
+
+
+def trained(system: str, n: int = 4, iterations: int = 3) -> tuple[Trainer, int]:
+    """A seeded CartPole run of ``iterations`` rollouts and updates; the trainer and its episode ends."""
+    env = subjects.open_stepper(system, "CartPole-v1", n, seed=3)
+    try:
+        trainer = Trainer(env, PPOConfig(rollout_steps=32, epochs=2, minibatches=2), seed=7)
+        ends = 0
+        for _ in range(iterations):
+            trainer.collect()
+            ends += int(trainer.dones.sum())
+            trainer.update()
+        return trainer, ends
+    finally:
+        env.close()
+
+
+def tensors(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a (nested) state dict, by path."""
+    if isinstance(state, torch.Tensor):
+        return {prefix: state}
+    if isinstance(state, dict):
+        return {k: v for key, sub in state.items() for k, v in tensors(sub, f"{prefix}/{key}").items()}
+    if isinstance(state, (list, tuple)):
+        return {k: v for i, sub in enumerate(state) for k, v in tensors(sub, f"{prefix}/{i}").items()}
+    return {}
+
+
+def test_syncvectorenv_and_shmpool_train_to_the_same_parameters():
+    reference, ends = trained(subjects.SYNC_VEC)
+    candidate, _ = trained(subjects.POOL_SYNC)
+    assert ends > 0, "the run must cross episode ends, where autoreset semantics could differ"
+    assert reference.steps == candidate.steps == 3 * 32 * 4
+    want, got = tensors(reference.state()), tensors(candidate.state())
+    assert want.keys() == got.keys() and len(want) > 10
+    different = [k for k in want if not torch.equal(want[k], got[k])]
+    assert not different, f"tensors that differ: {different}"
+
+
+def test_a_different_seed_trains_differently():
+    """The comparison above can fail: the parameters depend on the env's observations."""
+    reference, _ = trained(subjects.SYNC_VEC)
+    env = subjects.open_stepper(subjects.SYNC_VEC, "CartPole-v1", 4, seed=4)
+    try:
+        other = Trainer(env, PPOConfig(rollout_steps=32, epochs=2, minibatches=2), seed=7)
+        for _ in range(3):
+            other.iterate()
+    finally:
+        env.close()
+    want, got = tensors(reference.state()), tensors(other.state())
+    assert any(not torch.equal(want[k], got[k]) for k in want)
+
+
+def test_quick_run_reports_every_system_it_ran(capsys):
+    assert train.main(["--quick", "--seconds", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "| CartPole-v1 | 8 | SyncVectorEnv |" in out
+    assert "| CartPole-v1 | 8 | shmpool sync |" in out
+    assert "÷ best gymnasium vector env" in out
+
+
+def test_busy_neighbour_burns_a_core_until_closed():
+    import psutil
+    neighbour = train.BusyNeighbour()
+    proc = psutil.Process(neighbour.proc.pid)
+    proc.cpu_percent()
+    assert proc.cpu_percent(interval=0.5) > 20  # burning, not sleeping (shared with other jobs on 2 cores)
+    neighbour.close()
+    assert not psutil.pid_exists(neighbour.proc.pid) or proc.status() == psutil.STATUS_ZOMBIE
