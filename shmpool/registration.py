@@ -14,6 +14,7 @@ import copy
 import functools
 import importlib
 import importlib.util
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -209,10 +210,38 @@ def _load_builtin_tasks() -> None:
         importlib.import_module(module).register()
 
 
+# Ids the recipes of an extra would serve, recognised without importing it (for the hint below).
+_MUJOCO_V5 = frozenset(f"{name}-v5" for name in (
+    "Ant", "HalfCheetah", "Hopper", "Humanoid", "HumanoidStandup", "InvertedDoublePendulum",
+    "InvertedPendulum", "Pusher", "Reacher", "Swimmer", "Walker2d"))
+_EXTRAS = {"mujoco": ("mujoco", "the ten MuJoCo -v5 tasks"), "ale_py": ("atari", "every Atari <Game>-v5")}
+
+
+def missing_extras() -> dict[str, str]:
+    """Extras whose built-in tasks are unavailable because their package is not installed:
+    ``{extra: what it would add}``."""
+    return {extra: what for needs, (extra, what) in _EXTRAS.items() if importlib.util.find_spec(needs) is None}
+
+
+def _missing_extra_hint(task_id: str) -> str | None:
+    """How to get ``task_id`` when it is a built-in task whose extra is not installed."""
+    missing = missing_extras()
+    if "mujoco" in missing and task_id in _MUJOCO_V5:
+        return f"{task_id} is a built-in shmpool task: pip install 'shmpool[mujoco]'"
+    if "atari" in missing and task_id.endswith("-v5") and "/" not in task_id and task_id not in _MUJOCO_V5:
+        return f"{task_id} looks like a built-in Atari task: pip install 'shmpool[atari]'"
+    return None
+
+
 def list_tasks() -> list[str]:
     """Task ids ``make`` builds with shmpool's own recipes (any other gymnasium id works too,
-    through ``gymnasium.make``)."""
+    through ``gymnasium.make``).  Tasks of extras that are not installed are not listed; a
+    warning names those extras."""
     _load_builtin_tasks()
+    missing = missing_extras()
+    if missing:
+        warnings.warn("not listed, their extras are not installed: " + "; ".join(
+            f"{what} (pip install 'shmpool[{extra}]')" for extra, what in missing.items()), stacklevel=2)
     return sorted(_TASKS)
 
 
@@ -280,7 +309,13 @@ def make(
         env_kwargs, vector_kwargs = _split_vector_kwargs(kwargs)
         env = VectorEnv(_TASKS[task_id](num_envs=num_envs, **env_kwargs), **pool_kwargs, **vector_kwargs)
     else:
-        env = VectorEnv(task_id, num_envs, **pool_kwargs, **kwargs)
+        try:
+            env = VectorEnv(task_id, num_envs, **pool_kwargs, **kwargs)
+        except gymnasium.error.Error as exc:
+            hint = _missing_extra_hint(task_id)
+            if hint is None:
+                raise
+            raise type(exc)(f"{exc} ({hint})") from exc
     env.observation_space = env.single_observation_space
     env.action_space = env.single_action_space
     env.config = {"task_id": task_id, "env_type": env_type, "num_envs": num_envs, "batch_size": env.batch_size,

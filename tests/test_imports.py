@@ -29,3 +29,20 @@ def test_missing_extra_is_named(module, missing, extra):
     done = run(f"import sys; sys.modules[{missing!r}] = None\nimport {module}")
     assert done.returncode != 0
     assert f"pip install 'shmpool[{extra}]'" in done.stderr, done.stderr[-500:]
+
+
+def test_builtin_task_without_its_extra_names_the_extra():
+    # As if ale-py were not installed: gymnasium alone does not know Pong-v5.
+    done = run("import sys; sys.modules['ale_py'] = None\nimport shmpool\n"
+               "try:\n    shmpool.make('Pong-v5', num_envs=2)\nexcept Exception as e:\n    print(type(e).__name__, e)")
+    assert "pip install 'shmpool[atari]'" in done.stdout, done.stdout + done.stderr[-500:]
+    assert done.stdout.startswith("NameNotFound"), done.stdout
+
+
+def test_list_tasks_says_which_extras_are_missing():
+    done = run("import sys, warnings; sys.modules['mujoco'] = None\nimport shmpool\n"
+               "with warnings.catch_warnings(record=True) as w:\n    warnings.simplefilter('always')\n"
+               "    tasks = shmpool.list_tasks()\nprint('Ant-v5' in tasks)\nprint(*[str(x.message) for x in w])")
+    lines = done.stdout.splitlines()
+    assert lines[0] == "False", done.stdout + done.stderr[-500:]
+    assert "pip install 'shmpool[mujoco]'" in lines[1]
