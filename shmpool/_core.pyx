@@ -48,13 +48,14 @@ cdef extern from "<sched.h>" nogil:
 # prefetching cannot make two writers share a line.
 LINE = 128
 DEF _LINE = 128
-DEF _HEADER_LINES = 3
+DEF _HEADER_LINES = 4
 DEF _MAGIC = 0x73686d70  # "shmp"
 
 # Header lines.
 DEF _OFF_META = 0
 DEF _OFF_SYNC = 1 * _LINE      # signal: shards finished (sync step / reset)
-DEF _OFF_PUB = 2 * _LINE       # signal: completions published, all workers (a doorbell for sleeping)
+DEF _OFF_ORDER = 2 * _LINE     # completion tickets: recv takes envs in the order they finished
+DEF _OFF_PUB = 3 * _LINE       # signal: completions published, all workers (a doorbell for sleeping)
 
 # Per-worker block: line A written by the parent, line B by the worker.
 DEF _A_CMD_SEQ = 0             # signal (value, waiters, target)
@@ -85,10 +86,11 @@ def _align(n):
 def control_size(int num_envs, shard_sizes):
     """Bytes the control region needs for these shards: header, one block per
     worker, then per worker a request ring and a completion ring (one slot per env:
-    an env is requested, and published, at most once before the parent takes it)."""
+    an env is requested, and published, at most once before the parent takes it),
+    and beside each completion ring the tickets that order completions across workers."""
     cdef Py_ssize_t n = _HEADER_LINES * _LINE + len(shard_sizes) * _BLOCK
     for s in shard_sizes:
-        n += 2 * _align(4 * s)
+        n += 3 * _align(4 * s)
     return n
 
 
@@ -198,10 +200,10 @@ cdef class Wire:
     cdef uint32_t *req_rings[1024]
     cdef uint32_t req_caps[1024]
     cdef uint32_t *comp_rings[1024]
+    cdef uint32_t *order_rings[1024]  # completion ticket of each comp_rings slot
     cdef uint64_t comp_tails[1024]   # parent only: completions taken from each ring
     cdef uint32_t starts[1025]       # first env of each shard, then num_envs
     cdef uint64_t taken              # parent only: completions taken in all (doorbell target)
-    cdef int rot                     # parent only: worker whose ring take() reads first
     cdef int me                      # worker side: the shard publish() last wrote to
     cdef uint8_t *status
     cdef uint64_t *info_masks
@@ -239,8 +241,10 @@ cdef class Wire:
             self.comp_rings[w] = <uint32_t *>(self.base + off)
             self.comp_tails[w] = 0
             off += _align(4 * self.req_caps[w])
+        for w in range(self.num_workers):
+            self.order_rings[w] = <uint32_t *>(self.base + off)
+            off += _align(4 * self.req_caps[w])
         self.taken = 0
-        self.rot = 0
         self.me = 0
         self.status = NULL
         self.info_masks = NULL
@@ -436,37 +440,33 @@ cdef class Wire:
 
     cdef Py_ssize_t _take_ready(self, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n):
         """Move what the completion rings hold (at most ``n``) into ``out[start:]``,
-        reading the workers round-robin from a rotating first one."""
-        cdef int nw = self.num_workers, i, w
+        oldest completion first across all workers (by ticket): an env that finished
+        early is never passed over for one that finished later, whichever worker ran it."""
+        cdef int nw = self.num_workers, w, best
         cdef Py_ssize_t got = 0
-        cdef uint64_t t, head, cap
-        cdef uint32_t *ring
-        for i in range(nw):
-            if got >= n:
+        cdef uint64_t heads[1024]
+        cdef uint32_t o, best_o = 0
+        for w in range(nw):
+            heads[w] = shm_load_acquire64(self._comp_head(w))
+        while got < n:
+            best = -1
+            for w in range(nw):
+                if self.comp_tails[w] != heads[w]:
+                    o = self.order_rings[w][self.comp_tails[w] % self.req_caps[w]]
+                    if best < 0 or <int32_t>(o - best_o) < 0:
+                        best, best_o = w, o
+            if best < 0:
                 break
-            w = self.rot + i
-            if w >= nw:
-                w -= nw
-            t = self.comp_tails[w]
-            head = shm_load_acquire64(self._comp_head(w))
-            if t == head:
-                continue
-            ring, cap = self.comp_rings[w], self.req_caps[w]
-            while t != head and got < n:
-                out[start + got] = ring[t % cap]
-                t += 1
-                got += 1
-            self.comp_tails[w] = t
-        self.rot += 1
-        if self.rot >= nw:
-            self.rot = 0
+            out[start + got] = self.comp_rings[best][self.comp_tails[best] % self.req_caps[best]]
+            self.comp_tails[best] += 1
+            got += 1
         self.taken += <uint64_t>got
         return got
 
     def take(self, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n,
              WaitPolicy policy, int64_t timeout_ns):
-        """Move up to ``n`` finished env ids into ``out[start:]``; each worker's in
-        the order it finished them, workers read round-robin.
+        """Move up to ``n`` finished env ids into ``out[start:]``, in the order
+        they finished (across workers, by completion ticket).
 
         Waits at most one slice; returns how many were taken."""
         cdef uint32_t *pub = self._sig(1)
@@ -618,7 +618,10 @@ cdef class Wire:
         cdef uint64_t *headp = <uint64_t *>(blk + _B_COMP_HEAD)
         cdef uint64_t h = shm_load_relaxed64(headp)
         cdef uint32_t *pub = self._sig(1)
+        # The ticket orders this completion among all workers' (a wrap-safe count).
+        cdef uint32_t ticket = shm_add_fetch(<uint32_t *>(self.base + _OFF_ORDER), 1)
         self.comp_rings[w][h % self.req_caps[w]] = env_id
+        self.order_rings[w][h % self.req_caps[w]] = ticket
         shm_store_release64(headp, h + 1)
         shm_add_fetch(pub, 1)
         shm_store_release(<uint32_t *>(blk + _B_COMP_RUNG), <uint32_t>(h + 1))
