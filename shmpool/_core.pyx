@@ -11,7 +11,10 @@ only grow, so a waiter compares against a target instead of resetting flags.
 Waiting is spin -> sched_yield -> sleep (futex, or a posix semaphore where
 futex is missing), always bounded by a timeout slice so callers can check
 liveness between slices.  A waker only issues a syscall when the sleeper has
-raised the word's waiters flag.
+raised the word's waiters flag.  An adaptive policy (workers under "auto")
+learns how long commands take to come (the parent stamps each post with the
+time) and skips spinning when they come later than its budget: a worker then
+sleeps at once instead of burning a core the trainer needs.
 """
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_SIMPLE
@@ -51,13 +54,14 @@ DEF _MAGIC = 0x73686d70  # "shmp"
 # Header lines.
 DEF _OFF_META = 0
 DEF _OFF_SYNC = 1 * _LINE      # signal: shards finished (sync step / reset)
-DEF _OFF_SPARE = 2 * _LINE     # unused (was the shared completion ring's claim counter)
+DEF _OFF_ORDER = 2 * _LINE     # completion tickets: recv takes envs in the order they finished
 DEF _OFF_PUB = 3 * _LINE       # signal: completions published, all workers (a doorbell for sleeping)
 
 # Per-worker block: line A written by the parent, line B by the worker.
 DEF _A_CMD_SEQ = 0             # signal (value, waiters, target)
 DEF _A_CMD = 12
 DEF _A_REQ_HEAD = 16           # uint64: requests pushed
+DEF _A_POST_NS = 24            # int64: CLOCK_MONOTONIC time of the newest post (adaptive waiters learn from it)
 DEF _B_DONE_SEQ = _LINE        # signal (value, waiters, target)
 DEF _B_REQ_TAIL = _LINE + 16   # uint64: requests taken
 DEF _B_COMP_HEAD = _LINE + 24  # uint64: completions published into this worker's ring
@@ -82,10 +86,11 @@ def _align(n):
 def control_size(int num_envs, shard_sizes):
     """Bytes the control region needs for these shards: header, one block per
     worker, then per worker a request ring and a completion ring (one slot per env:
-    an env is requested, and published, at most once before the parent takes it)."""
+    an env is requested, and published, at most once before the parent takes it),
+    and beside each completion ring the tickets that order completions across workers."""
     cdef Py_ssize_t n = _HEADER_LINES * _LINE + len(shard_sizes) * _BLOCK
     for s in shard_sizes:
-        n += 2 * _align(4 * s)
+        n += 3 * _align(4 * s)
     return n
 
 
@@ -154,21 +159,31 @@ cdef int _wait_word(uint32_t *word, uint32_t target, int64_t spin_ns,
 
 
 cdef class WaitPolicy:
-    """How long a waiter spins and yields before it sleeps (nanoseconds)."""
+    """How long a waiter spins and yields before it sleeps (nanoseconds).
+
+    ``adaptive``: for command waits (workers), spin and yield only while the
+    commands of late came within ``spin_ns + yield_ns`` of the wait's start;
+    otherwise sleep at once.  ``gap_ns`` is that learnt gap (a moving average,
+    per process: each worker has its own copy of the policy)."""
     cdef public int64_t spin_ns
     cdef public int64_t yield_ns
     cdef public str name
+    cdef public bint adaptive
+    cdef public int64_t gap_ns
 
-    def __init__(self, str name, int64_t spin_ns, int64_t yield_ns):
+    def __init__(self, str name, int64_t spin_ns, int64_t yield_ns, bint adaptive=False):
         self.name = name
         self.spin_ns = spin_ns
         self.yield_ns = yield_ns
+        self.adaptive = adaptive
+        self.gap_ns = 0
 
     def __repr__(self):
-        return f"WaitPolicy({self.name!r}, spin_ns={self.spin_ns}, yield_ns={self.yield_ns})"
+        extra = ", adaptive=True" if self.adaptive else ""
+        return f"WaitPolicy({self.name!r}, spin_ns={self.spin_ns}, yield_ns={self.yield_ns}{extra})"
 
     def __reduce__(self):
-        return (WaitPolicy, (self.name, self.spin_ns, self.yield_ns))
+        return (WaitPolicy, (self.name, self.spin_ns, self.yield_ns, self.adaptive))
 
 
 cdef class Wire:
@@ -185,10 +200,10 @@ cdef class Wire:
     cdef uint32_t *req_rings[1024]
     cdef uint32_t req_caps[1024]
     cdef uint32_t *comp_rings[1024]
+    cdef uint32_t *order_rings[1024]  # completion ticket of each comp_rings slot
     cdef uint64_t comp_tails[1024]   # parent only: completions taken from each ring
     cdef uint32_t starts[1025]       # first env of each shard, then num_envs
     cdef uint64_t taken              # parent only: completions taken in all (doorbell target)
-    cdef int rot                     # parent only: worker whose ring take() reads first
     cdef int me                      # worker side: the shard publish() last wrote to
     cdef uint8_t *status
     cdef uint64_t *info_masks
@@ -226,8 +241,10 @@ cdef class Wire:
             self.comp_rings[w] = <uint32_t *>(self.base + off)
             self.comp_tails[w] = 0
             off += _align(4 * self.req_caps[w])
+        for w in range(self.num_workers):
+            self.order_rings[w] = <uint32_t *>(self.base + off)
+            off += _align(4 * self.req_caps[w])
         self.taken = 0
-        self.rot = 0
         self.me = 0
         self.status = NULL
         self.info_masks = NULL
@@ -319,10 +336,12 @@ cdef class Wire:
             else:
                 self.sems[sid].release()
 
-    cdef bint _wait(self, int sid, uint32_t target, WaitPolicy policy, int64_t timeout_ns) except -1:
+    cdef bint _wait(self, int sid, uint32_t target, WaitPolicy policy, int64_t timeout_ns,
+                    bint busy=True) except -1:
+        """``busy`` False: skip the spin and yield phases, sleep at once."""
         cdef uint32_t *word = self._sig(sid)
         cdef int r
-        cdef int64_t spin = policy.spin_ns, yld = policy.yield_ns
+        cdef int64_t spin = policy.spin_ns if busy else 0, yld = policy.yield_ns if busy else 0
         cdef bint futex = self.futex
         with nogil:
             r = _wait_word(word, target, spin, yld, timeout_ns, futex)
@@ -335,7 +354,7 @@ cdef class Wire:
             shm_store_relaxed(word + 1, 0)
             return True
         try:
-            self.sems[sid].acquire(max(timeout_ns - policy.spin_ns - policy.yield_ns, 1_000_000) / 1e9)
+            self.sems[sid].acquire(max(timeout_ns - spin - yld, 1_000_000) / 1e9)
         except Exception:  # posix_ipc.BusyError: the slice ran out
             pass
         shm_store_relaxed(word + 1, 0)
@@ -347,6 +366,8 @@ cdef class Wire:
         cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
         cdef uint32_t *seq = <uint32_t *>(blk + _A_CMD_SEQ)
         shm_store_relaxed(<uint32_t *>(blk + _A_CMD), cmd)
+        # The stamp is published by the seq_cst add below, like the command.
+        shm_store_release64(<uint64_t *>(blk + _A_POST_NS), <uint64_t>shm_now_ns())
         cdef uint32_t n = shm_add_fetch(seq, 1)
         self._wake(2 + 2 * worker, seq)
         return n
@@ -419,40 +440,35 @@ cdef class Wire:
 
     cdef Py_ssize_t _take_ready(self, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n):
         """Move what the completion rings hold (at most ``n``) into ``out[start:]``,
-        reading the workers round-robin from a rotating first one."""
-        cdef int nw = self.num_workers, i, w
+        oldest completion first across all workers (by ticket): an env that finished
+        early is never passed over for one that finished later, whichever worker ran it."""
+        cdef int nw = self.num_workers, w, best
         cdef Py_ssize_t got = 0
-        cdef uint64_t t, head, cap
-        cdef uint32_t *ring
-        for i in range(nw):
-            if got >= n:
+        cdef uint64_t heads[1024]
+        cdef uint32_t o, best_o = 0
+        for w in range(nw):
+            heads[w] = shm_load_acquire64(self._comp_head(w))
+        while got < n:
+            best = -1
+            for w in range(nw):
+                if self.comp_tails[w] != heads[w]:
+                    o = self.order_rings[w][self.comp_tails[w] % self.req_caps[w]]
+                    if best < 0 or <int32_t>(o - best_o) < 0:
+                        best, best_o = w, o
+            if best < 0:
                 break
-            w = self.rot + i
-            if w >= nw:
-                w -= nw
-            t = self.comp_tails[w]
-            head = shm_load_acquire64(self._comp_head(w))
-            if t == head:
-                continue
-            ring, cap = self.comp_rings[w], self.req_caps[w]
-            while t != head and got < n:
-                out[start + got] = ring[t % cap]
-                t += 1
-                got += 1
-            self.comp_tails[w] = t
-        self.rot += 1
-        if self.rot >= nw:
-            self.rot = 0
+            out[start + got] = self.comp_rings[best][self.comp_tails[best] % self.req_caps[best]]
+            self.comp_tails[best] += 1
+            got += 1
         self.taken += <uint64_t>got
         return got
 
-    def take(self, uint64_t tail, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n,
+    def take(self, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n,
              WaitPolicy policy, int64_t timeout_ns):
-        """Move up to ``n`` finished env ids into ``out[start:]``; each worker's in
-        the order it finished them, workers read round-robin.
+        """Move up to ``n`` finished env ids into ``out[start:]``, in the order
+        they finished (across workers, by completion ticket).
 
-        ``tail`` is ignored (kept for compatibility): the wire keeps one tail per
-        worker.  Waits at most one slice; returns how many were taken."""
+        Waits at most one slice; returns how many were taken."""
         cdef uint32_t *pub = self._sig(1)
         cdef Py_ssize_t got = 0
         cdef uint32_t seen, want
@@ -523,8 +539,36 @@ cdef class Wire:
     # --- worker side --------------------------------------------------------
 
     def wait_command(self, int worker, uint32_t seen, WaitPolicy policy, int64_t timeout_ns):
-        """Wait (one slice at most) for a command newer than ``seen``."""
-        return self._wait(2 + 2 * worker, seen + 1, policy, timeout_ns)
+        """Wait (one slice at most) for a command newer than ``seen``.
+
+        An adaptive ``policy`` spins only while commands have come within its
+        budget of late, and learns from this one's post stamp how long it took."""
+        cdef uint32_t *word = self._sig(2 + 2 * worker)
+        cdef int64_t budget, start, gap
+        cdef bint got
+        if not policy.adaptive:
+            return self._wait(2 + 2 * worker, seen + 1, policy, timeout_ns)
+        if shm_reached(shm_load_acquire(word), seen + 1):
+            gap = 0
+            got = True
+        else:
+            budget = policy.spin_ns + policy.yield_ns
+            start = shm_now_ns()
+            got = self._wait(2 + 2 * worker, seen + 1, policy, timeout_ns, policy.gap_ns <= budget)
+            if not got:
+                # A whole slice without a command: the trainer is busy elsewhere.
+                policy.gap_ns = 4 * budget
+                return False
+            # The acquire that saw the new sequence makes its stamp visible.
+            gap = <int64_t>shm_load_acquire64(<uint64_t *>(self.base + _HEADER_LINES * _LINE
+                                                           + worker * _BLOCK + _A_POST_NS)) - start
+            if gap < 0:
+                gap = 0
+            if gap > 4 * budget:
+                gap = 4 * budget  # one long pause (an update) must not outweigh many short gaps
+        # Moving average over about four commands.
+        policy.gap_ns += (gap - policy.gap_ns) // 4
+        return got
 
     def command(self, int worker):
         """(sequence, command) of the newest command posted to ``worker``."""
@@ -574,7 +618,10 @@ cdef class Wire:
         cdef uint64_t *headp = <uint64_t *>(blk + _B_COMP_HEAD)
         cdef uint64_t h = shm_load_relaxed64(headp)
         cdef uint32_t *pub = self._sig(1)
+        # The ticket orders this completion among all workers' (a wrap-safe count).
+        cdef uint32_t ticket = shm_add_fetch(<uint32_t *>(self.base + _OFF_ORDER), 1)
         self.comp_rings[w][h % self.req_caps[w]] = env_id
+        self.order_rings[w][h % self.req_caps[w]] = ticket
         shm_store_release64(headp, h + 1)
         shm_add_fetch(pub, 1)
         shm_store_release(<uint32_t *>(blk + _B_COMP_RUNG), <uint32_t>(h + 1))

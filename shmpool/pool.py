@@ -31,7 +31,7 @@ from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedE
 from .infos import InfoReader, add_info
 from .memory import create_region, map_region
 from .resets import check_reset_mask, seed_list
-from .topology import allowed_cpus, oversubscribed, resolve_cpus, resolve_wait_policy
+from .topology import allowed_cpus, choose_wait_policy, cpu_quota, default_num_workers, oversubscribed, resolve_cpus
 from .workers import loop
 
 _SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
@@ -107,8 +107,9 @@ class Pool:
         fns = env_constructors(env, num_envs, env_kwargs)
         self.num_envs = n = len(fns)
         self.cpus = resolve_cpus(cpus)
+        self.cpu_quota = cpu_quota()   # cgroup CPU limit in cpus (docker --cpus), None if none
         if num_workers is None:
-            num_workers = min(len(self.cpus), n)
+            num_workers = default_num_workers(self.cpus, self.cpu_quota, n)
         self.num_workers = w = check_count("num_workers", num_workers)
         if w > n:
             raise ValueError(f"num_workers={w} is more than num_envs={n}: every worker needs an env")
@@ -122,8 +123,10 @@ class Pool:
         if wake == "futex" and not _core.have_futex():
             raise ValueError("wake='futex' but this platform has no futex")
         self._worker_cpu = [self.cpus[k % len(self.cpus)] for k in range(w)]
-        crowded = oversubscribed(self._worker_cpu, allowed_cpus())
-        self.wait_policy, self.worker_wait_policy = resolve_wait_policy(wait_policy, crowded)
+        allowed = allowed_cpus()
+        crowded = oversubscribed(self._worker_cpu, allowed, self.cpu_quota)
+        self.wait_choice = choose_wait_policy(wait_policy, self._worker_cpu, allowed, self.cpu_quota)
+        self.wait_policy, self.worker_wait_policy = self.wait_choice.parent, self.wait_choice.worker
         if crowded and "spin" in (self.wait_policy.name, self.worker_wait_policy.name):
             warnings.warn(
                 f"wait_policy 'spin' with {w} workers on cpus {sorted(set(self._worker_cpu))} and the parent "
@@ -421,7 +424,7 @@ class Pool:
         wire = self._wire
         got = self._take_ready(out, 0, n) if self._ready else 0
         if got < n:
-            got += wire.take(0, out, got, n - got, self.wait_policy, _SLICE_NS)
+            got += wire.take(out, got, n - got, self.wait_policy, _SLICE_NS)
         if got < n:
             # Slow path: a restart may happen while waiting, and must not owe
             # again an env already taken here.
@@ -431,7 +434,7 @@ class Pool:
                 nonlocal got
                 if self._ready:
                     got += self._take_ready(out, got, n - got)
-                new = wire.take(0, out, got, n - got, self.wait_policy, slice_ns)
+                new = wire.take(out, got, n - got, self.wait_policy, slice_ns)
                 self._in_flight[out[got:got + new]] = 0
                 got += new
                 return got == n
@@ -751,8 +754,9 @@ class Pool:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return (f"Pool({self.num_envs} envs, {self.num_workers} workers on cpus {self._worker_cpu}, "
-                f"batch_size={self.batch_size}, {self.wait_policy.name} waits, {state})")
+        quota = "" if self.cpu_quota is None else f", cpu quota {self.cpu_quota:g}"
+        return (f"Pool({self.num_envs} envs, {self.num_workers} workers on cpus {self._worker_cpu}{quota}, "
+                f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), {state})")
 
     @property
     def closed(self) -> bool:

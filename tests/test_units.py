@@ -45,8 +45,9 @@ def test_shard_sizes_spread_the_remainder():
 def test_auto_wait_policy_depends_on_oversubscription():
     assert oversubscribed([0, 1], [0, 1]) and oversubscribed([0, 0], [0, 1, 2])
     assert not oversubscribed([1], [0, 1]) and not oversubscribed([0, 1], [0, 1, 2, 3])
-    assert [p.name for p in resolve_wait_policy("auto", True)] == ["block", "yield"]
-    assert [p.name for p in resolve_wait_policy("auto", False)] == ["hybrid", "hybrid"]
+    assert [p.name for p in resolve_wait_policy("auto", True)] == ["block", "adaptive"]
+    assert [p.name for p in resolve_wait_policy("auto", False)] == ["hybrid", "adaptive"]
+    assert resolve_wait_policy("auto", True)[1].adaptive
     parent, worker = resolve_wait_policy(("block", "spin"), True)
     assert (parent.name, worker.name) == ("block", "spin")
 
@@ -140,5 +141,5 @@ def test_wire_wait_times_out_and_counts_wrap():
     wire.publish(1)
     wire.publish(0)
     out = np.zeros(2, dtype=np.uint32)
-    assert wire.take(0, out, 0, 2, pol, 1_000_000) == 2 and out.tolist() == [1, 0]
-    assert wire.take(2, out, 0, 1, pol, 1_000_000) == 0  # nothing more: one slice, then give up
+    assert wire.take(out, 0, 2, pol, 1_000_000) == 2 and out.tolist() == [1, 0]
+    assert wire.take(out, 0, 1, pol, 1_000_000) == 0  # nothing more: one slice, then give up
