@@ -1,4 +1,4 @@
-"""Async evenness (issue 17): with batch_size < num_envs every env advances at about the same rate."""
+"""Async evenness: with batch_size < num_envs every env advances at about the same rate."""
 import numpy as np
 import pytest
 
@@ -20,7 +20,7 @@ def test_take_returns_the_oldest_completion_first_across_workers():
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "issue 17 open: envs are bound to workers and the two workers run at different speeds (the parent "
+    "not yet even: envs are bound to workers and the two workers run at different speeds (the parent "
     "shares one's core; the other pays an idle-vCPU wake): oldest-first recv is not enough"))
 @pytest.mark.parametrize("policy", ["auto", "block"])
 def test_async_envs_advance_evenly(policy, no_leaks):
