@@ -453,11 +453,21 @@ def test_node_removed_restart_moves_the_pool(cluster):
 
 
 def test_close_stops_actors_and_workers(cluster):
+    """close() from another thread while a call waits: the call stops with PoolClosedError, nothing remains."""
+    import threading
+
     rp = RayPool(TASK, 6, seed=0, num_workers=1)
     rp.reset()
     procs = set().union(*(descendants(d["pid"]) for d in rp.nodes))
     assert len(procs) >= 6
-    rp.close()
+    closer = threading.Timer(0.5, rp.close, kwargs={"timeout": 0.5})
+    closer.start()
+    t0 = time.monotonic()
+    with pytest.raises(shmpool.PoolClosedError, match="closed .*while this call was in progress"):
+        rp.apply(lambda env: time.sleep(4), env_ids=[0])
+    assert time.monotonic() - t0 < 3   # it stopped waiting, and the busy actor was killed after 0.5 s
+    closer.join(15)
+    assert rp.closed and not closer.is_alive()
     rp.close()  # idempotent
     assert not gone(procs)
 

@@ -157,6 +157,7 @@ class RayPool:
         self._ledger = Ledger(place, next_step=self.autoreset_mode == NEXT_STEP)
         self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, self._shut_down)
         self._step_refs: list | None = None   # the pending step_async(): one future per pool (None: answered here)
+        self._close_timeout = 10.0             # seconds the local pools get to close before their actors are killed
         self._life = Lifecycle()               # NEEDS_RESET
 
     # --- properties ------------------------------------------------------------------------------
@@ -428,7 +429,9 @@ class RayPool:
     # --- waiting and faults ----------------------------------------------------------------------
 
     def _watch(self, op: str, timeout: float | None = None) -> Watch:
-        return Watch(op, timeout, self.step_timeout, self._fleet.node_of, self._fleet.describe_pools)
+        life = self._life
+        return Watch(op, timeout, self.step_timeout, self._fleet.node_of, self._fleet.describe_pools,
+                     cancelled=lambda: life.close_requested)
 
     def _after_slice(self, watch: Watch, waiting_on: list[int]) -> list[int]:
         """``watch.after_slice``; a passed ``step_timeout`` closes the pool first."""
@@ -451,19 +454,20 @@ class RayPool:
     def close(self, timeout: float = 10.0) -> None:
         """Close every local pool and stop the actors. Idempotent; from a signal handler or another
         thread during a call, the call closes the pool when it ends."""
+        self._close_timeout = timeout   # also for a call that performs a close requested during it
         if not self._life.begin_close():
             return
         try:
-            self._shut_down(timeout)
+            self._shut_down()
         finally:
             self._life.end_close()
 
-    def _shut_down(self, timeout: float = 10.0) -> None:
+    def _shut_down(self) -> None:
         """Stop the actors and mark the pool closed (the caller holds the pool's entry)."""
         self._life.close()
         self._step_refs = None
         self._ledger.forget()
-        self._fleet.close(timeout)
+        self._fleet.close(self._close_timeout)
 
     def __enter__(self) -> RayPool:
         return self

@@ -14,7 +14,8 @@ from typing import Any
 import ray
 import ray.exceptions
 
-from ..errors import WorkerDiedError
+from ..errors import PoolClosedError, WorkerDiedError
+from ..state import CLOSED_DURING_CALL
 from .actor import RemoteError
 
 SLICE_S = 0.25            # longest uninterrupted ray.wait; the watch runs between slices
@@ -81,11 +82,14 @@ class Watch:
     """The checks between wait slices of one call ``op``.
 
     ``timeout``: the caller's own limit (TimeoutError; the call stays pending).  ``step_timeout``:
-    the pool's limit (:class:`StepTimeoutError`, fatal).  ``node_of(k)``: pool ``k``'s node."""
+    the pool's limit (:class:`StepTimeoutError`, fatal).  ``node_of(k)``: pool ``k``'s node;
+    ``describe(pools)``: their envs, for messages; ``cancelled()``: True once the wait must stop."""
 
     def __init__(self, op: str, timeout: float | None, step_timeout: float | None,
-                 node_of: Callable[[int], str], describe: Callable[[list[int]], str]) -> None:
+                 node_of: Callable[[int], str], describe: Callable[[list[int]], str],
+                 cancelled: Callable[[], bool] = lambda: False) -> None:
         self.op = op
+        self.cancelled = cancelled
         self.timeout = timeout
         self.step_timeout = step_timeout
         self.node_of = node_of
@@ -94,7 +98,10 @@ class Watch:
         self.last_liveness = 0.0   # the first slice without an answer checks at once
 
     def after_slice(self, waiting_on: list[int]) -> list[int]:
-        """Raise if a limit passed; else the pools of ``waiting_on`` whose node is gone."""
+        """Raise if a limit passed or the wait was cancelled (``close()`` from a signal handler or
+        another thread: PoolClosedError); else the pools of ``waiting_on`` whose node is gone."""
+        if self.cancelled():
+            raise PoolClosedError(CLOSED_DURING_CALL)
         now = time.monotonic()
         waited = now - self.start
         if self.timeout is not None and waited > self.timeout:
