@@ -106,3 +106,16 @@ def test_a_close_requested_meanwhile_stops_the_wait(monkeypatch):
     with pytest.raises(PoolClosedError, match="while this call was in progress"):
         faults.gather(["a"], [0], watch(cancelled=cancelled))
     assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
+def test_a_raypool_refuses_to_be_copied(how):
+    import copy
+    import pickle
+
+    from shmpool.distributed import RayPool
+
+    pool = RayPool.__new__(RayPool)   # no cluster needed: the refusal comes before any state is read
+    do = {"copy": copy.copy, "deepcopy": copy.deepcopy, "pickle": pickle.dumps}[how]
+    with pytest.raises(TypeError, match="a RayPool cannot be copied or pickled"):
+        do(pool)

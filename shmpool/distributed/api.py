@@ -237,8 +237,8 @@ class RayPool:
         self._ledger.sync_autoreset.clear()
         refs = [actor.reset.remote(seeds[r.start:r.stop], per_pool[k])
                 for k, (actor, r) in enumerate(zip(self._fleet.actors, ranges))]
-        answers: list[Resets] = self._recovery.settle(self._wait(refs, list(range(self.num_pools)), "reset"), "reset",
-                                             restart=True, seeds=seeds, options=per_pool)
+        outcomes = self._wait(refs, list(range(self.num_pools)), "reset")
+        answers: list[Resets] = self._recovery.settle(outcomes, "reset", restart=True, seeds=seeds, options=per_pool)
         self._life.ready()
         return concat([a.obs for a in answers]), merge_infos([a.infos for a in answers], self._placement.sizes)
 
@@ -263,9 +263,9 @@ class RayPool:
         self._actions.check(actions)
         self._forget_async()
         auto = self._ledger.sync_autoreset
+        ranges = map(self.env_range, range(self.num_pools))
         self._step_refs = [None if k in auto else actor.step.remote(take_rows(actions, slice(r.start, r.stop)))
-                           for k, (actor, r) in enumerate(zip(self._fleet.actors, map(self.env_range,
-                                                                                    range(self.num_pools))))]
+                           for k, (actor, r) in enumerate(zip(self._fleet.actors, ranges))]
         self._life.step_posted()
 
     @_entry
@@ -468,6 +468,12 @@ class RayPool:
         self._step_refs = None
         self._ledger.forget()
         self._fleet.close(self._close_timeout)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Its actors and futures belong to this driver: a copy (copy, deepcopy, pickle, a Ray task's
+        # argument) could only close them under the original or fail later, so copying is refused.
+        raise TypeError("a RayPool cannot be copied or pickled: its actors belong to the process that created it; "
+                        "pass its arguments and build a new one")
 
     def __enter__(self) -> RayPool:
         return self

@@ -70,7 +70,8 @@ class Fleet:
     def close(self, timeout: float) -> None:
         """Close every local pool (waiting up to ``timeout`` s in all), then kill the actors."""
         refs = [actor.close.remote() for actor in self.actors]
-        ray.wait(refs, num_returns=len(refs), timeout=timeout)  # a pool that does not answer is killed anyway
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout)  # a pool that does not answer is killed anyway
         self.kill_all()
         self.actors = []
 
