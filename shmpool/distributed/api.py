@@ -3,6 +3,7 @@ then drives the actors (:mod:`.fleet`), the bookkeeping (:mod:`.ledger`) and the
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -155,7 +156,8 @@ class RayPool:
         self.autoreset_mode = first.autoreset_mode
         self._actions = ActionCheck(self.single_action_space, self.num_envs)
         self._ledger = Ledger(place, next_step=self.autoreset_mode == NEXT_STEP)
-        self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, self._shut_down)
+        shut_down = weakref.WeakMethod(self._shut_down)   # no cycle: a forgotten RayPool is freed (and closed) at once
+        self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
         self._step_refs: list | None = None   # the pending step_async(): one future per pool (None: answered here)
         self._close_timeout = 10.0             # seconds the local pools get to close before their actors are killed
         self._life = Lifecycle()               # NEEDS_RESET
