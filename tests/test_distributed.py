@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 import warnings
 
@@ -251,6 +252,15 @@ def test_sync_errors_before_anything_is_sent(cluster):
             rp.step(np.zeros(5, dtype=np.int64))
         with pytest.raises(ValueError, match="out of range"):
             rp.send(np.zeros(1, dtype=np.int64), [6])
+        # a bad action raises on the send that carries it, before anything moved (not one call later)
+        rp.async_reset()
+        *_, infos = rp.recv()
+        ids = np.sort(infos["env_id"])
+        with pytest.raises(ValueError, match=r"outside Discrete\(2\) for env 2: 5"):
+            rp.send(np.array([0, 0, 5, 0, 0, 0]), ids)
+        assert rp.in_flight == 0
+        rp.send(np.zeros(6, dtype=np.int64), ids)   # the same envs, accepted right after
+        assert rp.recv()[0].shape == (6, 4)
     with pytest.raises(shmpool.PoolClosedError):
         rp.reset()
 
@@ -261,6 +271,9 @@ def test_env_error_names_the_global_env(cluster):
 
     class Fragile(gym.Wrapper):   # defined here: cloudpickled by value, the nodes need not import tests/
         def step(self, action):
+            if getattr(self, "die", False):
+                time.sleep(1.0)   # after the other pool's error has come back
+                os._exit(3)
             if self.unwrapped.spec is not None and getattr(self, "bad", False):
                 raise ValueError("boom")
             return super().step(action)
@@ -278,6 +291,14 @@ def test_env_error_names_the_global_env(cluster):
         rp.set_attr("bad", False)
         rp.reset()
         rp.step(np.zeros(6, dtype=np.int64))  # usable again after reset, as the local pool
+        # One pool raises, then another dies: the death is not hidden behind the first error.
+        rp.set_attr("bad", True, env_ids=[0])
+        rp.set_attr("die", True, env_ids=[3])
+        with pytest.raises(RemotePoolDiedError, match=r"pool 1 .*envs 2..3.*WorkerDiedError") as died:
+            rp.step(np.zeros(6, dtype=np.int64))
+        assert rp.closed
+        if sys.version_info >= (3, 11):   # exception notes
+            assert any("pool 0 also raised during step" in n and "boom" in n for n in died.value.__notes__)
 
 
 def test_reset_mask_and_options_list(cluster):
@@ -432,11 +453,21 @@ def test_node_removed_restart_moves_the_pool(cluster):
 
 
 def test_close_stops_actors_and_workers(cluster):
+    """close() from another thread while a call waits: the call stops with PoolClosedError, nothing remains."""
+    import threading
+
     rp = RayPool(TASK, 6, seed=0, num_workers=1)
     rp.reset()
     procs = set().union(*(descendants(d["pid"]) for d in rp.nodes))
     assert len(procs) >= 6
-    rp.close()
+    closer = threading.Timer(0.5, rp.close, kwargs={"timeout": 0.5})
+    closer.start()
+    t0 = time.monotonic()
+    with pytest.raises(shmpool.PoolClosedError, match="closed .*while this call was in progress"):
+        rp.apply(lambda env: time.sleep(4), env_ids=[0])
+    assert time.monotonic() - t0 < 3   # it stopped waiting, and the busy actor was killed after 0.5 s
+    closer.join(15)
+    assert rp.closed and not closer.is_alive()
     rp.close()  # idempotent
     assert not gone(procs)
 

@@ -1,0 +1,81 @@
+"""``RayPool``: one shmpool :class:`~shmpool.Pool` per Ray node (or per NUMA node of each), one API.
+
+::
+
+    import ray, shmpool.distributed as sd
+
+    ray.init(address="auto")
+    with sd.RayPool("CartPole-v1", num_envs=4 * 256, batch_size=256, seed=0) as pool:
+        obs, infos = pool.reset()                       # obs: (1024, 4) float32
+        obs, rew, term, trunc, infos = pool.step(actions)   # actions: (1024,)
+        pool.async_reset()
+        obs, rew, term, trunc, infos = pool.recv()      # 256 rows, infos["env_id"] global int32
+        pool.send(actions[:256], infos["env_id"])
+
+Layout: the envs are split into contiguous ranges, one per pool (pool ``k`` owns
+``pool.env_range(k)``); each pool lives in a Ray actor pinned to its node
+(``NodeAffinitySchedulingStrategy``, hard) and steps its envs in its own pinned
+worker processes through shared memory, exactly as a local :class:`~shmpool.Pool`.
+Only whole sub-batches cross the network, as numpy arrays through Ray's object store.
+
+Sync ``step``/``reset`` send each pool its slice of the actions and concatenate
+the answers in env order: the results are the local pool's for the same seeds
+(env ``i`` gets seed ``seed + i`` wherever it runs).
+
+Async (EnvPool semantics at sub-batch granularity): each pool's local ``Pool``
+has ``batch_size = sub_batch_sizes[k]`` (by default pool ``k``'s share of
+``batch_size``, proportional to its envs).  ``recv()`` keeps at most one
+``recv`` outstanding per pool, waits (``ray.wait``) for whichever sub-batches
+finish first and concatenates them until it has ``batch_size`` rows; rows of a
+sub-batch beyond ``batch_size`` are kept (they are finished) and returned first
+by the next ``recv``.  So ``recv`` returns exactly ``batch_size`` envs, the
+first to finish counted in whole sub-batches, in completion order of the
+sub-batches.  A pool is only asked for a sub-batch when at least that many of
+its envs are in flight; if no pool can give one (the caller held back envs so
+that every pool has fewer in flight than its sub-batch) ``recv`` raises
+``RuntimeError`` at once instead of waiting forever.  Sending back the envs
+``recv`` returned (EnvPool's loop) never gets there with the default sizes
+when ``batch_size * n_k / num_envs`` is an integer for every pool.  A ``send``
+that gives a pool a whole sub-batch carries that pool's next ``recv`` in the
+same actor call (one Ray round trip); an actor runs one call at a time, so
+envs sent to a pool whose ``recv`` is outstanding start once it returns.
+
+Faults: an actor (or its node) dying raises :class:`RemotePoolDiedError` (a
+:class:`~shmpool.WorkerDiedError`) naming the node and its env range, and closes
+the pool.  With ``on_worker_error="restart"`` the pool is rebuilt (on the same
+node if it is alive, else wherever Ray finds room), its envs are reset, and
+each of them comes back once with ``truncated=True`` and
+``infos["worker_restarted"]`` set: at once for the envs that were in flight,
+and in place of the next result for the envs the caller held; under NEXT_STEP
+the step after that row is an autoreset step (the reset observation again,
+reward 0, no flags), the local pool's convention.  No wait is
+unbounded: waits run in slices, checking between slices that the nodes with
+outstanding work are alive (``ray.nodes()``), and ``step_timeout`` bounds each
+call.
+
+Rooms (one job each): :mod:`.api` (the public class, one :class:`~shmpool.state.Lifecycle` checked at
+every entry), :mod:`.actor` (the Ray actor hosting a local Pool per node), :mod:`.batches` (batch
+assembly, pure numpy), :mod:`.ledger` (async bookkeeping, pure numpy), :mod:`.placement` (nodes,
+pools per node, env ranges, cores), :mod:`.fleet` (starting, rebuilding and stopping the actors),
+:mod:`.faults` (bounded waits and how a pool's answer is classified), :mod:`.action_check`.
+:mod:`.batches`, :mod:`.ledger` and :mod:`.placement` import without Ray.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["RayPool", "RemotePoolDiedError"]
+
+try:
+    from .api import RayPool
+    from .faults import RemotePoolDiedError
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without ray
+    if exc.name != "ray" and not (exc.name or "").startswith("ray."):
+        raise
+    _MISSING_RAY = exc
+
+    def __getattr__(name: str) -> Any:
+        if name in __all__:
+            raise ImportError("shmpool.distributed needs ray: pip install 'shmpool[ray]' (or 'ray>=2.9')") \
+                from _MISSING_RAY
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

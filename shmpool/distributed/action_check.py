@@ -1,0 +1,30 @@
+"""Actions checked in the parent, as a local :class:`~shmpool.Pool` checks them, before a
+:class:`~shmpool.distributed.RayPool` sends anything or moves its bookkeeping: a bad action raises
+on the call that made it, not one call later from a node."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from .. import layout
+from ..actions import ActionWriter
+
+
+class ActionCheck:
+    """Checks batches of actions for ``num_envs`` envs of ``space`` (shapes, dtypes, bounds) with
+    the local pool's own :class:`~shmpool.actions.ActionWriter`, writing into a private scratch
+    array (``num_envs`` actions) instead of shared memory."""
+
+    def __init__(self, space: spaces.Space, num_envs: int) -> None:
+        leaves = layout.leaves(space)
+        plan = layout.Layout(num_envs, [num_envs], [], leaves)
+        scratch = SimpleNamespace(act=[np.empty((num_envs, *leaf.shape), dtype=leaf.dtype) for leaf in leaves])
+        self._writer = ActionWriter(space, plan, scratch)
+
+    def check(self, actions: Any, env_ids: np.ndarray | None = None) -> None:
+        """ValueError naming the env ids (global) if ``actions`` for ``env_ids`` (all envs when None)
+        do not fit the action space."""
+        self._writer.write(actions, env_ids)

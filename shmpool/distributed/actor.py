@@ -1,0 +1,170 @@
+"""The Ray actor that hosts one local :class:`~shmpool.Pool` on its node, and what it answers with.
+
+Every answer is a named type of plain numpy data (:class:`ActorInfo`, :class:`Resets`,
+:class:`~.batches.Rows` with the pool's local env ids); shmpool's errors leave the actor as
+:class:`RemoteError`, which Ray can unpickle."""
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ..errors import ShmpoolError
+from ..pool import Pool
+from .batches import Rows
+from .placement import numa_cpu_groups, slot_cpus
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    """What an actor reports once its pool is up: the pool's spaces and options, and where it runs."""
+
+    observation_space: Any
+    action_space: Any
+    metadata: dict
+    render_mode: str | None
+    spec: Any
+    autoreset_mode: str
+    pid: int
+    node_id: str
+    hostname: str
+    num_workers: int
+    cpus: list[int]
+
+
+@dataclass(frozen=True)
+class Resets:
+    """A pool's ``reset`` answer: ``obs`` ``(n, *obs_shape)`` and vector ``infos``."""
+
+    obs: Any
+    infos: dict
+
+
+class RemoteError(Exception):
+    """A shmpool error crossing Ray: its class, message and attributes (shmpool's errors take
+    keyword-only arguments, which Ray cannot unpickle)."""
+
+    def __init__(self, cls: type, message: str, attrs: dict) -> None:
+        super().__init__(cls, message, attrs)
+
+    def rebuild(self) -> BaseException:
+        """The original exception: its class, message and attributes."""
+        cls, message, attrs = self.args
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, message)
+        exc.__dict__.update(attrs)
+        return exc
+
+
+def _portable(method: Callable) -> Callable:
+    """Actor method wrapper: shmpool's errors leave the actor as :class:`RemoteError`."""
+    @functools.wraps(method)
+    def wrapper(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except ShmpoolError as exc:
+            attrs = dict(vars(exc))
+            try:
+                cloudpickle.dumps(attrs)
+            except Exception:   # the env's own exception object does not pickle: its type and text remain
+                attrs = {k: (None if k == "remote_exception" else v) for k, v in attrs.items()}
+            raise RemoteError(type(exc), str(exc), attrs) from None
+    return wrapper
+
+
+class PoolActor:
+    """Runs one local :class:`Pool` on its node; every method answers with plain numpy data."""
+
+    def __init__(self, fns_blob: bytes, seed: int | None, batch_size: int, slot: int, per_node: int | str,
+                 pool_kwargs: dict) -> None:
+        fns = cloudpickle.loads(fns_blob)
+        kwargs = dict(pool_kwargs)
+        if "cpus" not in kwargs:
+            cpus = slot_cpus(slot, per_node)
+            if cpus is not None:
+                kwargs["cpus"] = cpus
+        self.pool = Pool(fns, batch_size=batch_size, seed=seed, copy=False, **kwargs)
+
+    def describe(self) -> ActorInfo:
+        p = self.pool
+        return ActorInfo(observation_space=p.single_observation_space, action_space=p.single_action_space,
+                         metadata=p.metadata, render_mode=p.render_mode, spec=p.spec,
+                         autoreset_mode=p.autoreset_mode, pid=os.getpid(),
+                         node_id=ray.get_runtime_context().get_node_id(), hostname=os.uname().nodename,
+                         num_workers=p.num_workers, cpus=p.worker_cpus)
+
+    @_portable
+    def reset(self, seeds: list, options: Any) -> Resets:
+        obs, infos = self.pool.reset(seed=seeds, options=options)
+        return Resets(obs, infos)
+
+    @_portable
+    def step(self, actions: Any) -> Rows:
+        return Rows.of_step(np.arange(self.pool.num_envs), self.pool.step(actions))
+
+    @_portable
+    def async_reset(self) -> None:
+        self.pool.async_reset()
+
+    @_portable
+    def send(self, actions: Any, env_ids: np.ndarray) -> None:
+        self.pool.send(actions, env_ids)
+
+    @_portable
+    def recv(self) -> Rows:
+        obs, rew, term, trunc, infos = self.pool.recv()
+        return Rows(infos.pop("env_id").astype(np.int64), obs, rew, term, trunc, infos)
+
+    def send_recv(self, actions: Any, env_ids: np.ndarray) -> Rows:
+        """``send`` then ``recv`` in one actor call (one Ray round trip)."""
+        self.send(actions, env_ids)
+        return self.recv()
+
+    @_portable
+    def per_env(self, op: str, name: str, env_ids: list[int], args: tuple, kwargs: dict) -> tuple:
+        if op == "call":
+            return self.pool.call(name, *args, env_ids=env_ids, **kwargs)
+        if op == "get_attr":
+            return self.pool.get_attr(name, env_ids=env_ids)
+        if op == "set_attr":
+            return self.pool.set_attr(name, args[0], env_ids=env_ids)
+        if op == "apply":
+            return self.pool.apply(cloudpickle.loads(args[0]), *args[1], env_ids=env_ids, **kwargs)
+        raise ValueError(f"unknown op {op!r}")
+
+    @_portable
+    def close(self) -> None:
+        self.pool.close()
+
+
+RemotePoolActor = ray.remote(PoolActor)
+
+
+def start_actor(options: dict, node_id: str, fns_blob: Any, seed: int | None, batch_size: int, slot: int,
+                per_node: int | str, pool_kwargs: dict) -> Any:
+    """A new :class:`PoolActor` pinned to ``node_id`` (unless ``options`` schedule it otherwise)."""
+    opts = dict(options)
+    opts.setdefault("scheduling_strategy", NodeAffinitySchedulingStrategy(node_id, soft=False))
+    return RemotePoolActor.options(**opts).remote(fns_blob, seed, batch_size, slot, per_node, pool_kwargs)
+
+
+def pools_on_nodes(pools_per_node: int | str, nodes: Iterable[str], timeout: float | None) -> list[int]:
+    """Pools on each node: the count given, or (``"numa"``) the NUMA nodes each Ray node reports."""
+    nodes = list(nodes)
+    if pools_per_node != "numa":
+        return [int(pools_per_node)] * len(nodes)
+
+    @ray.remote(num_cpus=0)
+    def count() -> int:
+        return len(numa_cpu_groups())
+
+    refs = [count.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote()
+            for nid in nodes]
+    return ray.get(refs, timeout=timeout)

@@ -1,0 +1,489 @@
+"""``RayPool``'s public API: every entry checks the one pool state (:class:`~shmpool.state.Lifecycle`),
+then drives the actors (:mod:`.fleet`), the bookkeeping (:mod:`.ledger`) and the waits (:mod:`.faults`)."""
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import ray
+
+from ..arguments import (
+    POOL_KEYWORDS,
+    check_count,
+    check_env_ids,
+    check_on_worker_error,
+    check_options_list,
+    check_seed,
+    check_step_timeout,
+    env_constructors,
+    env_id_array,
+    env_id_list,
+)
+from ..autoreset import NEXT_STEP
+from ..resets import check_reset_mask, seed_list
+from ..state import Lifecycle, PoolState
+from .action_check import ActionCheck
+from .actor import Resets, pools_on_nodes
+from .batches import Rows, batch_len, concat, merge_infos, take_rows
+from .faults import (
+    SLICE_S,
+    Outcome,
+    StepTimeoutError,
+    Watch,
+    gather,
+    node_gone,
+    outcome_of,
+)
+from .fleet import Fleet
+from .ledger import Ledger
+from .placement import Placement, Slot, describe_range
+from .recovery import Recovery
+
+
+def _entry(method: Callable) -> Callable:
+    """A public call: one at a time per pool; a ``close()`` that came during it runs when it ends."""
+    @functools.wraps(method)
+    def wrapper(self: RayPool, *args: Any, **kwargs: Any) -> Any:
+        life = self._life
+        life.enter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            life.leave(self._shut_down)
+    return wrapper
+
+
+class RayPool:
+    """Many envs in shmpool pools on several Ray nodes, with the API of :class:`shmpool.Pool`.
+
+    ``env``: a gymnasium id (``**env_kwargs`` go to ``gymnasium.make``), one callable or a
+    list of callables, cloudpickled once and built on the nodes.
+
+    ``nodes``: Ray node ids (hex) to use, in order; default every alive node with CPUs.
+    ``pools_per_node``: pools per node, an int (each pool gets an even, contiguous share of
+    the cores the actor may use) or ``"numa"`` (one pool per NUMA node of each node, on
+    that NUMA node's cores, as the node's sysfs reports them).
+    ``env_counts``: envs per pool (default: as even as possible, contiguous ranges).
+    ``batch_size``: rows per ``recv()`` (default ``num_envs``); ``sub_batch_sizes``:
+    each pool's local ``batch_size`` (default its proportional share of ``batch_size``).
+    ``on_worker_error``: ``"raise"`` (default) or ``"restart"``.
+    ``step_timeout``: seconds any one call may wait (None: no limit, but node deaths are
+    still noticed).  ``actor_options``: passed to ``.options()`` of each actor
+    (default ``num_cpus=0``: the actor does not reserve Ray CPUs; set ``num_cpus`` to
+    keep Ray tasks off the pool's cores).  ``per_pool_kwargs``: one dict of :class:`Pool`
+    keywords per pool (e.g. ``cpus``), over the shared ones.  Other keywords that are :class:`Pool`
+    parameters (``num_workers``, ``wait_policy``, ``start_method``, ``autoreset_mode``...)
+    go to every local pool.
+
+    Shapes and dtypes are the local pool's: observations ``(n, *obs_shape)`` in the
+    space's dtype (dicts/tuples of such arrays for Dict/Tuple spaces), rewards
+    ``(n,)`` float64, terminated/truncated ``(n,)`` bool, infos in gymnasium's vector
+    layout; ``recv`` adds ``infos["env_id"]`` (``(batch_size,)`` int32, global ids).
+    Every array returned is fresh.
+    """
+
+    def __init__(
+        self,
+        env: str | Callable[[], Any] | Sequence[Callable[[], Any]],
+        num_envs: int | None = None,
+        *,
+        nodes: Sequence[str] | None = None,
+        pools_per_node: int | str = 1,
+        env_counts: Sequence[int] | None = None,
+        batch_size: int | None = None,
+        sub_batch_sizes: Sequence[int] | None = None,
+        seed: int | None = None,
+        on_worker_error: str = "raise",
+        step_timeout: float | None = None,
+        startup_timeout: float | None = 300.0,
+        actor_options: dict | None = None,
+        per_pool_kwargs: Sequence[dict] | None = None,
+        address: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._life = Lifecycle()
+        self._life.close()              # until start-up succeeds there is nothing to close
+        pool_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in POOL_KEYWORDS}
+        if "copy" in pool_kwargs:
+            raise TypeError("'copy' is not a RayPool option: every array it returns is fresh")
+        fns = env_constructors(env, num_envs, kwargs)
+        self.num_envs = len(fns)
+        self.on_worker_error = check_on_worker_error(on_worker_error)
+        self.step_timeout = check_step_timeout(step_timeout)
+        seed = check_seed(seed)
+        if pools_per_node != "numa":
+            pools_per_node = check_count("pools_per_node", pools_per_node)
+        # A dead worker inside a node is first the local pool's business: it follows the same policy.
+        pool_kwargs["on_worker_error"] = on_worker_error
+
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        alive = {x["NodeID"]: x for x in ray.nodes() if x["Alive"]}
+        if nodes is None:
+            nodes = [nid for nid, x in alive.items() if x["Resources"].get("CPU", 0) > 0] or list(alive)
+        nodes = list(nodes)
+        missing = [nid for nid in nodes if nid not in alive]
+        if missing:
+            raise ValueError(f"nodes {missing} are not alive Ray nodes; alive: {sorted(alive)}")
+        per = pools_on_nodes(pools_per_node, nodes, timeout=60)
+        slots = [Slot(nid, p, pools_per_node) for nid, count in zip(nodes, per) for p in range(count)]
+        self._placement = place = Placement(slots, self.num_envs, env_counts, batch_size, sub_batch_sizes)
+        if per_pool_kwargs is not None and len(per_pool_kwargs) != place.num_pools:
+            raise ValueError(f"per_pool_kwargs needs {place.num_pools} dicts (one per pool), "
+                             f"got {len(per_pool_kwargs)}")
+        self.batch_size = place.batch_size
+        self.sub_batch_sizes = place.sub_batch_sizes
+        self._fleet = Fleet(place, fns, seed,
+                            [{**pool_kwargs, **(per_pool_kwargs[k] if per_pool_kwargs else {})}
+                             for k in range(place.num_pools)],
+                            {"num_cpus": 0, "max_restarts": 0, **(actor_options or {})}, startup_timeout)
+        infos = self._fleet.start()
+        first = infos[0]
+        for k, d in enumerate(infos[1:], 1):
+            if d.observation_space != first.observation_space or d.action_space != first.action_space:
+                self._fleet.kill_all()
+                raise ValueError(f"pool {k} has spaces {d.observation_space}, {d.action_space}; pool 0 has "
+                                 f"{first.observation_space}, {first.action_space}: all envs must share spaces")
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self.metadata = first.metadata
+        self.render_mode = first.render_mode
+        self.spec = first.spec
+        self.autoreset_mode = first.autoreset_mode
+        self._actions = ActionCheck(self.single_action_space, self.num_envs)
+        self._ledger = Ledger(place, next_step=self.autoreset_mode == NEXT_STEP)
+        shut_down = weakref.WeakMethod(self._shut_down)   # no cycle: a forgotten RayPool is freed (and closed) at once
+        self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
+        self._step_refs: list | None = None   # the pending step_async(): one future per pool (None: answered here)
+        self._close_timeout = 10.0             # seconds the local pools get to close before their actors are killed
+        self._life = Lifecycle()               # NEEDS_RESET
+
+    # --- properties ------------------------------------------------------------------------------
+
+    @property
+    def num_pools(self) -> int:
+        """How many local pools (actors) the envs are spread over."""
+        return self._placement.num_pools
+
+    def env_range(self, k: int) -> range:
+        """Global env ids owned by pool ``k``."""
+        return self._placement.env_range(k)
+
+    @property
+    def nodes(self) -> list[dict]:
+        """Per pool: ``node_id``, ``hostname``, actor ``pid``, ``num_workers``, worker ``cpus``, ``envs`` (range)."""
+        return [{"node_id": d.node_id, "hostname": d.hostname, "pid": d.pid, "num_workers": d.num_workers,
+                 "cpus": d.cpus, "envs": self.env_range(k)} for k, d in enumerate(self._fleet.infos)]
+
+    @property
+    def closed(self) -> bool:
+        return self._life.closed
+
+    @property
+    def state(self) -> PoolState:
+        """Where the pool is between calls (see :class:`shmpool.state.PoolState`)."""
+        return self._life.state
+
+    @property
+    def in_flight(self) -> int:
+        """Envs sent (or async-reset) and not returned by ``recv()`` yet."""
+        return self._life.in_flight
+
+    @property
+    def restarts(self) -> int:
+        """Pools rebuilt so far (``on_worker_error="restart"``)."""
+        return self._fleet.restarts
+
+    @property
+    def restart_log(self) -> list[dict]:
+        """One entry per rebuild: ``pool``, ``old_pid``/``old_node``, ``new_pid``/``new_node``, ``op``, ``cause``."""
+        return self._fleet.restart_log
+
+    def __len__(self) -> int:
+        return self.num_envs
+
+    def __repr__(self) -> str:
+        nodes = len({s.node_id for s in self._placement.slots})
+        return (f"RayPool({self.num_envs} envs in {self.num_pools} pools on {nodes} nodes, batch_size="
+                f"{self.batch_size}, sub-batches {self.sub_batch_sizes}, {self._life.state.value})")
+
+    # --- sync ------------------------------------------------------------------------------------
+
+    @_entry
+    def reset(self, seed: int | Sequence[int | None] | None = None, options: dict | Sequence | None = None):
+        """Reset every env; returns ``(obs, infos)`` in env order, obs ``(num_envs, *obs_shape)``.
+
+        ``seed``: an int gives env ``i`` the seed ``seed + i`` (on whichever node it runs),
+        a list one per env.  ``options``: a dict for every env, a list with one per env, or a
+        dict with ``"reset_mask"`` (bool ``(num_envs,)``) to reset only those envs."""
+        self._life.check_idle()
+        seeds = seed_list(seed, self.num_envs)
+        ranges = [self.env_range(k) for k in range(self.num_pools)]
+        per_pool: list[Any] = [options for _ in ranges]
+        if isinstance(options, (list, tuple)):
+            options = check_options_list(options, self.num_envs)
+            per_pool = [options[r.start:r.stop] for r in ranges]
+        elif options is not None and "reset_mask" in options:
+            mask = check_reset_mask(options["reset_mask"], self.num_envs)
+            for k, r in enumerate(ranges):
+                if not mask[r.start:r.stop].any():
+                    raise NotImplementedError(
+                        f"reset_mask leaves pool {k} (envs {describe_range(r)}) out entirely; a RayPool "
+                        "needs at least one env of each pool in the mask")
+            per_pool = [{**options, "reset_mask": mask[r.start:r.stop]} for r in ranges]
+        self._forget_async()
+        self._ledger.sync_autoreset.clear()
+        refs = [actor.reset.remote(seeds[r.start:r.stop], per_pool[k])
+                for k, (actor, r) in enumerate(zip(self._fleet.actors, ranges))]
+        outcomes = self._wait(refs, list(range(self.num_pools)), "reset")
+        answers: list[Resets] = self._recovery.settle(outcomes, "reset", restart=True, seeds=seeds, options=per_pool)
+        self._life.ready()
+        return concat([a.obs for a in answers]), merge_infos([a.infos for a in answers], self._placement.sizes)
+
+    def step(self, actions: Any, env_ids: Any = None):
+        """Step every env (or, with ``env_ids``, ``send`` then ``recv``).
+
+        ``actions``: ``(num_envs, *act_shape)``.  Returns ``(obs, rewards, terminated,
+        truncated, infos)`` in env order: obs ``(num_envs, *obs_shape)``, rewards float64
+        ``(num_envs,)``, flags bool ``(num_envs,)``."""
+        if env_ids is not None:
+            self.send(actions, env_ids)
+            return self.recv()
+        self.step_async(actions)
+        return self.step_wait()
+
+    @_entry
+    def step_async(self, actions: Any) -> None:
+        """Send every pool its slice of ``actions``; ``step_wait()`` returns the results."""
+        self._life.check_step_async()
+        if batch_len(actions) != self.num_envs:
+            raise ValueError(f"actions have {batch_len(actions)} rows, the pool has {self.num_envs} envs")
+        self._actions.check(actions)
+        self._forget_async()
+        auto = self._ledger.sync_autoreset
+        ranges = map(self.env_range, range(self.num_pools))
+        self._step_refs = [None if k in auto else actor.step.remote(take_rows(actions, slice(r.start, r.stop)))
+                           for k, (actor, r) in enumerate(zip(self._fleet.actors, ranges))]
+        self._life.step_posted()
+
+    @_entry
+    def step_wait(self, timeout: float | None = None):
+        """Results of the pending ``step_async()``, in env order (see :meth:`step`).
+
+        ``timeout``: seconds to wait; on TimeoutError the step stays pending."""
+        self._life.check_step_wait()
+        refs = self._step_refs
+        pools = [k for k, ref in enumerate(refs) if ref is not None]
+        outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout)
+        self._step_refs = None
+        self._life.step_done()
+        answers = dict(zip(pools, self._recovery.settle(outcomes, "step", restart=True)))
+        parts = [answers[k] if k in answers else   # the autoreset step after a restart: nothing ran
+                 Rows.autoreset(np.arange(self._placement.sizes[k]), self._ledger.sync_autoreset.pop(k))
+                 for k in range(self.num_pools)]
+        return Rows.join(parts).as_step()
+
+    # --- async -----------------------------------------------------------------------------------
+
+    @_entry
+    def async_reset(self) -> None:
+        """Reset every env without waiting; the results arrive through ``recv()``."""
+        self._life.check_idle()
+        self._check_sends()
+        self._ledger.all_sent()
+        for k, actor in enumerate(self._fleet.actors):
+            self._ledger.sends[actor.async_reset.remote()] = k
+        self._life.ready()
+        self._life.in_flight = self.num_envs
+
+    @_entry
+    def send(self, actions: Any, env_ids: Any = None) -> None:
+        """Start stepping ``env_ids`` (global ids; all envs when None) with ``actions``
+        (``(len(env_ids), *act_shape)``); returns at once.  Everything about the call (ids,
+        actions, envs already in flight) is checked here, before anything is sent."""
+        self._life.check_send()
+        ids = np.arange(self.num_envs) if env_ids is None else env_id_array(env_ids)
+        check_env_ids(ids, self.num_envs)
+        self._ledger.check_idle(ids)
+        if batch_len(actions) != len(ids):
+            raise ValueError(f"actions have {batch_len(actions)} rows for {len(ids)} env ids")
+        self._actions.check(actions, ids)
+        for d in self._ledger.plan_send(ids):
+            actor = self._fleet.actors[d.pool]
+            part = take_rows(actions, d.positions)
+            if d.with_recv:
+                self._ledger.requests[actor.send_recv.remote(part, d.local_ids)] = d.pool
+            else:
+                self._ledger.sends[actor.send.remote(part, d.local_ids)] = d.pool
+        self._life.in_flight += len(ids)
+
+    @_entry
+    def recv(self):
+        """The first ``batch_size`` envs to finish, counted in whole sub-batches (see the module doc).
+
+        Returns ``(obs, rewards, terminated, truncated, infos)``, ``batch_size`` rows in
+        completion order, with ``infos["env_id"]`` (int32, global ids)."""
+        B = self.batch_size
+        self._life.check_recv(B)
+        ledger = self._ledger
+        watch = self._watch("recv")
+        while ledger.ready.count < B:
+            self._check_sends()
+            for k in ledger.to_request():
+                ledger.requests[self._fleet.actors[k].recv.remote()] = k
+            if not ledger.requests:
+                raise RuntimeError(
+                    f"recv() cannot finish: {ledger.ready.count} rows are ready and no pool has a whole sub-batch "
+                    f"in flight (in flight per pool {ledger.available}, sub-batches {self.sub_batch_sizes}); send "
+                    "the envs recv() returned back, or choose sub_batch_sizes that divide what you send")
+            refs = list(ledger.requests)
+            done, _ = ray.wait(refs, num_returns=1, timeout=SLICE_S)
+            if done and len(refs) > 1:
+                done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in done:
+                self._take(ref)
+            if not done:
+                for k in self._after_slice(watch, list(ledger.requests.values())):
+                    self._recovery.async_death(node_gone(k), "recv")
+        rows = ledger.take(B)
+        self._life.in_flight -= B
+        return rows.as_recv()
+
+    def _take(self, ref: Any) -> None:
+        o = outcome_of(ref, self._ledger.requests.pop(ref))
+        if o.death is not None:
+            self._recovery.async_death(o, "recv")
+        elif o.error is not None:
+            self._life.needs_reset(f"pool {o.pool} raised in recv; call reset() or async_reset()")
+            raise self._recovery.global_error(o.pool, o.error)
+        else:
+            self._ledger.received(o.pool, o.value)
+
+    def _check_sends(self) -> None:
+        """Handle the finished fire-and-forget calls: rebuild (or fail on) the dead pools, then raise
+        the first error one of them raised."""
+        sends = self._ledger.sends
+        if not sends:
+            return
+        done, _ = ray.wait(list(sends), num_returns=len(sends), timeout=0)
+        outcomes = [outcome_of(ref, sends.pop(ref)) for ref in done]
+        dead = {o.pool: o for o in outcomes if o.death is not None}
+        for o in dead.values():
+            self._recovery.async_death(o, "send")
+        failed = [o for o in outcomes if o.error is not None and o.pool not in dead]
+        if failed:
+            self._life.needs_reset(f"pool {failed[0].pool} raised in send; call reset() or async_reset()")
+            raise self._recovery.global_error(failed[0].pool, failed[0].error)
+
+    def _forget_async(self) -> None:
+        """Before a sync call: surface what earlier sends raised, then drop the async state."""
+        self._check_sends()
+        self._ledger.forget()
+        self._life.in_flight = 0
+
+    # --- per-env messages ------------------------------------------------------------------------
+
+    def call(self, name: str, *args: Any, env_ids: Any = None, **kwargs: Any) -> tuple:
+        """``env.name(*args, **kwargs)`` (or the attribute) in every env or ``env_ids``; results in that order."""
+        return self._per_env("call", name, env_ids, args, kwargs)
+
+    def get_attr(self, name: str, env_ids: Any = None) -> tuple:
+        """``env.get_wrapper_attr(name)`` of every env or of ``env_ids``."""
+        return self._per_env("get_attr", name, env_ids, (), {})
+
+    def set_attr(self, name: str, values: Any, env_ids: Any = None) -> None:
+        """Set ``name`` on every env or on ``env_ids``: a list/tuple gives one value per env."""
+        ids = env_id_list(env_ids, self.num_envs)
+        if isinstance(values, (list, tuple)):
+            if len(values) != len(ids):
+                raise ValueError(f"set_attr needs {len(ids)} values, got {len(values)}")
+            for i, v in zip(ids, values):
+                self._per_env("set_attr", name, [i], (v,), {})
+            return
+        self._per_env("set_attr", name, ids, (values,), {})
+
+    def apply(self, fn: Callable[..., Any], *args: Any, env_ids: Any = None, **kwargs: Any) -> tuple:
+        """``fn(env, *args, **kwargs)`` in every env (or ``env_ids``), results in that order."""
+        return self._per_env("apply", getattr(fn, "__name__", "fn"), env_ids, (cloudpickle.dumps(fn), args), kwargs)
+
+    @_entry
+    def _per_env(self, op: str, name: str, env_ids: Any, args: tuple, kwargs: dict) -> tuple:
+        self._life.check_idle()
+        ids = env_id_list(env_ids, self.num_envs)
+        by_pool: dict[int, list[int]] = {}
+        for pos, i in enumerate(ids):
+            by_pool.setdefault(int(self._placement.owner[i]), []).append(pos)
+        pools = list(by_pool)
+        starts = self._placement.starts
+        refs = [self._fleet.actors[k].per_env.remote(op, name, [ids[p] - int(starts[k]) for p in by_pool[k]],
+                                                     args, kwargs) for k in pools]
+        answers = self._recovery.settle(self._wait(refs, pools, op), op, restart=False)
+        out: list = [None] * len(ids)
+        for k, answer in zip(pools, answers):
+            for pos, value in zip(by_pool[k], answer or ()):
+                out[pos] = value
+        return tuple(out)
+
+    # --- waiting and faults ----------------------------------------------------------------------
+
+    def _watch(self, op: str, timeout: float | None = None) -> Watch:
+        life = self._life
+        return Watch(op, timeout, self.step_timeout, self._fleet.node_of, self._fleet.describe_pools,
+                     cancelled=lambda: life.close_requested)
+
+    def _after_slice(self, watch: Watch, waiting_on: list[int]) -> list[int]:
+        """``watch.after_slice``; a passed ``step_timeout`` closes the pool first."""
+        try:
+            return watch.after_slice(waiting_on)
+        except StepTimeoutError:
+            self._shut_down()
+            raise
+
+    def _wait(self, refs: list, pools: list[int], op: str, timeout: float | None = None) -> list[Outcome]:
+        """Every answer of one call (``pools[i]`` for ``refs[i]``), waited for in watched slices."""
+        try:
+            return gather(refs, pools, self._watch(op, timeout))
+        except StepTimeoutError:
+            self._shut_down()
+            raise
+
+    # --- closing ---------------------------------------------------------------------------------
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Close every local pool and stop the actors. Idempotent; from a signal handler or another
+        thread during a call, the call closes the pool when it ends."""
+        self._close_timeout = timeout   # also for a call that performs a close requested during it
+        if not self._life.begin_close():
+            return
+        try:
+            self._shut_down()
+        finally:
+            self._life.end_close()
+
+    def _shut_down(self) -> None:
+        """Stop the actors and mark the pool closed (the caller holds the pool's entry)."""
+        self._life.close()
+        self._step_refs = None
+        self._ledger.forget()
+        self._fleet.close(self._close_timeout)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Its actors and futures belong to this driver: a copy (copy, deepcopy, pickle, a Ray task's
+        # argument) could only close them under the original or fail later, so copying is refused.
+        raise TypeError("a RayPool cannot be copied or pickled: its actors belong to the process that created it; "
+                        "pass its arguments and build a new one")
+
+    def __enter__(self) -> RayPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        life = getattr(self, "_life", None)
+        if life is not None and not life.closed and ray.is_initialized():
+            self.close(timeout=2.0)

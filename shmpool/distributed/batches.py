@@ -1,0 +1,202 @@
+"""Batch assembly for :class:`~shmpool.distributed.RayPool`: the pools' answers gathered into one
+batch with global env ids.  Pure numpy; nothing here needs Ray.
+
+A batch is "rows": observations batched like the observation space (an array, or dicts/tuples of
+arrays for Dict/Tuple spaces), ``(n,)`` float64 rewards, ``(n,)`` bool terminated/truncated, and
+infos in gymnasium's vector layout (``key`` plus a ``_key`` bool mask, nested dicts).
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+RESTARTED = "worker_restarted"   # the info key that flags a row answered by a rebuilt pool
+
+
+def concat(parts: list) -> Any:
+    """Concatenate batched values (arrays, or dicts/tuples of them) along axis 0."""
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: concat([p[k] for p in parts]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(concat([p[i] for p in parts]) for i in range(len(first)))
+    return np.concatenate(parts) if len(parts) > 1 else np.asarray(first)
+
+
+def take_rows(x: Any, index: Any) -> Any:
+    """Rows ``index`` (a slice, an index array or a bool mask) of a batched value."""
+    if isinstance(x, dict):
+        return {k: take_rows(v, index) for k, v in x.items()}
+    if isinstance(x, tuple):
+        return tuple(take_rows(v, index) for v in x)
+    return np.asarray(x)[index]
+
+
+def batch_len(x: Any) -> int:
+    """Rows of a batched value (of its first leaf)."""
+    if isinstance(x, dict):
+        return batch_len(next(iter(x.values())))
+    if isinstance(x, tuple):
+        return batch_len(x[0])
+    return len(x)
+
+
+def _column(values: list, sizes: list[int]) -> np.ndarray:
+    """One info key over consecutive blocks; ``None`` where a block lacks it (zeros / None there)."""
+    ref = next(v for v in values if v is not None)
+    filled = []
+    for v, n in zip(values, sizes):
+        if v is None:
+            v = (np.full(n, None, dtype=object) if ref.dtype == object
+                 else np.zeros((n, *ref.shape[1:]), dtype=ref.dtype))
+        filled.append(v)
+    try:
+        return np.concatenate(filled)
+    except ValueError:  # shapes differ between blocks: one object per row, as gymnasium does
+        out = np.empty(sum(sizes), dtype=object)
+        for i, row in enumerate(row for v in filled for row in v):
+            out[i] = row   # one by one: a list of arrays would be broadcast, not stored
+        return out
+
+
+def merge_infos(parts: list[dict], sizes: list[int]) -> dict:
+    """gymnasium vector infos of consecutive row blocks (``sizes[i]`` rows in ``parts[i]``) as one.
+
+    A key missing from a block gets zeros (or None for object columns) there, and ``False`` in its
+    ``_key`` mask."""
+    if len(parts) == 1:
+        return parts[0]
+    keys: dict[str, None] = {}
+    for p in parts:
+        keys.update(dict.fromkeys(p))
+    out: dict = {}
+    for key in keys:
+        values = [p.get(key) for p in parts]
+        sample = next(v for v in values if v is not None)
+        if isinstance(sample, dict):
+            out[key] = merge_infos([v if v is not None else {} for v in values], sizes)
+        elif key.startswith("_") and key[1:] in keys:
+            out[key] = np.concatenate([np.asarray(v, dtype=bool) if v is not None else np.zeros(n, dtype=bool)
+                                       for v, n in zip(values, sizes)])
+        else:
+            out[key] = _column([None if v is None else np.asarray(v) for v in values], sizes)
+    return out
+
+
+def mark_restarted(infos: dict, size: int, rows: Any) -> dict:
+    """Set ``infos["worker_restarted"]`` and its mask (``(size,)`` bool) for ``rows``; returns ``infos``."""
+    flag = np.zeros(size, dtype=bool)
+    flag[rows] = True
+    if RESTARTED in infos:
+        flag |= infos[RESTARTED]
+    infos[RESTARTED] = flag
+    infos["_" + RESTARTED] = flag.copy()
+    return infos
+
+
+@dataclass
+class Rows:
+    """Finished rows of some envs: ``ids`` ``(n,)`` int64 (local to a pool on a node, global in the
+    parent), ``obs``, ``rew`` ``(n,)`` float64, ``term``/``trunc`` ``(n,)`` bool, ``infos`` (vector layout)."""
+
+    ids: np.ndarray
+    obs: Any
+    rew: np.ndarray
+    term: np.ndarray
+    trunc: np.ndarray
+    infos: dict
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def of_step(cls, ids: np.ndarray, result: tuple) -> Rows:
+        """Rows from a pool's ``(obs, rewards, terminated, truncated, infos)``."""
+        obs, rew, term, trunc, infos = result
+        return cls(np.asarray(ids, dtype=np.int64), obs, rew, term, trunc, infos)
+
+    @classmethod
+    def restarted(cls, ids: np.ndarray, obs: Any, infos: dict) -> Rows:
+        """Rows of rebuilt envs: their reset observation, reward 0, truncated, ``worker_restarted`` set."""
+        n = len(ids)
+        infos = mark_restarted(dict(infos), n, np.arange(n))
+        return cls(np.asarray(ids, dtype=np.int64), obs, np.zeros(n), np.zeros(n, dtype=bool),
+                   np.ones(n, dtype=bool), infos)
+
+    @classmethod
+    def autoreset(cls, ids: np.ndarray, obs: Any) -> Rows:
+        """The NEXT_STEP autoreset rows after a truncation: the reset observation again, reward 0, no flags."""
+        n = len(ids)
+        return cls(np.asarray(ids, dtype=np.int64), obs, np.zeros(n), np.zeros(n, dtype=bool),
+                   np.zeros(n, dtype=bool), {})
+
+    def shifted(self, offset: int) -> Rows:
+        """The same rows with ``offset`` added to the ids (a pool's local ids made global)."""
+        return Rows(self.ids + offset, self.obs, self.rew, self.term, self.trunc, self.infos)
+
+    def select(self, index: Any) -> Rows:
+        """The rows picked by a bool mask, an index array or a slice."""
+        return Rows(self.ids[index], take_rows(self.obs, index), self.rew[index], self.term[index],
+                    self.trunc[index], take_rows(self.infos, index))
+
+    @staticmethod
+    def join(parts: list[Rows]) -> Rows:
+        """Blocks of rows one after the other, as one block."""
+        if len(parts) == 1:
+            return parts[0]
+        return Rows(np.concatenate([p.ids for p in parts]), concat([p.obs for p in parts]),
+                    np.concatenate([p.rew for p in parts]), np.concatenate([p.term for p in parts]),
+                    np.concatenate([p.trunc for p in parts]), merge_infos([p.infos for p in parts],
+                                                                          [len(p) for p in parts]))
+
+    def as_step(self) -> tuple:
+        """``(obs, rewards, terminated, truncated, infos)`` as a pool's ``step`` returns them."""
+        return self.obs, self.rew, self.term, self.trunc, self.infos
+
+    def as_recv(self) -> tuple:
+        """Like :meth:`as_step`, with ``infos["env_id"]`` (``(n,)`` int32) added, as ``recv`` returns them."""
+        infos = dict(self.infos)
+        infos["env_id"] = self.ids.astype(np.int32)
+        return self.obs, self.rew, self.term, self.trunc, infos
+
+
+class ReadyRows:
+    """Finished rows waiting to be returned by ``recv``, oldest first."""
+
+    def __init__(self) -> None:
+        self._blocks: collections.deque[Rows] = collections.deque()
+        self.count = 0   # rows held
+
+    def add(self, rows: Rows) -> None:
+        if len(rows):
+            self._blocks.append(rows)
+            self.count += len(rows)
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self.count = 0
+
+    def drop_envs(self, envs: range) -> None:
+        """Forget the rows of envs ``envs`` (their pool was rebuilt: its restart rows replace them)."""
+        kept = [b.select(~((b.ids >= envs.start) & (b.ids < envs.stop))) for b in self._blocks]
+        self._blocks = collections.deque(b for b in kept if len(b))
+        self.count = sum(len(b) for b in self._blocks)
+
+    def take(self, n: int) -> Rows:
+        """The oldest ``n`` rows as one block (a block beyond ``n`` is split: its tail stays first in line)."""
+        if n > self.count:
+            raise ValueError(f"{n} rows asked for, {self.count} ready")
+        parts: list[Rows] = []
+        got = 0
+        while got < n:
+            block = self._blocks.popleft()
+            if got + len(block) > n:
+                block, rest = block.select(slice(0, n - got)), block.select(slice(n - got, None))
+                self._blocks.appendleft(rest)
+            parts.append(block)
+            got += len(block)
+        self.count -= n
+        return Rows.join(parts)

@@ -1,0 +1,215 @@
+"""The one explicit state of a pool, checked at every public entry.
+
+A pool (``Pool``, ``RayPool``) holds one :class:`Lifecycle`: the :class:`PoolState`
+(modelled on gymnasium's ``AsyncState``), how many envs ``send()``/``async_reset()``
+put in flight, why stepping is refused, and the lock that makes each public call
+whole.  The refusal messages live here, so every face words the same mistake the
+same way.
+
+Entry protocol of a public method (``Pool`` and ``RayPool`` both)::
+
+    life = self._life
+    life.enter()                 # one lock per pool: two threads never interleave calls
+    try:
+        life.check_send()        # or check_step_async(), check_recv(...), ...
+        ...                      # the work, then a transition: life.step_posted(), ...
+    finally:
+        life.leave()             # runs a close() requested meanwhile, then raises PoolClosedError
+
+``close()`` asks :meth:`Lifecycle.begin_close` first: when a call is in progress (a signal
+handler of the calling thread, or another thread) the close is deferred to that call's
+``leave()``, so the shared memory is never released under a call that is using it.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import threading
+from collections.abc import Callable
+
+from .errors import PoolClosedError
+
+# Refusals shared word for word by Pool and RayPool (and asserted by the tests).
+CLOSED = "the pool is closed"
+RESET_FIRST = "call reset() or async_reset() before stepping"
+STEP_PENDING_ASYNC = "step_async() while a step is pending; call step_wait() first"
+STEP_PENDING_OTHER = "a step_async() is pending; call step_wait() first"
+NO_PENDING_STEP = "step_wait() without a pending step_async()"
+NOTHING_IN_FLIGHT = "recv() with nothing in flight: call send() or async_reset() first"
+CLOSED_DURING_CALL = "the pool was closed (by a signal handler or another thread) while this call was in progress"
+REENTERED = ("the pool was called again from the thread that is already inside one of its calls (a signal "
+             "handler?); only close() may be called there")
+
+
+def busy_envs_message(n_flight: int) -> str:
+    """step() refused because ``send()`` left envs in flight."""
+    return f"step() needs every env idle but {n_flight} are in flight from send(); recv() them first"
+
+
+def short_batch_message(batch_size: int, n_flight: int) -> str:
+    """recv() refused because fewer than a batch are in flight."""
+    return f"recv() waits for batch_size={batch_size} envs but only {n_flight} are in flight; send() more first"
+
+
+def forked_message(owner_pid: int) -> str:
+    return (f"this pool belongs to process {owner_pid} and was inherited by fork into process {os.getpid()}: "
+            "its workers serve the parent only; create a new pool in the child")
+
+
+class PoolState(enum.Enum):
+    """Where a pool is between calls."""
+
+    NEEDS_RESET = "needs reset"    # built, or an env raised: stepping waits for reset()/async_reset()
+    READY = "ready"                # steppable; ``Lifecycle.in_flight`` envs are out from send()
+    STEP_PENDING = "step pending"  # step_async() posted; step_wait() collects it
+    CLOSED = "closed"              # close(), or a fatal error closed it
+    FORKED = "forked"              # this process is a fork of the pool's owner: nothing may touch it
+
+
+class Lifecycle:
+    """State, in-flight count, refusal reason and entry lock of one pool.
+
+    Checks raise ``PoolClosedError`` once closed (or forked) and ``RuntimeError``
+    for a call out of order; transitions are plain assignments kept here so
+    every change of state has a name."""
+
+    __slots__ = ("state", "reason", "in_flight", "lock", "busy", "close_requested", "owner_pid")
+
+    def __init__(self) -> None:
+        self.state = PoolState.NEEDS_RESET
+        self.reason = RESET_FIRST       # the refusal while NEEDS_RESET / CLOSED / FORKED
+        self.in_flight = 0              # envs sent (or async-reset) and not received yet
+        self.lock = threading.RLock()   # re-entrant only so a signal handler's close() is seen, not deadlocked
+        self.busy = False               # a public call is between enter() and leave()
+        self.close_requested = False    # close() came while busy: leave() performs it
+        self.owner_pid = os.getpid()
+
+    # --- entry and exit ---------------------------------------------------------------
+
+    def enter(self) -> None:
+        """Start a public call: wait for any call of another thread to finish.
+        A call re-entered from the same thread (a signal handler) is refused."""
+        self.lock.acquire()
+        if self.busy:
+            self.lock.release()
+            raise RuntimeError(REENTERED)
+        self.busy = True
+
+    def leave(self, close: Callable[[], None]) -> None:
+        """End a public call.  If ``close()`` was requested while it ran, run ``close``
+        now and raise ``PoolClosedError`` (chained to whatever the call raised)."""
+        self.busy = False   # first: a close() from a signal handler after this runs in full itself
+        try:
+            if self.close_requested:
+                self.close_requested = False
+                if self.state is not PoolState.CLOSED:
+                    close()
+                raise PoolClosedError(CLOSED_DURING_CALL)
+        finally:
+            self.lock.release()
+
+    def begin_close(self) -> bool:
+        """Called first by ``close()``.  True: no call is in progress, the caller holds
+        the lock and closes now (and must ``end_close()``).  False: a call is in
+        progress in this thread (a signal handler) and will close the pool when it
+        ends, or the pool is already closed."""
+        if self.lock.acquire(False):
+            if self.busy:   # re-entered from a signal handler of the busy thread
+                self.lock.release()
+                if self.state is not PoolState.CLOSED and self.state is not PoolState.FORKED:
+                    self.close_requested = True
+                return False
+        else:               # another thread is inside a call: ask it to stop, wait for it to leave
+            self.close_requested = True
+            self.lock.acquire()
+        if self.state is PoolState.CLOSED or self.state is PoolState.FORKED:
+            self.lock.release()
+            return False
+        self.busy = True
+        return True
+
+    def end_close(self) -> None:
+        self.busy = False
+        self.close_requested = False
+        self.lock.release()
+
+    # --- checks -----------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.state is PoolState.CLOSED or self.state is PoolState.FORKED
+
+    def check_open(self) -> None:
+        """Anything but a closed (or inherited) pool."""
+        if self.state is PoolState.CLOSED or self.state is PoolState.FORKED:
+            raise PoolClosedError(self.reason)
+
+    def check_idle(self) -> None:
+        """reset(), async_reset(), call(), ...: open and no step_async() pending."""
+        self.check_open()
+        if self.state is PoolState.STEP_PENDING:
+            raise RuntimeError(STEP_PENDING_OTHER)
+
+    def check_step_async(self) -> None:
+        """step_async(): steppable, no step pending, no env in flight."""
+        if self.state is PoolState.READY and not self.in_flight:
+            return
+        self._refuse_stepping(STEP_PENDING_ASYNC)
+        raise RuntimeError(busy_envs_message(self.in_flight))
+
+    def check_send(self) -> None:
+        """send(): steppable and no step pending (envs may be in flight)."""
+        if self.state is not PoolState.READY:
+            self._refuse_stepping(STEP_PENDING_OTHER)
+
+    def check_step_wait(self) -> None:
+        if self.state is not PoolState.STEP_PENDING:
+            self.check_open()
+            raise RuntimeError(NO_PENDING_STEP)
+
+    def check_recv(self, batch_size: int) -> None:
+        """recv(): open and at least ``batch_size`` envs in flight."""
+        self.check_open()
+        if self.in_flight < batch_size:
+            if not self.in_flight:
+                raise RuntimeError(NOTHING_IN_FLIGHT)
+            raise RuntimeError(short_batch_message(batch_size, self.in_flight))
+
+    def _refuse_stepping(self, pending_message: str) -> None:
+        self.check_open()
+        if self.state is PoolState.NEEDS_RESET:
+            raise RuntimeError(self.reason)
+        if self.state is PoolState.STEP_PENDING:
+            raise RuntimeError(pending_message)
+
+    # --- transitions --------------------------------------------------------------------
+
+    def ready(self) -> None:
+        """A reset (sync or async) was posted or done: stepping is allowed."""
+        self.state = PoolState.READY
+        self.reason = None
+
+    def step_posted(self) -> None:
+        self.state = PoolState.STEP_PENDING
+
+    def step_done(self) -> None:
+        self.state = PoolState.READY
+
+    def needs_reset(self, reason: str) -> None:
+        """An env failed: refuse stepping with ``reason`` until the next reset."""
+        self.state = PoolState.NEEDS_RESET
+        self.reason = reason
+
+    def close(self, reason: str = CLOSED) -> None:
+        self.state = PoolState.CLOSED
+        self.reason = reason
+        self.in_flight = 0
+
+    def forked(self) -> None:
+        """Called in a forked child: the pool is its parent's; refuse everything, fresh lock
+        (a lock held by another parent thread at the fork would stay held here forever)."""
+        self.state = PoolState.FORKED
+        self.reason = forked_message(self.owner_pid)
+        self.lock = threading.RLock()
+        self.busy = False
+        self.close_requested = False

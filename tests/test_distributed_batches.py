@@ -1,0 +1,254 @@
+"""RayPool's pure parts without Ray: batch assembly (shmpool.distributed.batches), the async
+bookkeeping (.ledger) and the env placement (.placement).  They must run where ray is absent."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shmpool.distributed.batches import ReadyRows, Rows, concat, merge_infos, take_rows
+from shmpool.distributed.ledger import Ledger
+from shmpool.distributed.placement import Placement, Slot, apportion
+
+
+def rows_of(ids, tag: str = "") -> Rows:
+    """Rows whose values encode their env id: obs a dict {"x": (n, 2) float32, "y": (n,) int64}."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n = len(ids)
+    obs = {"x": np.stack([ids, -ids], axis=1).astype(np.float32), "y": ids * 10}
+    infos = {"tag": np.array([f"{tag}{i}" for i in ids], dtype=object), "_tag": np.ones(n, dtype=bool)}
+    return Rows(ids, obs, ids.astype(np.float64) / 2, ids % 2 == 0, ids % 3 == 0, infos)
+
+
+def assert_rows_encode_ids(rows: Rows) -> None:
+    ids = rows.ids
+    np.testing.assert_array_equal(rows.obs["x"][:, 0], ids)
+    np.testing.assert_array_equal(rows.obs["y"], ids * 10)
+    np.testing.assert_array_equal(rows.rew, ids / 2)
+    np.testing.assert_array_equal(rows.term, ids % 2 == 0)
+    np.testing.assert_array_equal(rows.trunc, ids % 3 == 0)
+
+
+# --- batches --------------------------------------------------------------------------------
+
+
+def test_concat_and_take_rows_keep_nested_structure():
+    a = {"x": np.zeros((2, 3)), "t": (np.arange(2), np.ones((2, 1), dtype=np.uint8))}
+    b = {"x": np.ones((1, 3)), "t": (np.arange(1) + 5, np.zeros((1, 1), dtype=np.uint8))}
+    got = concat([a, b])
+    assert got["x"].shape == (3, 3) and got["t"][1].dtype == np.uint8
+    np.testing.assert_array_equal(got["t"][0], [0, 1, 5])
+    picked = take_rows(got, np.array([2, 0]))
+    np.testing.assert_array_equal(picked["x"][:, 0], [1, 0])
+    np.testing.assert_array_equal(picked["t"][0], [5, 0])
+
+
+def test_merge_infos_fills_missing_keys_and_masks():
+    a = {"score": np.array([1.5, 2.5]), "_score": np.array([True, True]),
+         "nested": {"k": np.array([1, 2]), "_k": np.array([True, False])}}
+    b = {"other": np.array(["p"], dtype=object), "_other": np.array([True])}
+    got = merge_infos([a, b], [2, 1])
+    np.testing.assert_array_equal(got["score"], [1.5, 2.5, 0.0])
+    np.testing.assert_array_equal(got["_score"], [True, True, False])
+    np.testing.assert_array_equal(got["nested"]["k"], [1, 2, 0])
+    np.testing.assert_array_equal(got["nested"]["_k"], [True, False, False])
+    assert got["other"].tolist() == [None, None, "p"]
+    np.testing.assert_array_equal(got["_other"], [False, False, True])
+
+
+def test_merge_infos_of_differently_shaped_values_is_one_object_per_row():
+    a = {"v": np.zeros((2, 3)), "_v": np.ones(2, dtype=bool)}
+    b = {"v": np.ones((1, 4)), "_v": np.ones(1, dtype=bool)}
+    got = merge_infos([a, b], [2, 1])
+    assert got["v"].dtype == object and got["v"].shape == (3,)
+    assert got["v"][0].shape == (3,) and got["v"][2].shape == (4,)
+
+
+def test_pool_answers_join_in_env_order_with_global_ids():
+    """Three pools' local rows (ids 0..n_k-1), shifted by their starts, give one batch in env order."""
+    sizes, starts = [3, 2, 2], [0, 3, 5]
+    parts = [rows_of(np.arange(n)).shifted(s) for n, s in zip(sizes, starts)]
+    batch = Rows.join(parts)
+    np.testing.assert_array_equal(batch.ids, np.arange(7))
+    assert batch.obs["x"][:, 0].tolist() == [0, 1, 2, 0, 1, 0, 1]   # values stay the pools' own
+    obs, rew, term, trunc, infos = batch.as_step()
+    assert rew.dtype == np.float64 and term.dtype == trunc.dtype == np.bool_ and len(infos["tag"]) == 7
+
+
+def test_restarted_and_autoreset_rows():
+    obs = np.arange(6, dtype=np.float32).reshape(3, 2)
+    r = Rows.restarted(np.array([4, 5, 6]), obs, {"x": np.ones(3), "_x": np.ones(3, dtype=bool)})
+    assert r.trunc.all() and not r.term.any() and (r.rew == 0).all()
+    assert r.infos["worker_restarted"].all() and r.infos["_worker_restarted"].all()
+    one = r.select(slice(1, 2))
+    assert one.ids.tolist() == [5] and one.obs.tolist() == [[2.0, 3.0]]
+    a = Rows.autoreset(np.array([5]), one.obs)
+    assert not (a.term | a.trunc).any() and a.rew.tolist() == [0.0] and a.infos == {}
+
+
+def test_ready_rows_take_splits_blocks_and_keeps_the_tail_first():
+    ready = ReadyRows()
+    ready.add(rows_of([4, 5, 6]))
+    ready.add(rows_of([]))          # empty blocks are not kept
+    ready.add(rows_of([0, 1]))
+    assert ready.count == 5
+    first = ready.take(2)
+    assert first.ids.tolist() == [4, 5]
+    second = ready.take(3)
+    assert second.ids.tolist() == [6, 0, 1] and ready.count == 0
+    assert_rows_encode_ids(second)
+    assert second.infos["tag"].tolist() == ["6", "0", "1"]
+    with pytest.raises(ValueError, match="1 rows asked for, 0 ready"):
+        ready.take(1)
+
+
+def test_ready_rows_drop_envs_of_one_pool():
+    ready = ReadyRows()
+    ready.add(rows_of([0, 3, 4]))
+    ready.add(rows_of([2]))
+    ready.drop_envs(range(2, 4))
+    assert ready.count == 2
+    got = ready.take(2)
+    assert got.ids.tolist() == [0, 4]
+    assert_rows_encode_ids(got)
+
+
+def test_as_recv_adds_int32_env_ids_without_touching_the_rows_infos():
+    r = rows_of([7, 2])
+    *_, infos = r.as_recv()
+    assert infos["env_id"].dtype == np.int32 and infos["env_id"].tolist() == [7, 2]
+    assert "env_id" not in r.infos
+
+
+# --- placement ------------------------------------------------------------------------------
+
+
+def slots(n: int) -> list[Slot]:
+    return [Slot(f"node{k}", 0, 1) for k in range(n)]
+
+
+def test_placement_contiguous_ranges_and_owners():
+    p = Placement(slots(3), 10, None, 4, None)
+    assert p.sizes == [4, 3, 3] and p.starts.tolist() == [0, 4, 7]
+    assert [p.env_range(k) for k in range(3)] == [range(0, 4), range(4, 7), range(7, 10)]
+    assert p.owner.tolist() == [0] * 4 + [1] * 3 + [2] * 3
+    assert sum(p.sub_batch_sizes) == 4 and all(1 <= b <= s for b, s in zip(p.sub_batch_sizes, p.sizes))
+    got = p.by_pool(np.array([9, 0, 5, 1]))
+    assert list(got) == [0, 1, 2] and got[0].tolist() == [1, 3] and got[2].tolist() == [0]
+
+
+def test_placement_refusals():
+    with pytest.raises(ValueError, match="fewer than the 3 pools"):
+        Placement(slots(3), 2, None, None, None)
+    with pytest.raises(ValueError, match=r"env_counts \[1, 1\] must give 3 pools"):
+        Placement(slots(3), 2, [1, 1], None, None)
+    with pytest.raises(ValueError, match="batch_size=7 is more than num_envs=6"):
+        Placement(slots(2), 6, None, 7, None)
+    with pytest.raises(ValueError, match=r"sub_batch_sizes\[1\]=4 is more than pool 1's 3 envs"):
+        Placement(slots(2), 6, None, 6, [2, 4])
+    with pytest.raises(ValueError, match="no Ray node"):
+        Placement([], 6, None, None, None)
+
+
+@pytest.mark.parametrize("total,sizes", [(6, [4, 4, 4]), (4, [3, 3, 3]), (9, [5, 2, 2]), (12, [4, 4, 4])])
+def test_apportion_is_proportional_and_sums_to_total(total, sizes):
+    got = apportion(total, sizes)
+    assert sum(got) == total and all(1 <= b <= s for b, s in zip(got, sizes))
+    assert max(abs(b - total * s / sum(sizes)) for b, s in zip(got, sizes)) < 1
+
+
+# --- ledger ---------------------------------------------------------------------------------
+
+
+def ledger(sizes=(4, 4, 4), subs=(2, 2, 2), next_step=True) -> Ledger:
+    return Ledger(Placement(slots(len(sizes)), sum(sizes), list(sizes), sum(subs), list(subs)), next_step)
+
+
+def test_send_asks_for_a_sub_batch_only_when_a_whole_one_is_in_flight():
+    led = ledger()
+    plan = led.plan_send(np.array([0, 5]))   # one env of pools 0 and 1: less than a sub-batch each
+    assert [(d.pool, d.with_recv) for d in plan] == [(0, False), (1, False)]
+    assert plan[1].local_ids.tolist() == [1] and plan[1].positions.tolist() == [1]
+    plan = led.plan_send(np.array([1, 8, 9]))
+    assert [(d.pool, d.with_recv) for d in plan] == [(0, True), (2, True)]
+    led.requests["f0"], led.requests["f2"] = 0, 2
+    assert led.available == [0, 1, 0] and led.in_flight.sum() == 5
+    assert led.to_request() == []                      # pool 1 has 1 < 2; pools 0 and 2 are busy
+    plan = led.plan_send(np.array([4]))          # pool 1 now has a whole sub-batch: the send carries the recv
+    assert [(d.pool, d.with_recv) for d in plan] == [(1, True)] and led.available == [0, 0, 0]
+    led.requests["f1"] = 1
+    assert [d.with_recv for d in led.plan_send(np.array([2, 3]))] == [False]   # pool 0 is busy
+    assert led.to_request() == [] and led.available == [2, 0, 0]
+    led.requests.pop("f0")                       # pool 0 answered: now it is asked for the next sub-batch
+    assert led.to_request() == [0] and led.available == [0, 0, 0]
+    with pytest.raises(RuntimeError, match=r"env ids \[4\] are already in flight"):
+        led.check_idle(np.array([6, 4]))
+
+
+def test_received_rows_come_back_global_and_leave_flight():
+    led = ledger()
+    led.all_sent()
+    assert led.in_flight.all() and led.available == [4, 4, 4]
+    led.received(1, rows_of([3, 0]))          # local ids of pool 1 (envs 4..7)
+    got = led.take(2)
+    assert got.ids.tolist() == [7, 4]
+    assert not led.in_flight[[4, 7]].any() and led.in_flight.sum() == 10
+
+
+def test_rebuilt_pool_owes_each_env_one_restart_row_then_one_autoreset_row():
+    led = ledger()
+    led.all_sent()
+    led.requests["f1"] = 1
+    led.sends["s1"] = 1
+    led.sends["s0"] = 0
+    led.received(1, rows_of([0]))             # env 4 finished before the death: replaced by its restart row
+    # the caller holds env 5 (returned earlier): make it not in flight
+    led.in_flight[5] = False
+    obs = np.arange(8, dtype=np.float32).reshape(4, 2) + 100
+    led.pool_rebuilt(1, obs, {})
+    assert led.requests == {} and led.sends == {"s0": 0} and led.available[1] == 0
+    first = led.take(3)                        # envs 4, 6, 7 were in flight: their restart rows at once
+    assert first.ids.tolist() == [4, 6, 7]
+    assert first.trunc.all() and first.infos["worker_restarted"].all()
+    np.testing.assert_array_equal(first.obs, obs[[0, 2, 3]])
+    # env 5, held by the caller, answers its next send with its restart row, without a dispatch
+    assert led.plan_send(np.array([5])) == []
+    held = led.take(1)
+    assert held.ids.tolist() == [5] and held.trunc.all()
+    np.testing.assert_array_equal(held.obs, obs[[1]])
+    # then the NEXT_STEP autoreset row: same observation, reward 0, no flags, again without a dispatch
+    assert led.plan_send(np.array([5])) == []
+    auto = led.take(1)
+    assert not (auto.term | auto.trunc).any() and auto.rew.tolist() == [0.0]
+    np.testing.assert_array_equal(auto.obs, obs[[1]])
+    # and after that env 5 goes to its pool again
+    assert [d.pool for d in led.plan_send(np.array([5]))] == [1]
+
+
+def test_same_step_mode_has_no_autoreset_rows():
+    led = ledger(next_step=False)
+    led.all_sent()
+    led.pool_rebuilt(0, np.zeros((4, 2)), {})
+    led.take(4)
+    plan = led.plan_send(np.array([0, 1]))
+    assert [d.pool for d in plan] == [0] and led.ready.count == 0
+
+
+def test_pure_modules_import_where_ray_is_absent():
+    """Where ray is not installed: these modules import, and RayPool says what to install."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['ray'] = None\n"   # `import ray` now fails as if it were not installed
+        "import shmpool.distributed as sd\n"
+        "from shmpool.distributed import batches, ledger, placement\n"
+        "from shmpool.arguments import is_ray_pool\n"
+        "assert not is_ray_pool(object())\n"
+        "try:\n"
+        "    sd.RayPool\n"
+        "except ImportError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "refused: shmpool.distributed needs ray: pip install 'shmpool[ray]'" in out.stdout

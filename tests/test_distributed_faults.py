@@ -1,0 +1,121 @@
+"""RayPool's waits (shmpool.distributed.faults) against a scripted stand-in for Ray's wait/get/nodes:
+no cluster, so the timing rules are checked in well under a second each."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.exceptions")
+
+from shmpool.distributed import faults  # noqa: E402
+from shmpool.errors import PoolClosedError  # noqa: E402
+
+
+class ScriptedRay:
+    """``ray.wait``/``ray.get``/``ray.nodes`` over futures that finish at set times (never: None)."""
+
+    exceptions = ray.exceptions
+
+    def __init__(self, finish_at: dict, answers: dict, alive: set[str]) -> None:
+        self.t0 = time.monotonic()
+        self.finish_at = finish_at
+        self.answers = answers
+        self.alive = alive
+
+    def _done(self, ref) -> bool:
+        at = self.finish_at[ref]
+        return at is not None and time.monotonic() - self.t0 >= at
+
+    def wait(self, refs, num_returns, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            done = [r for r in refs if self._done(r)]
+            if len(done) >= num_returns or time.monotonic() >= deadline:
+                return done, [r for r in refs if r not in done]
+            time.sleep(0.01)
+
+    def get(self, ref, timeout=None):
+        answer = self.answers[ref]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def nodes(self):
+        return [{"NodeID": n, "Alive": n in self.alive} for n in ("n0", "n1", "n2")]
+
+
+def watch(step_timeout=None, timeout=None, cancelled=lambda: False) -> faults.Watch:
+    return faults.Watch("step", timeout, step_timeout, lambda k: f"n{k}", lambda ks: f"envs of {ks}",
+                        cancelled=cancelled)
+
+
+def test_an_error_in_one_pool_still_waits_for_the_others_and_sees_their_death(monkeypatch):
+    """The old code waited for the others blind (``ray.get(other, timeout=None)``) and dropped what
+    they raised; here pool 1's death after pool 0's error is an outcome of its own."""
+    boom = ray.exceptions.RayTaskError("step", "tb", ValueError("boom"))
+    fake = ScriptedRay({"a": 0.0, "b": 0.3, "c": 0.0},
+                       {"a": boom, "b": ray.exceptions.ActorDiedError(), "c": 7}, {"n0", "n1", "n2"})
+    monkeypatch.setattr(faults, "ray", fake)
+    out = faults.gather(["a", "b", "c"], [0, 1, 2], watch())
+    assert [o.pool for o in out] == [0, 1, 2]
+    assert isinstance(out[0].error, ValueError) and out[0].death is None
+    assert isinstance(out[1].death, ray.exceptions.ActorDiedError) and not out[1].node_gone
+    assert out[2].value == 7 and out[2].error is None and out[2].death is None
+
+
+def test_a_pool_that_never_answers_ends_the_wait_at_step_timeout(monkeypatch):
+    boom = ray.exceptions.RayTaskError("step", "tb", ValueError("boom"))
+    fake = ScriptedRay({"a": 0.0, "b": None}, {"a": boom}, {"n0", "n1"})
+    monkeypatch.setattr(faults, "ray", fake)
+    t0 = time.monotonic()
+    with pytest.raises(faults.StepTimeoutError, match=r"step_timeout=0.5 s: pools \[1\] \(envs of \[1\]\)"):
+        faults.gather(["a", "b"], [0, 1], watch(step_timeout=0.5))
+    assert 0.5 <= time.monotonic() - t0 < 1.5
+
+
+def test_the_callers_timeout_leaves_the_call_pending(monkeypatch):
+    fake = ScriptedRay({"a": None}, {}, {"n0"})
+    monkeypatch.setattr(faults, "ray", fake)
+    with pytest.raises(TimeoutError, match="still pending") as info:
+        faults.gather(["a"], [0], watch(timeout=0.3, step_timeout=60))
+    assert not isinstance(info.value, faults.StepTimeoutError)
+
+
+def test_a_pool_whose_node_left_is_a_death_without_waiting_for_ray(monkeypatch):
+    fake = ScriptedRay({"a": 0.0, "b": None}, {"a": 1}, {"n0"})   # n1 is gone; Ray would keep b pending
+    monkeypatch.setattr(faults, "ray", fake)
+    t0 = time.monotonic()
+    out = faults.gather(["a", "b"], [0, 1], watch())
+    assert time.monotonic() - t0 < 1.0
+    assert out[0].value == 1
+    assert out[1].node_gone and isinstance(out[1].death, ray.exceptions.ActorDiedError)
+
+
+def test_a_close_requested_meanwhile_stops_the_wait(monkeypatch):
+    fake = ScriptedRay({"a": None}, {}, {"n0"})
+    monkeypatch.setattr(faults, "ray", fake)
+    t0 = time.monotonic()
+    flag = {"closing": False}
+
+    def cancelled() -> bool:
+        flag["closing"] = time.monotonic() - t0 > 0.3
+        return flag["closing"]
+
+    with pytest.raises(PoolClosedError, match="while this call was in progress"):
+        faults.gather(["a"], [0], watch(cancelled=cancelled))
+    assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
+def test_a_raypool_refuses_to_be_copied(how):
+    import copy
+    import pickle
+
+    from shmpool.distributed import RayPool
+
+    pool = RayPool.__new__(RayPool)   # no cluster needed: the refusal comes before any state is read
+    do = {"copy": copy.copy, "deepcopy": copy.deepcopy, "pickle": pickle.dumps}[how]
+    with pytest.raises(TypeError, match="a RayPool cannot be copied or pickled"):
+        do(pool)
