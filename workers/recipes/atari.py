@@ -67,7 +67,7 @@ except ImportError:   # registering the ids needs only ale-py; building an env n
 
 from ._frames import AreaPush, area_is_generic
 
-__all__ = ["GAMES", "AtariEnv", "check_options", "register", "task_id"]
+__all__ = ["GAMES", "AreaPush", "AtariEnv", "check_options", "register", "task_id"]
 
 _RAW_HEIGHT, _RAW_WIDTH = 210, 160
 # ROMs without a single-player mode: gymnasium and EnvPool register no env for them.
