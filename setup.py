@@ -1,4 +1,5 @@
-"""Builds the Cython wire (shmpool._core); everything else is in pyproject.toml."""
+"""Builds the Cython extensions: the wire (shmpool._core) and the Atari frame kernel
+(shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -9,7 +10,15 @@ extensions = [
         ["shmpool/_core.pyx"],
         include_dirs=["shmpool", numpy.get_include()],
         extra_compile_args=["-O2"],
-    )
+    ),
+    Extension(
+        "shmpool.workers.recipes._frames",
+        ["workers/recipes/_frames.pyx"],
+        include_dirs=["workers/recipes", numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        # No fused multiply-add: the kernel must round where OpenCV rounds (see _area.h).
+        extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"],
+    ),
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}))

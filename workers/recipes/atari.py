@@ -30,6 +30,11 @@ FIRE (``use_fire_reset=True``), ``img_height``/``img_width`` 84, ``gray_scale=Tr
   ``AtariPreprocessing(noop_max=...) + FrameStackObservation`` exactly, frame for frame
   (EnvPool's own C++ generator cannot be replayed from Python; only the distributions match).
 
+Grey frames with an INTER_AREA downscale (the default 210x160 -> 84x84) skip OpenCV: the
+``_frames.AreaPush`` kernel max-pools the two reads, resizes with OpenCV's own float weights
+and rounding (bit for bit ``cv2.resize``; ``tests/test_frames_kernel.py``) and writes into the
+stack's newest slot in one pass.  Other sizes, bilinear and RGB frames use ``cv2.resize``.
+
 Checked frame for frame against EnvPool 1.2.5 (``tests/test_recipes_atari.py``, with
 ``noop_max=1`` so that its reset is deterministic).  Differences from EnvPool:
 ``zero_discount_on_life_loss`` is accepted but changes nothing (it only sets the dm_env
@@ -60,7 +65,9 @@ try:
 except ImportError:   # registering the ids needs only ale-py; building an env needs OpenCV
     cv2 = None
 
-__all__ = ["GAMES", "AtariEnv", "check_options", "register", "task_id"]
+from ._frames import AreaPush, area_is_generic
+
+__all__ = ["GAMES", "AreaPush", "AtariEnv", "check_options", "register", "task_id"]
 
 _RAW_HEIGHT, _RAW_WIDTH = 210, 160
 # ROMs without a single-player mode: gymnasium and EnvPool register no env for them.
@@ -164,6 +171,15 @@ class AtariEnv(gymnasium.Env):
         self._frames = (np.zeros(raw, np.uint8), np.zeros(raw, np.uint8))
         self._grab = ale.getScreenGrayscale if self.gray_scale else ale.getScreenRGB
         self._resized = None if self.gray_scale else np.zeros((int(img_height), int(img_width), 3), np.uint8)
+        # Grey INTER_AREA downscales go through the fused kernel (max-pool + OpenCV's exact
+        # area resize + stack push in one pass); everything else through cv2.resize.
+        dst_hw = (int(img_height), int(img_width))
+        use_kernel = self.gray_scale and use_inter_area_resize and area_is_generic((_RAW_HEIGHT, _RAW_WIDTH), dst_hw)
+        self._area = AreaPush((_RAW_HEIGHT, _RAW_WIDTH), dst_hw) if use_kernel else None
+        # EnvPool max-pools into buffer [0] in place; the kernel leaves it as read and keeps
+        # "buffer [0] is max([0], [1])" here, so a step that reads no frame (the game ended
+        # within the first frame_skip - 2 frames) resizes the same stale frame EnvPool does.
+        self._pooled = False
         self._obs = np.zeros(shape, np.uint8)
         self._copy_obs = True
         self._bind_views()
@@ -205,6 +221,11 @@ class AtariEnv(gymnasium.Env):
         resize it into the newest stack slot after shifting the older ones down, and with
         ``push_all`` copy it into every slot."""
         f0 = self._frames[0]
+        if self._area is not None:
+            pooled = maxpool or self._pooled
+            self._area.push(f0, self._frames[1] if pooled else None, self._obs, push_all)
+            self._pooled = pooled
+            return
         if maxpool:
             np.maximum(f0, self._frames[1], out=f0)
         if not push_all and self.stack_num > 1:
@@ -261,6 +282,7 @@ class AtariEnv(gymnasium.Env):
         if self._fire_reset:
             ale.act(ale_py.Action.FIRE)
         self._grab(self._frames[0])
+        self._pooled = False
         self._push(False, push_all)
         self._lives = ale.lives()
         return self._out(), {"lives": self._lives, "reward": 0.0, "terminated": ale.game_over(),
@@ -283,8 +305,11 @@ class AtariEnv(gymnasium.Env):
             skip -= 1
         if self.frame_skip == 1:
             frames[0][...] = frames[1]   # one frame, nothing to pool with (EnvPool 1.2.5 gives the same)
+            self._pooled = False
             self._push(False, False)
         else:
+            if skip <= 1:   # frame frame_skip - 1 was read into [0] this step
+                self._pooled = False
             self._push(skip == 0, False)
         self._elapsed += 1
         truncated = self._elapsed >= self.max_episode_steps
