@@ -6,7 +6,6 @@ import itertools
 import mmap
 import multiprocessing as mp
 import os
-import pickle
 import signal
 import threading
 import time
@@ -24,6 +23,7 @@ from gymnasium.vector import AutoresetMode
 
 from . import _core
 from . import layout as L
+from . import protocol as P
 from .actions import ActionWriter
 from .arguments import check_count, env_constructors, shard_sizes
 from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
@@ -188,20 +188,21 @@ class Pool:
         self._finalizer = weakref.finalize(self, _kill_processes, list(self._procs))
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
 
-        described = [self._startup_message(k, "spaces", deadline) for k in range(self.num_workers)]
-        _, obs_space, act_space, metadata, render_mode, spec = described[0][:6]
-        check_hosting(described[0], self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
+        described = [self._startup_message(k, P.Spaces, deadline) for k in range(self.num_workers)]
+        first = described[0]
+        obs_space, act_space = first.observation_space, first.action_space
+        check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
         for k, d in enumerate(described[1:], 1):
-            if d[1] != obs_space or d[2] != act_space:
+            if d.observation_space != obs_space or d.action_space != act_space:
                 a = self._bounds[k][0]
                 raise ValueError(
-                    f"env {a} (worker {k}) has spaces {d[1]}, {d[2]}; env 0 has {obs_space}, "
-                    f"{act_space}: all envs of a pool must share their spaces")
+                    f"env {a} (worker {k}) has spaces {d.observation_space}, {d.action_space}; env 0 has "
+                    f"{obs_space}, {act_space}: all envs of a pool must share their spaces")
         self.single_observation_space = obs_space
         self.single_action_space = act_space
-        self.metadata = metadata
-        self.render_mode = render_mode
-        self.spec = spec
+        self.metadata = first.metadata
+        self.render_mode = first.render_mode
+        self.spec = first.spec
         self._layout = layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space)
 
         # The region is unlinked the moment it exists: workers get its file
@@ -218,15 +219,15 @@ class Pool:
             self._wire = _core.Wire(self._region, self._sizes, num_envs=self.num_envs,
                                     sems=sems, slice_ns=_SLICE_NS)
             self._wire.init_header()
-            self._map_msg = ("map", layout, policy, _SLICE_NS, sem_names, self.autoreset_mode)
+            self._map_msg = P.MapRegion(layout, policy, _SLICE_NS, sem_names, self.autoreset_mode)
             if self.on_worker_error == "restart":
                 self._ctx, self._shm_fd = ctx, os.dup(shm.fd)
             for conn, proc in zip(self._conns, self._procs):
-                conn.send(self._map_msg)
+                P.send(conn, self._map_msg)
                 send_handle(conn, shm.fd, proc.pid)
             try:
                 for k in range(self.num_workers):
-                    self._startup_message(k, "ready", deadline)
+                    self._startup_message(k, P.Ready, deadline)
             finally:
                 for s in sems or ():
                     s.unlink()
@@ -247,20 +248,20 @@ class Pool:
         self._all_ids = np.arange(self.num_envs, dtype=np.int64)
         self._blocked: tuple[type, str] | None = (RuntimeError, "call reset() or async_reset() before stepping")
 
-    def _startup_message(self, k: int, expected: str, deadline: float | None):
+    def _startup_message(self, k: int, expected: type, deadline: float | None):
         conn = self._conns[k]
         while True:
             if conn.poll(_SLICE_NS / 1e9):
                 try:
-                    data = conn.recv_bytes()
+                    msg = P.receive(conn)
                 except EOFError:
                     self._raise_died(k, "starting")
-                msg = cloudpickle.loads(data)
-                if msg[0] == expected:
+                if type(msg) is expected:
                     return msg
-                if msg[0] == "error":
+                if isinstance(msg, P.Failure):
                     raise self._env_error(k, msg, then="the pool was not created")
-                raise RuntimeError(f"worker {k} sent {msg[0]!r} while starting, expected {expected!r}")
+                raise P.ProtocolError(f"worker {k} sent {type(msg).__name__} while starting, "
+                                      f"expected {expected.__name__}")
             if self._procs[k].exitcode is not None:
                 self._raise_died(k, "starting")
             if deadline is not None and time.monotonic() > deadline:
@@ -293,8 +294,8 @@ class Pool:
         def send_reset(k: int) -> None:
             a, b = self._bounds[k]
             shard_options = options[a:b] if isinstance(options, list) else options
-            self._send(k, ("reset", seeds[a:b], shard_options, None if mask is None else mask[a:b].tolist()), "reset")
-            self._wire.post(k, _core.CMD_MESSAGE)
+            self._send(k, P.Reset(seeds[a:b], shard_options, None if mask is None else mask[a:b].tolist()), "reset")
+            self._wire.post(k, P.CMD_MESSAGE)
 
         for k in range(self.num_workers):
             send_reset(k)
@@ -328,7 +329,7 @@ class Pool:
             self._refuse_ended_envs()
         self._actions.write(actions)
         self._step_target = (self._sync_seq + self.num_workers) & 0xFFFFFFFF
-        self._wire.post_all(_core.CMD_STEP)
+        self._wire.post_all(P.CMD_STEP)
 
     def step_wait(self, timeout: float | None = None):
         """Results of the pending ``step_async()``, in env order.
@@ -497,9 +498,9 @@ class Pool:
             by_worker.setdefault(int(self._owner[env_id]), []).append(pos)
         for k, positions in by_worker.items():
             start = self._bounds[k][0]
-            self._send(k, (op, name, [int(ids[p]) - start for p in positions], [items[p] for p in positions]),
-                       f"{op} {name!r}")
-            self._wire.post(k, _core.CMD_MESSAGE)
+            self._send(k, P.EnvCall(op, name, [int(ids[p]) - start for p in positions],
+                                    [items[p] for p in positions]), f"{op} {name!r}")
+            self._wire.post(k, P.CMD_MESSAGE)
         out: list = [None] * len(ids)
         for k, answer in zip(by_worker, self._replies(f"{op} {name!r}", list(by_worker))):
             for pos, value in zip(by_worker[k], answer):
@@ -547,19 +548,19 @@ class Pool:
         conn = self._conns[k]
         try:
             while conn.poll(0):
-                self._side[k].append(conn.recv())
+                self._side[k].append(P.receive(conn))
         except (EOFError, OSError):
             pass  # EOF, or a message cut short by the death
         conn.close()
         published = self._wire.reset_worker(k)
         status = self._views.status
-        messages = [m for m in self._side[k] if m[0] in ("error", "extra") and m[1] is not None]
+        messages = [m for m in self._side[k] if isinstance(m, (P.Failure, P.Extra)) and m.env_id is not None]
         keep, lost, used = [], [], 0
         if self._step_target is None:
             for e in published:
-                if status[e] == L.STATUS_OK:
+                if status[e] == P.STATUS_OK:
                     keep.append(e)
-                elif used < len(messages) and messages[used][1] == e:
+                elif used < len(messages) and messages[used].env_id == e:
                     keep.append(e)
                     used += 1
                 else:
@@ -606,21 +607,21 @@ class Pool:
         what = f"worker {k} (envs {a}..{b - 1}) {cause} during {op}; its replacement failed"
         deadline = None if self._startup_timeout is None else time.monotonic() + self._startup_timeout
         try:
-            d = self._startup_message(k, "spaces", deadline)
-            if d[1] != self.single_observation_space or d[2] != self.single_action_space:
-                raise ValueError(f"the replacement's envs have spaces {d[1]}, {d[2]}; the pool has "
-                                 f"{self.single_observation_space}, {self.single_action_space}")
-            parent_end.send(self._map_msg)
+            d = self._startup_message(k, P.Spaces, deadline)
+            if d.observation_space != self.single_observation_space or d.action_space != self.single_action_space:
+                raise ValueError(f"the replacement's envs have spaces {d.observation_space}, {d.action_space}; "
+                                 f"the pool has {self.single_observation_space}, {self.single_action_space}")
+            P.send(parent_end, self._map_msg)
             send_handle(parent_end, self._shm_fd, proc.pid)
-            self._startup_message(k, "ready", deadline)
-            parent_end.send(("restart",))
-            self._wire.post(k, _core.CMD_MESSAGE)
+            self._startup_message(k, P.Ready, deadline)
+            P.send(parent_end, P.Restart())
+            self._wire.post(k, P.CMD_MESSAGE)
             while True:
                 if parent_end.poll(_SLICE_NS / 1e9):
-                    msg = parent_end.recv()
-                    if msg[0] == "reply":
+                    msg = P.receive(parent_end)
+                    if type(msg) is P.Reply:
                         break
-                    if msg[0] == "failed":
+                    if type(msg) is P.CallFailed:
                         raise self._env_error(k, msg, then="the replacement could not reset its envs")
                 elif proc.exitcode is not None:
                     raise RuntimeError(f"the replacement {_death(proc.exitcode)} while resetting its envs")
@@ -644,7 +645,7 @@ class Pool:
         if self._step_target is None:
             return
         for k in workers:
-            self._wire.post(k, _core.CMD_STEP)
+            self._wire.post(k, P.CMD_STEP)
         self._step_resync = True
 
     def _all_done(self, slice_ns: int) -> bool:
@@ -667,7 +668,7 @@ class Pool:
         if self._wire is not None:
             for k in range(self.num_workers):
                 if self._procs[k].exitcode is None:
-                    self._wire.post(k, _core.CMD_EXIT)
+                    self._wire.post(k, P.CMD_EXIT)
             deadline = time.monotonic() + _CLOSE_GRACE_S
             for k, conn in enumerate(self._conns):
                 # Read until the worker's "closed" (its envs' close errors): a worker that
@@ -676,9 +677,9 @@ class Pool:
                 while time.monotonic() < deadline:
                     try:
                         if conn.poll(0.05):
-                            msg = conn.recv()
-                            if msg[0] == "closed":
-                                errors += [(k, *e) for e in msg[1]]
+                            msg = P.receive(conn)
+                            if type(msg) is P.Closed:
+                                errors += [(k, f) for f in msg.failures]
                                 break
                             continue
                     except (EOFError, OSError):
@@ -688,18 +689,19 @@ class Pool:
         self._kill_workers()
         self._release()
         if errors:
-            k, env_id, typ, tb = errors[0]
+            k, failure = errors[0]
             raise EnvError(
-                f"env {env_id} (worker {k}, pid {self._procs[k].pid}) raised in close: {tb.strip().splitlines()[-1]} "
-                f"(the pool is closed)\n--- remote traceback ---\n{tb}",
-                env_id=env_id, worker=k, phase="close", remote_type=typ, remote_traceback=tb)
+                f"env {failure.env_id} (worker {k}, pid {self._procs[k].pid}) raised in close: {failure.last_line} "
+                f"(the pool is closed)\n--- remote traceback ---\n{failure.traceback}",
+                env_id=failure.env_id, worker=k, phase="close", remote_type=failure.remote_type,
+                remote_traceback=failure.traceback, remote_exception=failure.original())
 
     def _abort_startup(self) -> None:
         """Tell workers still waiting for their start-up message to exit now (a forked
         worker holds a copy of our end of its pipe, so closing ours gives it no EOF)."""
         for conn in self._conns:
             try:
-                conn.send(("abort",))
+                P.send(conn, P.Abort())
             except OSError:
                 pass
 
@@ -875,7 +877,7 @@ class Pool:
         for conn, queue in zip(self._conns, self._side):
             try:
                 while conn.poll(0):
-                    queue.append(conn.recv())
+                    queue.append(P.receive(conn))
             except (EOFError, OSError):
                 pass  # a dead worker is reported by _check_alive
 
@@ -896,8 +898,8 @@ class Pool:
         last = ""
         self._pump_side()
         for msg in self._side[k]:
-            if msg[0] in ("error", "failed") and msg[1] is None:  # not an env's error: the worker's own
-                last = f"; its last words:\n{msg[4]}"
+            if isinstance(msg, P.Failure) and msg.env_id is None:  # not an env's error: the worker's own
+                last = f"; its last words:\n{msg.traceback}"
         if code is not None and code < 0:
             try:
                 how = f"was killed by {signal.Signals(-code).name}"
@@ -982,13 +984,13 @@ class Pool:
                 conn = self._conns[k]
                 if conn.poll(_SLICE_NS / 1e9):
                     try:
-                        msg = conn.recv()
+                        msg = P.receive(conn)
                     except (EOFError, OSError):  # OSError: reset, our unread message in its socket
                         self._worker_lost(k, op)
                         continue
-                    if msg[0] == "reply":
-                        return msg[1]
-                    if msg[0] == "failed":
+                    if type(msg) is P.Reply:
+                        return msg.value
+                    if type(msg) is P.CallFailed:
                         return self._env_error(k, msg)
                     self._side[k].append(msg)
                     continue
@@ -1012,19 +1014,19 @@ class Pool:
             if self._generation[k] != generation:
                 return None
         try:
-            return conn.recv()
+            return P.receive(conn)
         except (EOFError, OSError):
             self._worker_lost(k, op)
             return None
 
-    def _send(self, k: int, msg, op: str) -> None:
+    def _send(self, k: int, msg: P.ToWorker, op: str) -> None:
         """Send a message to worker ``k``.  One found dead already is raised (or
         replaced, and the message goes to the replacement: nothing of it ran yet)."""
         try:
-            self._conns[k].send(msg)
+            P.send(self._conns[k], msg)
         except OSError:
             self._worker_lost(k, op)
-            self._conns[k].send(msg)
+            P.send(self._conns[k], msg)
 
     def _worker_lost(self, k: int, op: str) -> None:
         """Worker ``k``'s pipe closed: it died.  Raise, or replace it."""
@@ -1037,8 +1039,8 @@ class Pool:
         flags = self._wire.scan(ids)
         if not flags:
             return {}
-        infos = self._infos.read(ids) if flags & 2 else {}
-        if not flags & 1:
+        infos = self._infos.read(ids) if flags & P.SCAN_NUMERIC_INFO else {}
+        if not flags & P.SCAN_SIDE_MESSAGE:
             return infos
         status = self._views.status if ids is None else self._views.status[ids]
         errors = []
@@ -1048,34 +1050,32 @@ class Pool:
             k = int(self._owner[env_id])
             msg = self._side_message(k, env_id, op)
             if msg is None:  # its worker died between publishing and sending it
-                if status[pos] == L.STATUS_ERROR:
-                    errors.append((k, ("error", env_id, op, "unknown", f"(worker {k} died before sending "
-                                       "the traceback and was replaced)")))
+                if status[pos] == P.STATUS_ERROR:
+                    errors.append((k, P.Failure(env_id, op, "unknown", f"(worker {k} died before sending "
+                                                "the traceback and was replaced)")))
                 continue  # non-numeric infos of this result are lost
-            if msg[1] != env_id:
-                raise RuntimeError(f"side channel out of order: expected env {env_id}, got {msg[:2]}")
-            if msg[0] == "extra":
-                add_info(infos, msg[2], int(pos), size)
+            if msg.env_id != env_id:
+                raise P.ProtocolError(f"side channel out of order: expected env {env_id}, got "
+                                      f"{type(msg).__name__} of env {msg.env_id}")
+            if type(msg) is P.Extra:
+                add_info(infos, msg.infos, int(pos), size)
             else:
                 errors.append((k, msg))
         if errors:
             k, msg = errors[0]
             others = "" if len(errors) == 1 else f" ({len(errors) - 1} more envs failed too)"
-            self._blocked = (RuntimeError,
-                             f"env {msg[1]} raised {msg[3]} in {msg[2]}; call reset() before stepping again")
+            self._blocked = (RuntimeError, f"env {msg.env_id} raised {msg.remote_type} in {msg.phase}; "
+                                           "call reset() before stepping again")
             raise self._env_error(k, msg, then=f"call reset() before stepping again{others}")
         return infos
 
-    def _env_error(self, k: int, msg, then: str | None = None) -> EnvError:
-        env_id, phase, typ, tb = msg[1:5]
-        original = _unpickle_quietly(msg[5]) if len(msg) > 5 else None
+    def _env_error(self, k: int, failure: P.Failure, then: str | None = None) -> EnvError:
+        env_id, tb = failure.env_id, failure.traceback
         who = f"env {env_id} (worker {k}, pid {self._procs[k].pid})" if env_id is not None else f"worker {k}"
-        lines = tb.strip().splitlines()
-        what = lines[-1] if lines else typ
         tail = f"; {then}" if then else ""
-        return EnvError(f"{who} raised in {phase}: {what}{tail}\n--- remote traceback ---\n{tb}",
-                        env_id=env_id, worker=k, phase=phase, remote_type=typ, remote_traceback=tb,
-                        remote_exception=original)
+        return EnvError(f"{who} raised in {failure.phase}: {failure.last_line}{tail}\n--- remote traceback ---\n{tb}",
+                        env_id=env_id, worker=k, phase=failure.phase, remote_type=failure.remote_type,
+                        remote_traceback=tb, remote_exception=failure.original())
 
 
 _RESTARTED = object()   # a worker owed an answer and was replaced
@@ -1101,17 +1101,6 @@ def _exists(pid: int) -> bool:
     except PermissionError:
         pass
     return True
-
-
-def _unpickle_quietly(data: bytes | None) -> BaseException | None:
-    """The env's own exception, when its class can be rebuilt here."""
-    if data is None:
-        return None
-    try:
-        exc = pickle.loads(data)
-    except Exception:
-        return None
-    return exc if isinstance(exc, BaseException) else None
 
 
 def _kill_processes(procs) -> None:
