@@ -1044,7 +1044,10 @@ class Pool:
             return infos
         status = self._views.status if ids is None else self._views.status[ids]
         errors = []
+        extras = []
         size = len(status)
+        # Every announced message is read before anything can raise: one left in a
+        # pipe would be paired with the next step's results from then on.
         for pos in np.flatnonzero(status):
             env_id = int(pos if ids is None else ids[pos])
             k = int(self._owner[env_id])
@@ -1058,7 +1061,7 @@ class Pool:
                 raise P.ProtocolError(f"side channel out of order: expected env {env_id}, got "
                                       f"{type(msg).__name__} of env {msg.env_id}")
             if type(msg) is P.Extra:
-                add_info(infos, msg.infos, int(pos), size)
+                extras.append((int(pos), msg.infos))
             else:
                 errors.append((k, msg))
         if errors:
@@ -1067,6 +1070,8 @@ class Pool:
             self._blocked = (RuntimeError, f"env {msg.env_id} raised {msg.remote_type} in {msg.phase}; "
                                            "call reset() before stepping again")
             raise self._env_error(k, msg, then=f"call reset() before stepping again{others}")
+        for pos, extra in extras:
+            add_info(infos, extra, pos, size)
         return infos
 
     def _env_error(self, k: int, failure: P.Failure, then: str | None = None) -> EnvError:
