@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium
@@ -76,3 +76,78 @@ def is_ray_pool(obj: Any) -> bool:
     was never imported, nothing can be one."""
     mod = sys.modules.get("shmpool.distributed")
     return mod is not None and isinstance(obj, mod.RayPool)
+
+
+# --- options every face takes ---------------------------------------------------------------
+
+
+def check_on_worker_error(value: Any) -> str:
+    """``on_worker_error``: ``"raise"`` or ``"restart"``, returned as given; ValueError otherwise."""
+    if value not in ("raise", "restart"):
+        raise ValueError(f"on_worker_error must be 'raise' or 'restart', got {value!r}")
+    return value
+
+
+def check_step_timeout(value: Any) -> float | None:
+    """``step_timeout``: positive seconds (int or float) or None, returned as given; ValueError otherwise."""
+    if value is not None and not value > 0:
+        raise ValueError(f"step_timeout must be positive seconds or None, got {value}")
+    return value
+
+
+def check_seed(value: Any) -> int | None:
+    """A pool's base ``seed``: an int (numpy ints too) as a Python int, or None; TypeError otherwise."""
+    if value is None:
+        return None
+    if not isinstance(value, (int, np.integer)):
+        raise TypeError(f"seed must be an int or None, got {type(value).__name__}")
+    return int(value)
+
+
+def check_options_list(options: Sequence, num_envs: int) -> list:
+    """``reset(options=[...])``: one entry (a dict or None) per env, as a new list; ValueError on a
+    length mismatch."""
+    if len(options) != num_envs:
+        raise ValueError(f"options list has {len(options)} entries, the pool has {num_envs} envs")
+    return list(options)
+
+
+# --- env ids ---------------------------------------------------------------------------------
+
+
+def env_id_array(env_ids: Any) -> np.ndarray:
+    """``send(actions, env_ids)``'s ids as a C-contiguous ``(n,)`` int64 array, ``n >= 1``
+    (the array itself when it already is one).  ValueError for another shape or dtype, or none.
+    Range and repeats are :func:`check_env_ids`' job."""
+    ids = env_ids if type(env_ids) is np.ndarray else np.asarray(env_ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise ValueError(f"env_ids must be a 1-d array of ints, got shape {ids.shape} dtype {ids.dtype}")
+    if len(ids) == 0:
+        raise ValueError("env_ids is empty")
+    if ids.dtype != np.int64 or not ids.flags.c_contiguous:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+    return ids
+
+
+def check_env_ids(ids: np.ndarray, num_envs: int) -> None:
+    """Raise ValueError if an id of the int array ``ids`` is outside ``[0, num_envs)`` or
+    appears more than once (the ids sent to ``send``: each env steps once per call)."""
+    bad = ids[(ids < 0) | (ids >= num_envs)]
+    if len(bad):
+        raise ValueError(f"env ids {bad.tolist()} are out of range for a pool of {num_envs} envs")
+    uniq, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"env ids {uniq[counts > 1].tolist()} appear more than once")
+
+
+def env_id_list(env_ids: Any, num_envs: int) -> list[int]:
+    """The envs a ``call``/``get_attr``/``set_attr``/``apply`` addresses, as Python ints in the order
+    given: every env for None, one for an int, else the iterable's ids.  ValueError for ids outside
+    ``[0, num_envs)`` (non-ints included); repeats are allowed (each asks the env once more)."""
+    if env_ids is None:
+        return list(range(num_envs))
+    ids = [env_ids] if isinstance(env_ids, (int, np.integer)) else list(env_ids)
+    bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < num_envs]
+    if bad:
+        raise ValueError(f"env ids {bad} are out of range for a pool of {num_envs} envs")
+    return [int(i) for i in ids]

@@ -73,7 +73,19 @@ try:
 except ImportError as _exc:  # pragma: no cover - exercised only without ray
     raise ImportError("shmpool.distributed needs ray: pip install 'shmpool[ray]' (or 'ray>=2.9')") from _exc
 
-from .arguments import POOL_KEYWORDS, check_count, env_constructors, shard_sizes
+from .arguments import (
+    POOL_KEYWORDS,
+    check_count,
+    check_env_ids,
+    check_on_worker_error,
+    check_options_list,
+    check_seed,
+    check_step_timeout,
+    env_constructors,
+    env_id_array,
+    env_id_list,
+    shard_sizes,
+)
 from .autoreset import NEXT_STEP
 from .errors import EnvError, PoolClosedError, ShmpoolError, WorkerDiedError
 from .pool import Pool
@@ -398,14 +410,9 @@ class RayPool:
             raise TypeError("'copy' is not a RayPool option: every array it returns is fresh")
         fns = env_constructors(env, num_envs, kwargs)
         self.num_envs = n = len(fns)
-        if on_worker_error not in ("raise", "restart"):
-            raise ValueError(f"on_worker_error must be 'raise' or 'restart', got {on_worker_error!r}")
-        self.on_worker_error = on_worker_error
-        if step_timeout is not None and not step_timeout > 0:
-            raise ValueError(f"step_timeout must be positive seconds or None, got {step_timeout}")
-        self.step_timeout = step_timeout
-        if seed is not None and not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        self.on_worker_error = check_on_worker_error(on_worker_error)
+        self.step_timeout = check_step_timeout(step_timeout)
+        seed = check_seed(seed)
         if pools_per_node != "numa":
             pools_per_node = check_count("pools_per_node", pools_per_node)
 
@@ -447,7 +454,7 @@ class RayPool:
             if b > s:
                 raise ValueError(f"sub_batch_sizes[{k}]={b} is more than pool {k}'s {s} envs")
         self.sub_batch_sizes = subs
-        self._seed = None if seed is None else int(seed)
+        self._seed = seed
         if per_pool_kwargs is not None and len(per_pool_kwargs) != P:
             raise ValueError(f"per_pool_kwargs needs {P} dicts (one per pool), got {len(per_pool_kwargs)}")
         if "on_worker_error" in pool_params:  # a dead worker inside a node: the local pool's own policy
@@ -568,9 +575,8 @@ class RayPool:
         seeds = seed_list(seed, self.num_envs)
         per_pool: list[Any] = [options] * self.num_pools
         if isinstance(options, (list, tuple)):
-            if len(options) != self.num_envs:
-                raise ValueError(f"options list has {len(options)} entries, the pool has {self.num_envs} envs")
-            per_pool = [list(options[r.start:r.stop]) for r in map(self.env_range, range(self.num_pools))]
+            options = check_options_list(options, self.num_envs)
+            per_pool = [options[r.start:r.stop] for r in map(self.env_range, range(self.num_pools))]
         elif options is not None and "reset_mask" in options:
             mask = check_reset_mask(options["reset_mask"], self.num_envs)
             per_pool = []
@@ -672,16 +678,8 @@ class RayPool:
         self._check_ready()
         if self._step_refs is not None:
             raise RuntimeError("a step_async() is pending; call step_wait() first")
-        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
-        if ids.ndim != 1 or ids.dtype.kind not in "iu" or len(ids) == 0:
-            raise ValueError(f"env_ids must be a non-empty 1-d array of ints, got shape {ids.shape} dtype {ids.dtype}")
-        ids = ids.astype(np.int64, copy=False)
-        if ids.min() < 0 or ids.max() >= self.num_envs:
-            bad = ids[(ids < 0) | (ids >= self.num_envs)]
-            raise ValueError(f"env ids {bad.tolist()} are out of range for a pool of {self.num_envs} envs")
-        if len(np.unique(ids)) != len(ids):
-            uniq, counts = np.unique(ids, return_counts=True)
-            raise ValueError(f"env ids {uniq[counts > 1].tolist()} appear more than once")
+        ids = np.arange(self.num_envs) if env_ids is None else env_id_array(env_ids)
+        check_env_ids(ids, self.num_envs)
         if self._in_flight[ids].any():
             raise RuntimeError(f"env ids {ids[self._in_flight[ids]].tolist()} are already in flight; recv() them first")
         if _batch_len(actions) != len(ids):
@@ -845,7 +843,7 @@ class RayPool:
 
     def set_attr(self, name: str, values: Any, env_ids: Any = None) -> None:
         """Set ``name`` on every env or on ``env_ids``: a list/tuple gives one value per env."""
-        ids = self._ids_or_all(env_ids)
+        ids = env_id_list(env_ids, self.num_envs)
         if isinstance(values, (list, tuple)):
             if len(values) != len(ids):
                 raise ValueError(f"set_attr needs {len(ids)} values, got {len(values)}")
@@ -858,20 +856,11 @@ class RayPool:
         """``fn(env, *args, **kwargs)`` in every env (or ``env_ids``), results in that order."""
         return self._per_env("apply", getattr(fn, "__name__", "fn"), env_ids, (cloudpickle.dumps(fn), args), kwargs)
 
-    def _ids_or_all(self, env_ids: Any) -> list[int]:
-        if env_ids is None:
-            return list(range(self.num_envs))
-        ids = [env_ids] if isinstance(env_ids, (int, np.integer)) else list(env_ids)
-        bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs]
-        if bad:
-            raise ValueError(f"env ids {bad} are out of range for a pool of {self.num_envs} envs")
-        return [int(i) for i in ids]
-
     def _per_env(self, op: str, name: str, env_ids: Any, args: tuple, kwargs: dict) -> tuple:
         self._check_open()
         if self._step_refs is not None:
             raise RuntimeError("a step_async() is pending; call step_wait() first")
-        ids = self._ids_or_all(env_ids)
+        ids = env_id_list(env_ids, self.num_envs)
         by_pool: dict[int, list[int]] = {}
         for pos, i in enumerate(ids):
             by_pool.setdefault(int(self._owner[i]), []).append(pos)
