@@ -99,7 +99,7 @@ class Restarts:
         """Start worker ``k`` again, map the region, reset its envs.  If that fails, the pool is closed."""
         workers, region = pool._workers, pool._region
         workers.spawn(k)
-        workers.guard(pool)
+        workers.guard()
         proc, conn = workers.procs[k], workers.conns[k]
         a, b = workers.bounds[k]
         what = f"worker {k} (envs {a}..{b - 1}) {cause} during {op}; its replacement failed"

@@ -79,6 +79,7 @@ class WorkerSet:
         self.generation = [0] * len(bounds)                  # bumped per replacement: answers owed die
         self._args: list[tuple] = []
         self._finalizer: weakref.finalize | None = None
+        self._guarded: weakref.ref = lambda: None   # the pool whose drop kills the workers
         self._owner_pid = os.getpid()
 
     def __len__(self) -> int:
@@ -117,11 +118,16 @@ class WorkerSet:
                 else:
                     os.environ[v] = value
 
-    def guard(self, pool: Any) -> None:
-        """Kill the workers if ``pool`` is dropped without close() (renewed after a respawn)."""
+    def guard(self, pool: Any = None) -> None:
+        """Kill the workers if ``pool`` is dropped without close(); without ``pool``, renew
+        the guard of the pool given before (after a respawn: the new process list)."""
+        if pool is not None:
+            self._guarded = weakref.ref(pool)
+        pool = self._guarded()
         if self._finalizer is not None:
             self._finalizer.detach()
-        self._finalizer = weakref.finalize(pool, kill_processes, list(self.procs), self._owner_pid)
+        if pool is not None:
+            self._finalizer = weakref.finalize(pool, kill_processes, list(self.procs), self._owner_pid)
 
     def unguard(self) -> None:
         if self._finalizer is not None:
