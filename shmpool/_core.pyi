@@ -10,6 +10,9 @@ CMD_ASYNC: int
 CMD_MESSAGE: int
 CMD_EXIT: int
 REQ_RESET: int
+REQ_ENV_MASK: int
+SCAN_SIDE_MESSAGE: int
+SCAN_NUMERIC_INFO: int
 
 def control_size(num_envs: int, shard_sizes: list[int]) -> int: ...
 def have_futex() -> bool: ...

@@ -78,6 +78,11 @@ CMD_EXIT = 4
 # Request flag: reset this env instead of stepping it.
 DEF _REQ_RESET = 0x80000000
 REQ_RESET = _REQ_RESET
+REQ_ENV_MASK = 0x7FFFFFFF  # a request word without its flag: the env id
+
+# Bits of Wire.scan's answer.
+SCAN_SIDE_MESSAGE = 1  # some env of the batch has a side-channel message (error or extra infos)
+SCAN_NUMERIC_INFO = 2  # some env of the batch has numeric infos in shared memory
 
 def _align(n):
     return (n + _LINE - 1) // _LINE * _LINE

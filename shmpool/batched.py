@@ -245,11 +245,11 @@ def hosting_info(env: BatchEnv) -> dict:
             "autoreset_modes": tuple(getattr(env, "autoreset_modes", (NEXT_STEP,)))}
 
 
-def check_hosting(described: tuple, num_envs: int, batch_size: int, autoreset_mode: str) -> None:
-    """Parent side: refuse a pool its batched envs cannot serve (no-op for plain envs)."""
-    if len(described) <= 6:
+def check_hosting(info: dict | None, num_envs: int, batch_size: int, autoreset_mode: str) -> None:
+    """Parent side: refuse a pool its batched envs cannot serve (``info`` from ``hosting_info``,
+    None for plain envs: nothing to check)."""
+    if info is None:
         return
-    info = described[6]
     what = "a gymnasium VectorEnv" if info["kind"] == "vector" else f"the batched env {info['type']}"
     if not info["subsets"] and batch_size != num_envs:
         raise ValueError(

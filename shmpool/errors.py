@@ -3,7 +3,22 @@ from __future__ import annotations
 
 
 class ShmpoolError(RuntimeError):
-    """Base class for failures of a pool's envs or workers."""
+    """Base class for failures of a pool's envs or workers.
+
+    Pickles with its message and fields (a training function in a process pool or a
+    Ray task re-raises it as it was), although the constructors take keywords."""
+
+    def __reduce__(self):
+        return rebuild_error, (type(self), self.args, self.__dict__)
+
+
+def rebuild_error(cls: type, args: tuple, fields: dict) -> BaseException:
+    """Unpickling: an exception of ``cls`` with ``args`` and attributes ``fields``,
+    without calling its constructor."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(fields)
+    return exc
 
 
 class EnvError(ShmpoolError):

@@ -10,12 +10,20 @@ each with a boolean ``_key`` mask.
 """
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 
 from . import _core
 from .layout import INFO_COLUMNS, INFO_ENTRY, INFO_NAME_BYTES, Views
+from .pids import alive
 
+# A registry entry's state word: FREE, READY, or claiming: ``pid << 2 | CLAIMING`` while the
+# worker ``pid`` writes the name.  The pid lets the others free a claim whose writer died.
 FREE, CLAIMING, READY = 0, 1, 2
+_STATE_BITS = 3
+_CHECK_CLAIMANT_S = 0.001     # a claim held this long: is its writer still alive?
 DTYPES = [np.dtype(c) for c in ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8")]
 _CODE = {dt: i for i, dt in enumerate(DTYPES)}
 
@@ -86,22 +94,41 @@ class InfoWriter:
             return None
         reg = self._views.info_registry
         base = self._views.registry_offset
-        for col in range(INFO_COLUMNS):
+        claim = (os.getpid() << 2) | CLAIMING
+        col = 0
+        while col < INFO_COLUMNS:
             off = base + col * INFO_ENTRY
             state = _core.load_word(self._buf, off)
-            if state == FREE and _core.cas_word(self._buf, off, FREE, CLAIMING):
+            if state == FREE and _core.cas_word(self._buf, off, FREE, claim):
                 entry = reg[col * INFO_ENTRY:(col + 1) * INFO_ENTRY]
                 entry[4:8] = np.frombuffer(np.uint32(_CODE[dtype]).tobytes(), np.uint8)
                 entry[8:] = 0
                 entry[8:8 + len(name)] = np.frombuffer(name, np.uint8)
                 _core.store_word(self._buf, off, READY)
                 return _Column(col, dtype, self._views)
-            while _core.load_word(self._buf, off) == CLAIMING:
-                pass  # another worker is writing the name; it takes nanoseconds
+            if _core.load_word(self._buf, off) & _STATE_BITS == CLAIMING and not self._await_claim(off):
+                continue  # its writer died mid-claim and the entry is free again: try it ourselves
             got_name, got_dtype = read_entry(self._views, col)
             if got_name == key:
                 return _Column(col, got_dtype, self._views) if got_dtype == dtype else None
+            col += 1
         return None
+
+    def _await_claim(self, off: int) -> bool:
+        """Wait while another worker writes an entry's name (it takes nanoseconds).  If
+        that worker died between claiming and finishing (killed, or replaced), free the
+        entry: False.  True once the entry is READY."""
+        since = time.monotonic()
+        while True:
+            state = _core.load_word(self._buf, off)
+            if state & _STATE_BITS != CLAIMING:
+                return True
+            if time.monotonic() - since > _CHECK_CLAIMANT_S:
+                if not alive(state >> 2):
+                    _core.cas_word(self._buf, off, state, FREE)
+                    return False
+                since = time.monotonic()
+                time.sleep(0)   # let a descheduled writer run
 
 
 def read_entry(views: Views, col: int) -> tuple[str, np.dtype]:

@@ -17,11 +17,6 @@ from . import _core
 
 ALIGN = _core.LINE
 
-# Per-env status written by the worker with each result.
-STATUS_OK = 0
-STATUS_ERROR = 1      # the env raised; traceback is on the side channel
-STATUS_EXTRA = 2      # non-numeric infos are on the side channel
-
 INFO_COLUMNS = 64         # numeric info keys that fit in shared memory
 INFO_NAME_BYTES = 56      # utf-8 bytes of a key name
 INFO_ENTRY = 64           # registry entry: state u32, dtype code u32, name

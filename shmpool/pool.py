@@ -1,42 +1,72 @@
-"""The pool: worker processes pinned to cores, stepping envs in shared memory."""
+"""The pool: worker processes pinned to cores, stepping envs in shared memory.
+
+``Pool`` is the public API and the dispatch bookkeeping; it delegates to rooms of
+one job each (see ARCHITECTURE.md): ``state.Lifecycle`` (the one state, checked at
+every entry, and the entry lock), ``region.Region`` (the shared memory),
+``workerset.WorkerSet`` (processes, pipes, liveness) and ``restarts.Restarts``
+(only with ``on_worker_error="restart"``).
+"""
 from __future__ import annotations
 
-import collections
+import functools
 import itertools
 import multiprocessing as mp
 import os
-import pickle
-import signal
-import threading
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from multiprocessing.reduction import send_handle
 from typing import Any
 
 import cloudpickle
 import numpy as np
-import posix_ipc
-import psutil
 from gymnasium.vector import AutoresetMode
 
 from . import _core
 from . import layout as L
+from . import protocol as P
 from .actions import ActionWriter
-from .arguments import check_count, env_constructors, shard_sizes
+from .arguments import (
+    check_count,
+    check_env_ids,
+    check_on_worker_error,
+    check_options_list,
+    check_seed,
+    check_step_timeout,
+    env_constructors,
+    env_id_array,
+    env_id_list,
+    shard_sizes,
+)
 from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
 from .batched import BatchedEnvs, check_hosting
-from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
-from .infos import InfoReader, add_info
-from .memory import create_region, map_region
+from .errors import EnvError
+from .infos import InfoReader
+from .region import Region
 from .resets import check_reset_mask, seed_list
+from .restarts import Restarts
+from .restarts import take as restarts_take
+from .state import Lifecycle
+from .supervisor import Supervisor
 from .topology import allowed_cpus, choose_wait_policy, cpu_quota, default_num_workers, oversubscribed, resolve_cpus
-from .workers import loop
+from .workerset import SLICE_NS, WorkerSet
 
-_SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
-_CLOSE_GRACE_S = 5.0          # how long close() lets envs close before killing workers
-_WATCH_S = 0.1                # restart mode: recv() checks the workers at least this often
+_LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()   # for the fork hook below
+
+
+def _public(method: Callable) -> Callable:
+    """A public entry: one call at a time per pool (other threads wait; a signal
+    handler re-entering is refused), and a ``close()`` that came meanwhile runs as
+    the call leaves (raising ``PoolClosedError``)."""
+    @functools.wraps(method)
+    def entry(self, *args, **kwargs):
+        life = self._life
+        life.enter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            life.leave(self._close_now)
+    return entry
 
 
 class Pool:
@@ -76,7 +106,15 @@ class Pool:
     were.  A ``call``/``get_attr``/``set_attr``/``apply`` it owed raises
     ``WorkerRestartedError``; a ``reset()`` is sent again once.  If the
     replacement cannot start, the error is raised and the pool closed.
-    ``restarts``, ``worker_restarts`` and ``restart_log`` count the restarts.
+    ``restarts``, ``worker_restarts`` and ``restart_log`` (the latest 1,000)
+    count the restarts.
+
+    Threads: every public method is one locked call, so a pool used from several
+    threads runs their calls one after another (a ``step()`` is one call); the
+    order between threads is theirs to arrange.  ``close()`` may come from any
+    thread or a signal handler: a call in progress then ends with
+    ``PoolClosedError``.  A pool cannot be copied or pickled, and a forked child
+    cannot use its parent's pool.
     """
 
     def __init__(
@@ -98,12 +136,10 @@ class Pool:
         on_worker_error: str = "raise",
         **env_kwargs: Any,
     ) -> None:
-        self._closed = True          # until start-up succeeds, close() has little to do
-        self._procs: list = []
-        self._shm_fd: int | None = None   # kept open only to start replacement workers
-        self._conns: list = []
-        self._region = None
-        self._wire = None
+        self._life = Lifecycle()
+        self._life.close()           # until start-up succeeds, close() has nothing to do
+        self._workers: WorkerSet | None = None
+        self._region: Region | None = None
         fns = env_constructors(env, num_envs, env_kwargs)
         self.num_envs = n = len(fns)
         self.cpus = resolve_cpus(cpus)
@@ -116,163 +152,105 @@ class Pool:
         self.batch_size = n if batch_size is None else check_count("batch_size", batch_size)
         if self.batch_size > n:
             raise ValueError(f"batch_size={self.batch_size} is more than num_envs={n}")
-        if step_timeout is not None and not step_timeout > 0:
-            raise ValueError(f"step_timeout must be positive seconds or None, got {step_timeout}")
+        self.step_timeout = check_step_timeout(step_timeout)
         if wake not in ("auto", "futex", "semaphore"):
             raise ValueError(f"wake must be 'auto', 'futex' or 'semaphore', got {wake!r}")
         if wake == "futex" and not _core.have_futex():
             raise ValueError("wake='futex' but this platform has no futex")
-        self._worker_cpu = [self.cpus[k % len(self.cpus)] for k in range(w)]
+        worker_cpus = [self.cpus[k % len(self.cpus)] for k in range(w)]
         allowed = allowed_cpus()
-        crowded = oversubscribed(self._worker_cpu, allowed, self.cpu_quota)
-        self.wait_choice = choose_wait_policy(wait_policy, self._worker_cpu, allowed, self.cpu_quota)
+        crowded = oversubscribed(worker_cpus, allowed, self.cpu_quota)
+        self.wait_choice = choose_wait_policy(wait_policy, worker_cpus, allowed, self.cpu_quota)
         self.wait_policy, self.worker_wait_policy = self.wait_choice.parent, self.wait_choice.worker
         if crowded and "spin" in (self.wait_policy.name, self.worker_wait_policy.name):
             warnings.warn(
-                f"wait_policy 'spin' with {w} workers on cpus {sorted(set(self._worker_cpu))} and the parent "
+                f"wait_policy 'spin' with {w} workers on cpus {sorted(set(worker_cpus))} and the parent "
                 "sharing them: a spinning process keeps a core another one needs; expect a large slowdown",
                 RuntimeWarning, stacklevel=2)
-        self.step_timeout = step_timeout
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
-        self._use_sems = wake == "semaphore" or not _core.have_futex()
-        self._init_restarts(on_worker_error, w, startup_timeout)
+        use_sems = wake == "semaphore" or not _core.have_futex()
+        self.on_worker_error = check_on_worker_error(on_worker_error)
+        if on_worker_error == "restart" and use_sems:
+            raise ValueError(
+                "on_worker_error='restart' needs futex wake-ups: with wake='semaphore' (or without futexes) the "
+                "semaphores are unlinked once the workers opened them, so a replacement could not open them")
         if on_worker_error == "restart" and isinstance(fns, BatchedEnvs):
             # A replacement marks envs one by one as restarted; a batched shard is one object.
             raise ValueError("on_worker_error='restart' is not supported for batched envs (shmpool.batched.Batched): "
                              "use on_worker_error='raise'")
-        if seed is not None and not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-        seeds = [None] * n if seed is None else [int(seed) + i for i in range(n)]
+        seed = check_seed(seed)
+        seeds = [None] * n if seed is None else [seed + i for i in range(n)]
+        self._restarts = Restarts(w, startup_timeout)
+        self._supervisor = Supervisor(self)
+        self._replacing = on_worker_error == "restart"
+        # recv()'s take: the restart room's (watching the workers, taken-over results first) or the
+        # plain one; a function, not a bound method, so the pool holds no reference cycle.
+        self._take = restarts_take if self._replacing else Pool._take_results
 
-        self._sizes = shard_sizes(n, w)
-        ends = list(itertools.accumulate(self._sizes))
-        self._bounds = [(end - size, end) for size, end in zip(self._sizes, ends)]
-        self._owner = np.repeat(np.arange(w, dtype=np.int32), self._sizes)
-        self._side = [collections.deque() for _ in range(w)]
-        self._closed = False
-        self._finalizer = None
+        sizes = shard_sizes(n, w)
+        ends = list(itertools.accumulate(sizes))
+        self._sizes = sizes
+        self._owner = np.repeat(np.arange(w, dtype=np.int32), sizes)
+        self._workers = WorkerSet(mp.get_context(start_method), [(e - s, e) for s, e in zip(sizes, ends)],
+                                  worker_cpus)
         try:
-            self._start(fns, seeds, self.worker_wait_policy, start_method, startup_timeout)
+            self._start(fns, seeds, use_sems, startup_timeout)
         except BaseException:
-            self._closed = True
-            self._abort_startup()
-            self._kill_workers()
+            self._workers.abort_startup()
+            self._workers.kill_now()
             self._release()
             raise
+        self._life = Lifecycle()       # open, NEEDS_RESET
+        _LIVE_POOLS.add(self)
 
-    # --- start-up -----------------------------------------------------------
+    # --- start-up -----------------------------------------------------------------------
 
-    def _start(self, fns, seeds, policy, start_method, startup_timeout) -> None:
-        ctx = mp.get_context(start_method)
-        me = (os.getpid(), psutil.Process().create_time(), threading.current_thread() is threading.main_thread())
-        saved = {k: os.environ.get(k) for k in loop.THREAD_ENV_VARS}
-        os.environ.update({k: "1" for k in loop.THREAD_ENV_VARS})  # spawned workers start with 1 thread
-        try:
-            for k, (a, b) in enumerate(self._bounds):
-                parent_end, child_end = ctx.Pipe(duplex=True)
-                self._worker_args.append((k, self._worker_cpu[k], me, cloudpickle.dumps(fns[a:b]), a, seeds[a:b]))
-                proc = ctx.Process(
-                    target=loop.main,
-                    args=(child_end, *self._worker_args[k]),
-                    name=f"shmpool-worker-{k}",
-                    daemon=True,
-                )
-                proc.start()
-                child_end.close()
-                self._procs.append(proc)
-                self._conns.append(parent_end)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        self._finalizer = weakref.finalize(self, _kill_processes, list(self._procs))
+    def _start(self, fns, seeds, use_sems: bool, startup_timeout: float | None) -> None:
+        workers = self._workers
+        workers.spawn_all(fns, seeds)
+        workers.guard(self)
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-
-        described = [self._startup_message(k, "spaces", deadline) for k in range(self.num_workers)]
-        _, obs_space, act_space, metadata, render_mode, spec = described[0][:6]
-        check_hosting(described[0], self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
+        described = [workers.startup_message(k, P.Spaces, deadline) for k in range(self.num_workers)]
+        first = described[0]
+        obs_space, act_space = first.observation_space, first.action_space
+        check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
         for k, d in enumerate(described[1:], 1):
-            if d[1] != obs_space or d[2] != act_space:
-                a = self._bounds[k][0]
+            if d.observation_space != obs_space or d.action_space != act_space:
+                a = workers.bounds[k][0]
                 raise ValueError(
-                    f"env {a} (worker {k}) has spaces {d[1]}, {d[2]}; env 0 has {obs_space}, "
-                    f"{act_space}: all envs of a pool must share their spaces")
+                    f"env {a} (worker {k}) has spaces {d.observation_space}, {d.action_space}; env 0 has "
+                    f"{obs_space}, {act_space}: all envs of a pool must share their spaces")
         self.single_observation_space = obs_space
         self.single_action_space = act_space
-        self.metadata = metadata
-        self.render_mode = render_mode
-        self.spec = spec
-        self._layout = layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space)
+        self.metadata = first.metadata
+        self.render_mode = first.render_mode
+        self.spec = first.spec
+        layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space)
+        self._region = region = Region(layout, self._sizes, use_sems)
+        self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
+                                    self.autoreset_mode)
+        for conn, proc in zip(workers.conns, workers.procs):
+            P.send(conn, self._map_msg)
+            region.hand_over(conn, proc.pid)
+        for k in range(self.num_workers):
+            workers.startup_message(k, P.Ready, deadline)
+        region.started(keep_fd=self._replacing)
 
-        # The region is anonymous memory (shmpool.memory): workers get its file
-        # descriptor over their socket, so no crash can leave it in /dev/shm.
-        region_fd = create_region(layout.size)
-        try:
-            self._region = map_region(region_fd, layout.size)
-            sems = sem_names = None
-            if self._use_sems:
-                sems = [posix_ipc.Semaphore(None, posix_ipc.O_CREX)
-                        for _ in range(_core.Wire.signal_count(self.num_workers))]
-                sem_names = [s.name for s in sems]
-            self._wire = _core.Wire(self._region, self._sizes, num_envs=self.num_envs,
-                                    sems=sems, slice_ns=_SLICE_NS)
-            self._wire.init_header()
-            self._map_msg = ("map", layout, policy, _SLICE_NS, sem_names, self.autoreset_mode)
-            if self.on_worker_error == "restart":
-                self._ctx, self._shm_fd = ctx, os.dup(region_fd)
-            for conn, proc in zip(self._conns, self._procs):
-                conn.send(self._map_msg)
-                send_handle(conn, region_fd, proc.pid)
-            try:
-                for k in range(self.num_workers):
-                    self._startup_message(k, "ready", deadline)
-            finally:
-                for s in sems or ():
-                    s.unlink()
-        finally:
-            os.close(region_fd)
-
-        self._views = views = L.Views(layout, self._region)
-        self._wire.bind_results(layout.offsets["status"], layout.offsets["info_mask"])
-        self._infos = InfoReader(views, self._region)
+        self._wire = region.wire
+        self._views = views = region.views()
+        self._infos = InfoReader(views, region.map)
         self._obs_views = L.assemble(obs_space, views.obs)
         self._actions = ActionWriter(act_space, layout, views)
         self._sync_seq = 0
         self._step_target: int | None = None   # sync-counter value a pending step_async waits for
-        self._tail = 0
         self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
-        self._n_flight = 0
         self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
         self._all_ids = np.arange(self.num_envs, dtype=np.int64)
-        self._blocked: tuple[type, str] | None = (RuntimeError, "call reset() or async_reset() before stepping")
 
-    def _startup_message(self, k: int, expected: str, deadline: float | None):
-        conn = self._conns[k]
-        while True:
-            if conn.poll(_SLICE_NS / 1e9):
-                try:
-                    data = conn.recv_bytes()
-                except EOFError:
-                    self._raise_died(k, "starting")
-                msg = cloudpickle.loads(data)
-                if msg[0] == expected:
-                    return msg
-                if msg[0] == "error":
-                    raise self._env_error(k, msg, then="the pool was not created")
-                raise RuntimeError(f"worker {k} sent {msg[0]!r} while starting, expected {expected!r}")
-            if self._procs[k].exitcode is not None:
-                self._raise_died(k, "starting")
-            if deadline is not None and time.monotonic() > deadline:
-                a, b = self._bounds[k]
-                raise TimeoutError(
-                    f"worker {k} (envs {a}..{b - 1}) did not finish building its envs within "
-                    "startup_timeout")
+    # --- public API: sync ---------------------------------------------------------------
 
-    # --- public API: sync ---------------------------------------------------
-
+    @_public
     def reset(self, seed: int | Sequence[int | None] | None = None, options: dict | None = None):
         """Reset every env; returns ``(obs, infos)``.
 
@@ -280,106 +258,110 @@ class Pool:
         ``options``: one dict for every env, or a list with one dict (or None) per env.
         ``options["reset_mask"]`` (bool array, one per env) resets only those envs,
         as gymnasium's vector envs do; the other envs keep their observations."""
-        self._check_open()
+        life = self._life
+        life.check_open()
         seeds = seed_list(seed, self.num_envs)
         mask = None
         if isinstance(options, (list, tuple)):
-            if len(options) != self.num_envs:
-                raise ValueError(f"options list has {len(options)} entries, the pool has {self.num_envs} envs")
-            options = list(options)
+            options = check_options_list(options, self.num_envs)
         elif options is not None and "reset_mask" in options:
             options = dict(options)
             mask = check_reset_mask(options.pop("reset_mask"), self.num_envs)
+        life.check_idle()
         self._drain_in_flight()
 
         def send_reset(k: int) -> None:
-            a, b = self._bounds[k]
+            a, b = self._workers.bounds[k]
             shard_options = options[a:b] if isinstance(options, list) else options
-            self._send(k, ("reset", seeds[a:b], shard_options, None if mask is None else mask[a:b].tolist()), "reset")
-            self._wire.post(k, _core.CMD_MESSAGE)
+            shard_mask = None if mask is None else mask[a:b].tolist()
+            self._supervisor.message(k, P.Reset(seeds[a:b], shard_options, shard_mask), "reset")
 
         for k in range(self.num_workers):
             send_reset(k)
-        self._replies("reset", retry=send_reset)  # a reset is safe to repeat on a replacement worker
-        self._blocked = None
-        infos = self._collect(None, "reset")
+        self._supervisor.replies("reset", retry=send_reset)  # a reset is safe to repeat on a replacement worker
+        life.ready()
+        infos = self._supervisor.collect(None, "reset")
         return self._out_obs(), infos
 
+    @_public
     def step(self, actions, env_ids=None):
         """Step every env (or, with ``env_ids``, send to those envs and ``recv()``).
 
         ``actions``: batched like ``action_space`` (``(num_envs, *shape)``).
         Returns ``(obs, rewards, terminated, truncated, infos)`` in env order."""
         if env_ids is not None:
-            self.send(actions, env_ids)
-            return self.recv()
-        self.step_async(actions)
-        return self.step_wait()
+            self._send(actions, env_ids)
+            return self._recv()
+        self._step_async(actions)
+        return self._step_wait(None)
 
+    @_public
     def step_async(self, actions) -> None:
         """Start stepping every env with ``actions``; ``step_wait()`` returns the results."""
-        if self._blocked is not None:
-            raise self._blocked[0](self._blocked[1])
-        if self._step_target is not None:
-            raise RuntimeError("step_async() while a step is pending; call step_wait() first")
-        if self._n_flight:
-            raise RuntimeError(
-                f"step() needs every env idle but {self._n_flight} are in flight from send(); "
-                "recv() them first")
-        if self.autoreset_mode == DISABLED:
-            self._refuse_ended_envs()
-        self._actions.write(actions)
-        self._step_target = (self._sync_seq + self.num_workers) & 0xFFFFFFFF
-        self._wire.post_all(_core.CMD_STEP)
+        self._step_async(actions)
 
+    @_public
     def step_wait(self, timeout: float | None = None):
         """Results of the pending ``step_async()``, in env order.
 
         ``timeout`` (seconds): raise ``TimeoutError`` if the step is not done by
         then; the step stays pending and ``step_wait()`` can be called again."""
-        target = self._step_target
-        if target is None:
-            self._check_open()
-            raise RuntimeError("step_wait() without a pending step_async()")
+        return self._step_wait(timeout)
+
+    def _step_async(self, actions) -> None:
+        self._life.check_step_async()
+        if self.autoreset_mode == DISABLED:
+            self._refuse_ended_envs()
+        self._actions.write(actions)
+        self._step_target = (self._sync_seq + self.num_workers) & 0xFFFFFFFF
+        self._wire.post_all(P.CMD_STEP)
+        self._life.step_posted()
+
+    def _step_wait(self, timeout: float | None):
+        life = self._life
+        life.check_step_wait()
         wire, policy = self._wire, self.wait_policy
-        if self._step_resync or not wire.wait_sync(
-                target, policy, _SLICE_NS if timeout is None else min(_SLICE_NS, int(timeout * 1e9))):
-            def ready(slice_ns):
-                if self._step_resync:
-                    return self._all_done(slice_ns)
-                return wire.wait_sync(target, policy, slice_ns)
-            self._wait("step", ready, timeout, on_restart=self._restep)
-        if self._step_resync:
-            # A replaced worker stepped its shard again: every worker is idle
-            # now, so the counter is stable and the next target counts from it.
-            self._sync_seq = wire.sync_count()
-            self._step_resync = False
-        else:
-            self._sync_seq = target
+        if not wire.wait_sync(self._step_target, policy,
+                              SLICE_NS if timeout is None else min(SLICE_NS, int(timeout * 1e9))):
+            # A restart during the step re-targets it (restarts.restep): read the target each slice.
+            self._supervisor.wait("step", lambda slice_ns: wire.wait_sync(self._step_target, policy, slice_ns), timeout,
+                       on_restart=self._supervisor.restep)
+        self._sync_seq = self._step_target
         self._step_target = None
-        infos = self._collect(None, "step")
+        life.step_done()
+        infos = self._supervisor.collect(None, "step")
         v = self._views
         if self._copy:
             return self._out_obs(), v.reward.copy(), v.terminated.copy(), v.truncated.copy(), infos
         return self._obs_views, v.reward, v.terminated, v.truncated, infos
 
-    # --- public API: async --------------------------------------------------
+    # --- public API: async --------------------------------------------------------------
 
+    @_public
     def async_reset(self) -> None:
         """Reset every env without waiting; results arrive through ``recv()``."""
-        self._check_open()
+        self._life.check_idle()
         self._drain_in_flight()
-        self._blocked = None
+        self._life.ready()
         self._dispatch(self._claim(None), reset=True)
 
+    @_public
     def send(self, actions, env_ids=None) -> None:
         """Start stepping ``env_ids`` (all envs when None) with ``actions``; returns at once.
 
         ``actions`` is batched like ``action_space`` with ``len(env_ids)`` rows."""
-        if self._blocked is not None:
-            raise self._blocked[0](self._blocked[1])
-        if self._step_target is not None:
-            raise RuntimeError("a step_async() is pending; call step_wait() first")
+        self._send(actions, env_ids)
+
+    @_public
+    def recv(self):
+        """The first ``batch_size`` envs to finish, in completion order.
+
+        Returns ``(obs, rewards, terminated, truncated, infos)`` with
+        ``infos["env_id"]`` (int32) naming the env of each row."""
+        return self._recv()
+
+    def _send(self, actions, env_ids) -> None:
+        self._life.check_send()
         ids = self._claim(env_ids)
         try:
             if self.autoreset_mode == DISABLED:
@@ -390,41 +372,27 @@ class Pool:
             raise
         self._dispatch(ids, reset=False)
 
-    def recv(self):
-        """The first ``batch_size`` envs to finish, in completion order.
-
-        Returns ``(obs, rewards, terminated, truncated, infos)`` with
-        ``infos["env_id"]`` (int32) naming the env of each row."""
-        self._check_open()
-        if self._watch and time.monotonic() >= self._next_watch:
-            # The other workers can fill every batch while a dead one's envs
-            # starve unseen: look at the processes now and then.
-            self._next_watch = time.monotonic() + _WATCH_S
-            self._check_alive("recv")
+    def _recv(self):
+        life = self._life
         b = self.batch_size
-        if self._n_flight == 0:
-            raise RuntimeError("recv() with nothing in flight: call send() or async_reset() first")
-        if self._n_flight < b:
-            raise RuntimeError(
-                f"recv() waits for batch_size={b} envs but only {self._n_flight} are in flight; "
-                "send() more first")
+        life.check_recv(b)
         out = self._batch_ids
-        got = self._take(out, b, "recv")
+        got = self._take(self, out, b, "recv")
         ids = out[:got].astype(np.int32)
         self._in_flight[ids] = 0
-        self._n_flight -= got
+        life.in_flight -= got
         v = self._views
         obs = L.assemble(self.single_observation_space, [a[ids] for a in v.obs])
         rewards, terminated, truncated = v.reward[ids], v.terminated[ids], v.truncated[ids]
-        infos = self._collect(ids, "recv")
+        infos = self._supervisor.collect(ids, "recv")
         infos["env_id"] = ids
         return obs, rewards, terminated, truncated, infos
 
-    def _take(self, out, n: int, op: str) -> int:
+    def _take_results(self, out, n: int, op: str, start: int = 0) -> int:
+        """Fill ``out[start:n]`` with env ids the workers published, in completion order.
+        The one place that takes from the wire."""
         wire = self._wire
-        got = self._take_ready(out, 0, n) if self._ready else 0
-        if got < n:
-            got += wire.take(out, got, n - got, self.wait_policy, _SLICE_NS)
+        got = start + wire.take(out, start, n - start, self.wait_policy, SLICE_NS)
         if got < n:
             # Slow path: a restart may happen while waiting, and must not owe
             # again an env already taken here.
@@ -432,41 +400,34 @@ class Pool:
 
             def more(slice_ns):
                 nonlocal got
-                if self._ready:
-                    got += self._take_ready(out, got, n - got)
+                if self._replacing:
+                    got += self._restarts.take_ready(out, got, n - got)
                 new = wire.take(out, got, n - got, self.wait_policy, slice_ns)
                 self._in_flight[out[got:got + new]] = 0
                 got += new
                 return got == n
-            self._wait(op, more)
+            self._supervisor.wait(op, more)
         return got
 
-    def _take_ready(self, out, start: int, n: int) -> int:
-        """Results a replaced worker had published, taken over at its restart."""
-        got = 0
-        while self._ready and got < n:
-            out[start + got] = self._ready.popleft()
-            got += 1
-        return got
-
-    # --- messages: call / attributes ----------------------------------------
+    # --- messages: call / attributes ------------------------------------------------------
 
     def call(self, name: str, *args, env_ids=None, **kwargs) -> tuple:
         """Call ``env.name(*args, **kwargs)`` (or read the attribute if it is not
         callable) in every env, or in ``env_ids`` only (the keyword is reserved);
         results in env order, or in the order of ``env_ids``.  Names are looked up
         through wrappers (``env.get_wrapper_attr``) as gymnasium's vector envs do."""
-        return self._per_env("call", name, env_ids, lambda n: [(args, kwargs)] * n)
+        return self._per_env(P.CALL, name, env_ids, lambda n: [(args, kwargs)] * n)
 
     def apply(self, fn: Callable[..., Any], *args, env_ids=None, **kwargs) -> tuple:
         """``fn(env, *args, **kwargs)`` run inside the workers for every env (or ``env_ids``);
         ``fn`` is cloudpickled, its results come back pickled, in env (or ``env_ids``) order."""
         blob = cloudpickle.dumps(fn)
-        return self._per_env("apply", getattr(fn, "__name__", "fn"), env_ids, lambda n: [(blob, args, kwargs)] * n)
+        return self._per_env(P.APPLY, getattr(fn, "__name__", "fn"), env_ids,
+                             lambda n: [(blob, args, kwargs)] * n)
 
     def get_attr(self, name: str, env_ids=None) -> tuple:
         """``env.get_wrapper_attr(name)`` of every env or of ``env_ids`` (methods are returned, not called)."""
-        return self._per_env("get_attr", name, env_ids, lambda n: [None] * n)
+        return self._per_env(P.GET_ATTR, name, env_ids, lambda n: [None] * n)
 
     def set_attr(self, name: str, values, env_ids=None) -> None:
         """Set ``name`` (``env.set_wrapper_attr``) on every env or on ``env_ids``: a list/tuple gives
@@ -477,263 +438,76 @@ class Pool:
             if len(values) != n:
                 raise ValueError(f"set_attr needs {n} values, got {len(values)}")
             return list(values)
-        self._per_env("set_attr", name, env_ids, per_env)
+        self._per_env(P.SET_ATTR, name, env_ids, per_env)
 
+    @_public
     def _per_env(self, op: str, name: str, env_ids, payloads: Callable[[int], list]) -> tuple:
         """Run a message op on chosen envs; only the workers that own them are asked."""
-        self._check_open()
-        if env_ids is None:
-            ids = list(range(self.num_envs))
-        else:
-            ids = [env_ids] if isinstance(env_ids, (int, np.integer)) else list(env_ids)
-            bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs]
-            if bad:
-                raise ValueError(f"env ids {bad} are out of range for a pool of {self.num_envs} envs")
+        self._life.check_open()
+        ids = env_id_list(env_ids, self.num_envs)
         items = payloads(len(ids))
-        if self._step_target is not None:
-            raise RuntimeError("a step_async() is pending; call step_wait() first")
+        self._life.check_idle()
         # Envs in flight from send() stay in flight: the workers serve them
         # before the message, and recv() still returns them.
         by_worker: dict[int, list[int]] = {}
         for pos, env_id in enumerate(ids):
             by_worker.setdefault(int(self._owner[env_id]), []).append(pos)
+        what = f"{op} {name!r}"
         for k, positions in by_worker.items():
-            start = self._bounds[k][0]
-            self._send(k, (op, name, [int(ids[p]) - start for p in positions], [items[p] for p in positions]),
-                       f"{op} {name!r}")
-            self._wire.post(k, _core.CMD_MESSAGE)
+            start = self._workers.bounds[k][0]
+            msg = P.EnvCall(op, name, [ids[p] - start for p in positions], [items[p] for p in positions])
+            self._supervisor.message(k, msg, what)
         out: list = [None] * len(ids)
-        for k, answer in zip(by_worker, self._replies(f"{op} {name!r}", list(by_worker))):
+        for k, answer in zip(by_worker, self._supervisor.replies(what, list(by_worker))):
             for pos, value in zip(by_worker[k], answer):
                 out[pos] = value
         return tuple(out)
 
-    # --- worker restarts (on_worker_error="restart") -------------------------
-
-    def _init_restarts(self, on_worker_error: str, num_workers: int, startup_timeout: float | None) -> None:
-        if on_worker_error not in ("raise", "restart"):
-            raise ValueError(f"on_worker_error must be 'raise' or 'restart', got {on_worker_error!r}")
-        if on_worker_error == "restart" and self._use_sems:
-            raise ValueError(
-                "on_worker_error='restart' needs futex wake-ups: with wake='semaphore' (or without futexes) the "
-                "semaphores are unlinked once the workers opened them, so a replacement could not open them")
-        self.on_worker_error = on_worker_error
-        self._watch = on_worker_error == "restart"
-        self._next_watch = 0.0
-        self.restarts = 0                              # workers replaced so far
-        self.worker_restarts = [0] * num_workers       # ... per worker
-        self.restart_log: list[dict] = []              # one entry per restart: who, why, when, how long
-        self._generation = [0] * num_workers           # bumped per restart: answers owed by the old process die
-        self._ready: collections.deque = collections.deque()  # taken-over results, before the wire's
-        self._step_resync = False                      # a sync step re-posted to a replacement
-        self._worker_args: list[tuple] = []
-        self._startup_timeout = startup_timeout
-
-    def _restart(self, k: int, op: str, cause: str | None = None) -> None:
-        """Replace dead (or killed) worker ``k``; the rest of the pool never notices.
-
-        Results it published and the parent had not taken stay valid (those whose
-        side message was lost are recomputed); envs it still owed are requested
-        again from the replacement, whose envs are freshly reset (unseeded) and
-        answer their first step with the reset observation, reward 0, truncated
-        True and info ``worker_restarted`` (see ``workers.loop.restarted``)."""
-        t0 = time.monotonic()
-        proc = self._procs[k]
-        if proc.exitcode is None:
-            proc.kill()
-        proc.join(timeout=5.0)
-        pid, code = proc.pid, proc.exitcode
-        if cause is None:
-            cause = _death(code)
-        # What it sent before dying is still in the pipe: side messages of published results.
-        conn = self._conns[k]
-        try:
-            while conn.poll(0):
-                self._side[k].append(conn.recv())
-        except (EOFError, OSError):
-            pass  # EOF, or a message cut short by the death
-        conn.close()
-        published = self._wire.reset_worker(k)
-        status = self._views.status
-        messages = [m for m in self._side[k] if m[0] in ("error", "extra") and m[1] is not None]
-        keep, lost, used = [], [], 0
-        if self._step_target is None:
-            for e in published:
-                if status[e] == L.STATUS_OK:
-                    keep.append(e)
-                elif used < len(messages) and messages[used][1] == e:
-                    keep.append(e)
-                    used += 1
-                else:
-                    lost.append(e)
-        self._side[k] = collections.deque(messages[:used])
-        a, b = self._bounds[k]
-        taken_over = set(published)
-        owed = [e for e in range(a, b) if self._in_flight[e] and e not in taken_over]
-        self._spawn_replacement(k, op, cause)
-        redo = owed + lost
-        if redo:  # step requests: a restarted env answers one with its restart result
-            self._wire.dispatch(np.asarray(redo, dtype=np.int64), self._owner, False)
-        self._ready.extend(keep)
-        self.restarts += 1
-        self.worker_restarts[k] += 1
-        self._generation[k] += 1
-        self.restart_log.append({"worker": k, "pid": pid, "exitcode": code, "cause": cause, "op": op,
-                                 "new_pid": self._procs[k].pid, "in_flight": len(redo),
-                                 "seconds": time.monotonic() - t0, "time": time.time()})
-
-    def _spawn_replacement(self, k: int, op: str, cause: str) -> None:
-        """Start worker ``k`` again (same envs, cpu and constructors), map the region,
-        reset its envs.  If that fails, the pool is closed."""
-        ctx = self._ctx
-        parent_end, child_end = ctx.Pipe(duplex=True)
-        saved = {v: os.environ.get(v) for v in loop.THREAD_ENV_VARS}
-        os.environ.update({v: "1" for v in loop.THREAD_ENV_VARS})
-        try:
-            proc = ctx.Process(target=loop.main, args=(child_end, *self._worker_args[k]),
-                               name=f"shmpool-worker-{k}", daemon=True)
-            proc.start()
-        finally:
-            child_end.close()
-            for v, value in saved.items():
-                if value is None:
-                    os.environ.pop(v, None)
-                else:
-                    os.environ[v] = value
-        self._procs[k], self._conns[k] = proc, parent_end
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _kill_processes, list(self._procs))
-        a, b = self._bounds[k]
-        what = f"worker {k} (envs {a}..{b - 1}) {cause} during {op}; its replacement failed"
-        deadline = None if self._startup_timeout is None else time.monotonic() + self._startup_timeout
-        try:
-            d = self._startup_message(k, "spaces", deadline)
-            if d[1] != self.single_observation_space or d[2] != self.single_action_space:
-                raise ValueError(f"the replacement's envs have spaces {d[1]}, {d[2]}; the pool has "
-                                 f"{self.single_observation_space}, {self.single_action_space}")
-            parent_end.send(self._map_msg)
-            send_handle(parent_end, self._shm_fd, proc.pid)
-            self._startup_message(k, "ready", deadline)
-            parent_end.send(("restart",))
-            self._wire.post(k, _core.CMD_MESSAGE)
-            while True:
-                if parent_end.poll(_SLICE_NS / 1e9):
-                    msg = parent_end.recv()
-                    if msg[0] == "reply":
-                        break
-                    if msg[0] == "failed":
-                        raise self._env_error(k, msg, then="the replacement could not reset its envs")
-                elif proc.exitcode is not None:
-                    raise RuntimeError(f"the replacement {_death(proc.exitcode)} while resetting its envs")
-                elif deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError("the replacement did not reset its envs within startup_timeout")
-        except (WorkerDiedError, PoolClosedError) as exc:
-            raise WorkerDiedError(f"{what}: {exc}", worker=k, pid=proc.pid, exitcode=proc.exitcode) from exc
-        except BaseException as exc:
-            self._kill_workers_now()
-            if isinstance(exc, EnvError):
-                first = str(exc).splitlines()[0].removesuffix("; the pool was not created")
-                raise EnvError(f"{what}: {first}; the pool is closed\n--- remote traceback ---\n"
-                               f"{exc.remote_traceback}", env_id=exc.env_id, worker=k, phase=exc.phase,
-                               remote_type=exc.remote_type, remote_traceback=exc.remote_traceback,
-                               remote_exception=exc.remote_exception) from exc
-            raise WorkerDiedError(f"{what}: {exc}; the pool is closed", worker=k, pid=proc.pid,
-                                  exitcode=proc.exitcode) from exc
-
-    def _restep(self, workers: list[int]) -> None:
-        """Replacements during a sync step step their shards again (restart results)."""
-        if self._step_target is None:
-            return
-        for k in workers:
-            self._wire.post(k, _core.CMD_STEP)
-        self._step_resync = True
-
-    def _all_done(self, slice_ns: int) -> bool:
-        """Every worker has handled its last command (one slice per worker at most)."""
-        wire = self._wire
-        for k in range(self.num_workers):
-            if not wire.wait_done(k, wire.cmd_seq(k), self.wait_policy, slice_ns):
-                return False
-        return True
-
-    # --- closing ------------------------------------------------------------
+    # --- closing ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close every env and stop the workers. Idempotent."""
-        if self._closed:
+        """Close every env and stop the workers. Idempotent.  From a signal handler or
+        another thread while a call is in progress, that call ends with
+        ``PoolClosedError`` and the pool is closed as it leaves (from another thread,
+        ``close()`` waits for that)."""
+        life = self._life
+        if not life.begin_close():
             return
-        self._closed = True
-        self._blocked = (PoolClosedError, "the pool is closed")
-        errors = []
-        if self._wire is not None:
-            for k in range(self.num_workers):
-                if self._procs[k].exitcode is None:
-                    self._wire.post(k, _core.CMD_EXIT)
-            deadline = time.monotonic() + _CLOSE_GRACE_S
-            for k, conn in enumerate(self._conns):
-                # Read until the worker's "closed" (its envs' close errors): a worker that
-                # has already exited may have left it in the pipe, so exiting is no reason
-                # to stop reading, only an empty pipe after the exit is.
-                while time.monotonic() < deadline:
-                    try:
-                        if conn.poll(0.05):
-                            msg = conn.recv()
-                            if msg[0] == "closed":
-                                errors += [(k, *e) for e in msg[1]]
-                                break
-                            continue
-                    except (EOFError, OSError):
-                        break
-                    if self._procs[k].exitcode is not None and not conn.poll(0):
-                        break
-        self._kill_workers()
+        try:
+            self._close_now()
+        finally:
+            life.end_close()
+
+    def _close_now(self) -> None:
+        """Close with no call inside the wire (the caller holds the entry lock)."""
+        self._life.close()
+        _LIVE_POOLS.discard(self)
+        failures = self._workers.stop(self._wire)
         self._release()
-        if errors:
-            k, env_id, typ, tb = errors[0]
+        if failures:
+            k, failure = failures[0]
             raise EnvError(
-                f"env {env_id} (worker {k}, pid {self._procs[k].pid}) raised in close: {tb.strip().splitlines()[-1]} "
-                f"(the pool is closed)\n--- remote traceback ---\n{tb}",
-                env_id=env_id, worker=k, phase="close", remote_type=typ, remote_traceback=tb)
+                f"env {failure.env_id} (worker {k}, pid {self._workers.pids[k]}) raised in close: "
+                f"{failure.last_line} (the pool is closed)\n--- remote traceback ---\n{failure.traceback}",
+                env_id=failure.env_id, worker=k, phase="close", remote_type=failure.remote_type,
+                remote_traceback=failure.traceback, remote_exception=failure.original())
 
-    def _abort_startup(self) -> None:
-        """Tell workers still waiting for their start-up message to exit now (a forked
-        worker holds a copy of our end of its pipe, so closing ours gives it no EOF)."""
-        for conn in self._conns:
-            try:
-                conn.send(("abort",))
-            except OSError:
-                pass
-
-    def _kill_workers(self) -> None:
-        deadline = time.monotonic() + 2.0
-        for proc in self._procs:
-            proc.join(timeout=max(0.0, deadline - time.monotonic()))
-        for proc in self._procs:
-            if proc.exitcode is None:
-                proc.kill()
-        for proc in self._procs:
-            proc.join(timeout=5.0)
-        for conn in self._conns:
-            conn.close()
-        if self._finalizer is not None:
-            self._finalizer.detach()
+    def _kill_workers_now(self) -> None:
+        """Fatal path (inside a call that is about to raise): the workers' state is
+        unknown, so stop them without asking and free the region."""
+        if self._life.closed:
+            return
+        self._life.close()
+        _LIVE_POOLS.discard(self)
+        self._workers.kill_now()
+        self._release()
 
     def _release(self) -> None:
-        if self._shm_fd is not None:
-            os.close(self._shm_fd)
-            self._shm_fd = None
-        if self._wire is not None:
-            self._wire.release()
-        self._wire = None
-        self._views = None
-        self._obs_views = None
-        self._actions = None
+        """Drop every view of the region the pool made, then the region itself: a closed
+        pool holds no memory unless the caller still holds arrays it returned."""
+        self._wire = self._views = self._obs_views = self._actions = self._infos = None
         if self._region is not None:
-            try:
-                self._region.close()
-            except BufferError:
-                pass  # the caller still holds views; the mapping goes when they do
+            self._region.release()
             self._region = None
 
     def __enter__(self) -> Pool:
@@ -744,47 +518,71 @@ class Pool:
 
     def __del__(self) -> None:
         try:
-            if not self._closed:
+            if not self._life.closed:
                 self.close()
         except Exception:
             pass
+
+    def __reduce__(self):
+        raise TypeError("a Pool cannot be pickled or copied: it owns worker processes and shared memory; "
+                        "build a new Pool (with the same arguments) where you need one")
+
+    def __copy__(self):
+        self.__reduce__()
+
+    def __deepcopy__(self, memo):
+        self.__reduce__()
+
+    # --- properties ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
         return self.num_envs
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
         quota = "" if self.cpu_quota is None else f", cpu quota {self.cpu_quota:g}"
-        return (f"Pool({self.num_envs} envs, {self.num_workers} workers on cpus {self._worker_cpu}{quota}, "
-                f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), {state})")
+        return (f"Pool({self.num_envs} envs, {self.num_workers} workers on cpus {self._workers.cpus}{quota}, "
+                f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), "
+                f"{self._life.state.value})")
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._life.closed
 
     @property
     def in_flight(self) -> int:
         """How many envs were sent (or async-reset) and not received yet."""
-        return self._n_flight
+        return self._life.in_flight
 
     @property
     def worker_pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        return list(self._workers.pids)
 
     @property
     def worker_cpus(self) -> list[int]:
         """The core each worker is pinned to."""
-        return list(self._worker_cpu)
+        return list(self._workers.cpus)
+
+    @property
+    def restarts(self) -> int:
+        """Workers replaced so far (``on_worker_error="restart"``)."""
+        return self._restarts.count
+
+    @property
+    def worker_restarts(self) -> list[int]:
+        """Workers replaced so far, per worker."""
+        return self._restarts.per_worker
+
+    @property
+    def restart_log(self):
+        """The latest 1,000 restarts, oldest first: dicts with worker, pid, exitcode, cause, op,
+        new_pid, in_flight, seconds, time."""
+        return self._restarts.log
 
     def shard_of(self, worker: int) -> range:
         """Env ids owned by ``worker``."""
-        return range(*self._bounds[worker])
+        return range(*self._workers.bounds[worker])
 
-    # --- internals ----------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise PoolClosedError("the pool is closed")
+    # --- dispatch bookkeeping -------------------------------------------------------------------
 
     def _out_obs(self):
         if not self._copy:
@@ -803,326 +601,42 @@ class Pool:
 
     def _claim(self, env_ids) -> np.ndarray:
         """Validate env ids and mark them in flight (one C pass; numpy only to word an error)."""
-        if env_ids is None:
-            ids = self._all_ids
-        else:
-            ids = env_ids if type(env_ids) is np.ndarray else np.asarray(env_ids)
-            if ids.ndim != 1 or ids.dtype.kind not in "iu":
-                raise ValueError(f"env_ids must be a 1-d array of ints, got shape {ids.shape} dtype {ids.dtype}")
-            if len(ids) == 0:
-                raise ValueError("env_ids is empty")
-            if ids.dtype != np.int64 or not ids.flags.c_contiguous:
-                ids = np.ascontiguousarray(ids, dtype=np.int64)
+        ids = self._all_ids if env_ids is None else env_id_array(env_ids)
         if self._wire.claim(ids, self._in_flight):
             return ids
-        bad = ids[(ids < 0) | (ids >= self.num_envs)]
-        if len(bad):
-            raise ValueError(f"env ids {bad.tolist()} are out of range for a pool of {self.num_envs} envs")
-        uniq, counts = np.unique(ids, return_counts=True)
-        if (counts > 1).any():
-            raise ValueError(f"env ids {uniq[counts > 1].tolist()} appear more than once")
+        check_env_ids(ids, self.num_envs)
         busy = ids[self._in_flight[ids].astype(bool)]
         raise RuntimeError(f"env ids {busy.tolist()} are already in flight; recv() them first")
 
     def _dispatch(self, ids: np.ndarray, reset: bool) -> None:
         self._wire.dispatch(ids, self._owner, reset)
-        self._n_flight += len(ids)
+        self._life.in_flight += len(ids)
 
     def _drain_in_flight(self) -> None:
         """Receive and drop everything in flight (reset/call need idle workers)."""
-        if self._step_target is not None:
-            raise RuntimeError("a step_async() is pending; call step_wait() first")
-        if self._n_flight:
-            out = np.zeros(self._n_flight, dtype=np.uint32)
-            got = self._take(out, self._n_flight, "drain")
+        n = self._life.in_flight
+        if n:
+            out = np.zeros(n, dtype=np.uint32)
+            got = self._take(self, out, n, "drain")
             ids = out[:got].astype(np.int32)
             self._in_flight[ids] = 0
-            self._n_flight -= got
+            self._life.in_flight -= got
             try:
-                self._collect(ids, "drain")
+                self._supervisor.collect(ids, "drain")
             except EnvError:
                 pass  # the reset that follows makes the failed env usable again
 
-    def _wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None,
-              on_restart: Callable[[list[int]], None] | None = None) -> None:
-        """Repeat ``ready(slice_ns)`` waits, checking the workers and the step timeout
-        between slices.  ``timeout`` raises TimeoutError and leaves the operation pending.
-        With ``on_worker_error="restart"``, ``on_restart(workers)`` follows each restart."""
-        start = time.monotonic()
-        step_start = start
-        try:
-            while True:
-                slice_ns = _SLICE_NS
-                if timeout is not None:
-                    left = timeout - (time.monotonic() - start)
-                    if left <= 0:
-                        raise TimeoutError(f"{op} did not finish within {timeout} s; it is still pending")
-                    slice_ns = min(slice_ns, int(left * 1e9))
-                if ready(slice_ns):
-                    return
-                self._pump_side()
-                restarted = self._check_alive(op)
-                if self.step_timeout is not None and time.monotonic() - step_start > self.step_timeout:
-                    restarted += self._fail_timeout(op)
-                if restarted:
-                    step_start = time.monotonic()  # the replacements get a full step_timeout
-                    if on_restart is not None:
-                        on_restart(restarted)
-        except KeyboardInterrupt:
-            self._kill_workers_now()
-            raise
 
-    def _pump_side(self) -> None:
-        """Move side messages already in the pipes into the queues, so no worker
-        blocks on a full pipe while the parent waits for its results."""
-        for conn, queue in zip(self._conns, self._side):
-            try:
-                while conn.poll(0):
-                    queue.append(conn.recv())
-            except (EOFError, OSError):
-                pass  # a dead worker is reported by _check_alive
-
-    def _check_alive(self, op: str) -> list[int]:
-        """Raise for a dead worker, or (``on_worker_error="restart"``) replace it;
-        returns the workers replaced."""
-        dead = [k for k, proc in enumerate(self._procs) if proc.exitcode is not None or not _exists(proc.pid)]
-        if dead and self.on_worker_error != "restart":
-            self._raise_died(dead[0], op)
-        for k in dead:
-            self._restart(k, op)
-        return dead
-
-    def _raise_died(self, k: int, op: str):
-        proc = self._procs[k]
-        proc.join(timeout=0.5)
-        code = proc.exitcode
-        last = ""
-        self._pump_side()
-        for msg in self._side[k]:
-            if msg[0] in ("error", "failed") and msg[1] is None:  # not an env's error: the worker's own
-                last = f"; its last words:\n{msg[4]}"
-        if code is not None and code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        elif code is None:  # reaped by someone else (a SIGCHLD handler, os.wait()): status unknown
-            how = "is gone (reaped outside shmpool, exit status unknown)"
-        else:
-            how = f"exited with code {code}"
-        a, b = self._bounds[k]
-        pid = proc.pid
-        self._kill_workers_now()
-        raise WorkerDiedError(
-            f"worker {k} (pid {pid}, cpu {self._worker_cpu[k]}, envs {a}..{b - 1}) {how} during {op}; "
-            f"the pool is closed{last}", worker=k, pid=pid, exitcode=code)
-
-    def _fail_timeout(self, op: str) -> list[int]:
-        late = [k for k in range(self.num_workers) if self._wire.done_seq(k) != self._wire.cmd_seq(k)]
-        if late and self.on_worker_error == "restart":
-            for k in late:  # hung: kill and replace
-                self._procs[k].kill()
-                self._procs[k].join(timeout=5.0)
-                self._restart(k, op, f"did not finish {op} within step_timeout={self.step_timeout} s "
-                                     "and was killed")
-            return late
-        envs = [f"{a}..{b - 1}" for k, (a, b) in enumerate(self._bounds) if k in late]
-        self._kill_workers_now()
-        raise TimeoutError(
-            f"{op} did not finish within step_timeout={self.step_timeout} s: workers {late} "
-            f"(envs {', '.join(envs)}) are still busy; the pool is closed")
-
-    def _kill_workers_now(self) -> None:
-        """Fatal path: the workers' state is unknown, so stop them without asking."""
-        if self._closed:
-            return
-        self._closed = True
-        self._blocked = (PoolClosedError, "the pool is closed")
-        for proc in self._procs:
-            if proc.exitcode is None:
-                proc.kill()
-        self._kill_workers()
-        self._release()
-
-    def _replies(self, op: str, workers: list[int] | None = None, retry: Callable[[int], None] | None = None) -> list:
-        """The answers of ``workers`` (all by default) to the message just posted, in that order.
-
-        All answers are read before a failure is raised, so none is left in a pipe.
-        A worker replaced while it owed an answer is asked again through ``retry(k)``
-        once when given (the message is safe to repeat), else the call raises
-        WorkerRestartedError."""
-        workers = list(range(self.num_workers)) if workers is None else workers
-        generations = [self._generation[k] for k in workers]
-        answers = []
-        for k, gen in zip(workers, generations):
-            answer = self._reply(k, op, gen)
-            if answer is _RESTARTED and retry is not None:
-                retry(k)
-                answer = self._reply(k, op, self._generation[k])
-            if answer is _RESTARTED:
-                a, b = self._bounds[k]
-                last = next(e for e in reversed(self.restart_log) if e["worker"] == k)
-                answer = WorkerRestartedError(
-                    f"worker {k} (envs {a}..{b - 1}) {last['cause']} during {op} and was replaced "
-                    f"(on_worker_error='restart'); the call was not retried, the pool is still open",
-                    worker=k, pid=last["pid"], exitcode=last["exitcode"])
-            answers.append(answer)
-        for a in answers:
-            if isinstance(a, (EnvError, WorkerRestartedError)):
-                raise a
-        return answers
-
-    def _reply(self, k: int, op: str, generation: int | None = None):
-        """Worker ``k``'s answer to a message (an EnvError if it failed), queueing side
-        messages; ``_RESTARTED`` if the worker was replaced since ``generation``."""
-        if generation is None:
-            generation = self._generation[k]
-        start = time.monotonic()
-        try:
-            while True:
-                if self._generation[k] != generation:
-                    return _RESTARTED
-                conn = self._conns[k]
-                if conn.poll(_SLICE_NS / 1e9):
-                    try:
-                        msg = conn.recv()
-                    except (EOFError, OSError):  # OSError: reset, our unread message in its socket
-                        self._worker_lost(k, op)
-                        continue
-                    if msg[0] == "reply":
-                        return msg[1]
-                    if msg[0] == "failed":
-                        return self._env_error(k, msg)
-                    self._side[k].append(msg)
-                    continue
-                self._check_alive(op)
-                if self.step_timeout is not None and time.monotonic() - start > self.step_timeout:
-                    self._fail_timeout(op)
-                    start = time.monotonic()
-        except KeyboardInterrupt:
-            self._kill_workers_now()
-            raise
-
-    def _side_message(self, k: int, env_id: int, op: str):
-        """The next side message of worker ``k``; None if it died before sending it
-        (and was replaced)."""
-        if self._side[k]:
-            return self._side[k].popleft()
-        generation = self._generation[k]
-        conn = self._conns[k]
-        while not conn.poll(_SLICE_NS / 1e9):
-            self._check_alive(op)
-            if self._generation[k] != generation:
-                return None
-        try:
-            return conn.recv()
-        except (EOFError, OSError):
-            self._worker_lost(k, op)
-            return None
-
-    def _send(self, k: int, msg, op: str) -> None:
-        """Send a message to worker ``k``.  One found dead already is raised (or
-        replaced, and the message goes to the replacement: nothing of it ran yet)."""
-        try:
-            self._conns[k].send(msg)
-        except OSError:
-            self._worker_lost(k, op)
-            self._conns[k].send(msg)
-
-    def _worker_lost(self, k: int, op: str) -> None:
-        """Worker ``k``'s pipe closed: it died.  Raise, or replace it."""
-        if self.on_worker_error != "restart":
-            self._raise_died(k, op)
-        self._restart(k, op)
-
-    def _collect(self, ids: np.ndarray | None, op: str) -> dict:
-        """Infos of a finished batch, plus the side messages its status bytes announce."""
-        flags = self._wire.scan(ids)
-        if not flags:
-            return {}
-        infos = self._infos.read(ids) if flags & 2 else {}
-        if not flags & 1:
-            return infos
-        status = self._views.status if ids is None else self._views.status[ids]
-        errors = []
-        size = len(status)
-        for pos in np.flatnonzero(status):
-            env_id = int(pos if ids is None else ids[pos])
-            k = int(self._owner[env_id])
-            msg = self._side_message(k, env_id, op)
-            if msg is None:  # its worker died between publishing and sending it
-                if status[pos] == L.STATUS_ERROR:
-                    errors.append((k, ("error", env_id, op, "unknown", f"(worker {k} died before sending "
-                                       "the traceback and was replaced)")))
-                continue  # non-numeric infos of this result are lost
-            if msg[1] != env_id:
-                raise RuntimeError(f"side channel out of order: expected env {env_id}, got {msg[:2]}")
-            if msg[0] == "extra":
-                add_info(infos, msg[2], int(pos), size)
-            else:
-                errors.append((k, msg))
-        if errors:
-            k, msg = errors[0]
-            others = "" if len(errors) == 1 else f" ({len(errors) - 1} more envs failed too)"
-            self._blocked = (RuntimeError,
-                             f"env {msg[1]} raised {msg[3]} in {msg[2]}; call reset() before stepping again")
-            raise self._env_error(k, msg, then=f"call reset() before stepping again{others}")
-        return infos
-
-    def _env_error(self, k: int, msg, then: str | None = None) -> EnvError:
-        env_id, phase, typ, tb = msg[1:5]
-        original = _unpickle_quietly(msg[5]) if len(msg) > 5 else None
-        who = f"env {env_id} (worker {k}, pid {self._procs[k].pid})" if env_id is not None else f"worker {k}"
-        lines = tb.strip().splitlines()
-        what = lines[-1] if lines else typ
-        tail = f"; {then}" if then else ""
-        return EnvError(f"{who} raised in {phase}: {what}{tail}\n--- remote traceback ---\n{tb}",
-                        env_id=env_id, worker=k, phase=phase, remote_type=typ, remote_traceback=tb,
-                        remote_exception=original)
+def _forked_child() -> None:
+    """In a forked child: every pool is its parent's.  Refuse its use, and make sure
+    nothing in the child (``__del__``, the finalizer) touches the parent's workers."""
+    for pool in list(_LIVE_POOLS):
+        pool._life.forked()
+        if pool._workers is not None:
+            pool._workers.disown()
+    _LIVE_POOLS.clear()
 
 
-_RESTARTED = object()   # a worker owed an answer and was replaced
+os.register_at_fork(after_in_child=_forked_child)
 
-
-def _death(code: int | None) -> str:
-    """How a worker process ended, in words."""
-    if code is not None and code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def _exists(pid: int) -> bool:
-    """False once ``pid`` is gone for good: a worker reaped behind multiprocessing's back
-    (its ``exitcode`` then stays None forever) must still count as dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _unpickle_quietly(data: bytes | None) -> BaseException | None:
-    """The env's own exception, when its class can be rebuilt here."""
-    if data is None:
-        return None
-    try:
-        exc = pickle.loads(data)
-    except Exception:
-        return None
-    return exc if isinstance(exc, BaseException) else None
-
-
-def _kill_processes(procs) -> None:
-    """Finalizer for a pool dropped without close(): no worker outlives it."""
-    for proc in procs:
-        try:
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join(timeout=2.0)
-        except Exception:
-            pass
+__all__ = ["Pool"]

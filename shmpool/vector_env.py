@@ -26,7 +26,7 @@ from gymnasium.vector.utils import batch_space
 
 from .arguments import POOL_KEYWORDS, is_ray_pool
 from .autoreset import NEXT_STEP, as_gymnasium, parse_autoreset_mode
-from .errors import EnvError
+from .errors import EnvError, rebuild_error
 from .pool import Pool
 from .resets import check_reset_mask, seed_list
 
@@ -412,9 +412,21 @@ def _combined_error(name: str) -> type | None:
     try:
         # BaseException's __str__: KeyError and friends would otherwise quote the message.
         return type(f"EnvError[{name}]", (EnvError, typ), {"__str__": BaseException.__str__,
+                                                          "__reduce__": _reduce_combined,
                                                           "__module__": __name__})
     except TypeError:  # incompatible instance layouts
         return None
+
+
+def _reduce_combined(err: EnvError) -> tuple:
+    # The class is made at run time, so it pickles by the builtin's name and is made
+    # again (the same cached class) where it is unpickled.
+    return rebuild_combined_error, (err.remote_type, err.args, err.__dict__)
+
+
+def rebuild_combined_error(name: str, args: tuple, fields: dict) -> EnvError:
+    """Unpickling an ``EnvError[<builtin>]``: the same combined class, its message and fields."""
+    return rebuild_error(_combined_error(name) or EnvError, args, fields)
 
 
 def _retyped(err: EnvError) -> EnvError:

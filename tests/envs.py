@@ -168,3 +168,34 @@ class BigObsEnv(gym.Env):
         self.t += 1
         obs = np.full(self.observation_space.shape, self.t, np.uint8)
         return obs, 1.0, self.t >= self.length, False, {"frame": obs.copy()}
+
+
+class CounterEnv(gym.Env):
+    """Observation: how many steps since the last reset; info ``tag`` (a string, so it
+    travels on the side channel) says the same.  ``big_at``: that step's info also holds
+    ``2**70``, which no batch array can take; ``delay``: seconds slept per step."""
+
+    observation_space = spaces.Box(0, 1e9, (1,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, big_at: int = -1, delay: float = 0.0, tag: bool = True):
+        self.big_at = big_at
+        self.delay = delay
+        self.tag = tag
+        self.n = 0
+
+    def _info(self) -> dict:
+        return {"tag": f"t{self.n}"} if self.tag else {}
+
+    def reset(self, *, seed=None, options=None):
+        self.n = 0
+        return np.zeros(1), self._info()
+
+    def step(self, action):
+        if self.delay:
+            time.sleep(self.delay)
+        self.n += 1
+        info = self._info()
+        if self.n == self.big_at:
+            info["big"] = 2**70
+        return np.array([float(self.n)]), 0.0, False, False, info

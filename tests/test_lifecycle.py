@@ -50,9 +50,15 @@ def test_worker_blas_threads_are_limited(no_leaks):
 def test_dropping_a_pool_without_close_reaps_it(no_leaks):
     pool = shmpool.Pool("CartPole-v1", 2, num_workers=2)
     pool.reset()
-    del pool
-    import gc
-    gc.collect()
+    pids = pool.worker_pids
+    assert all(psutil.pid_exists(p) for p in pids)
+    del pool   # no reference cycle: the pool goes now, not at the next garbage collection
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        time.sleep(0.01)
+    left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"workers {left} outlived their dropped pool"
 
 
 def test_many_pools_at_once(no_leaks):

@@ -118,7 +118,26 @@ def test_words_reject_bad_offsets():
     assert _core.load_word(buf, 8) == 5
 
 
-def test_wire_wait_times_out_and_counts_wrap():
+def test_sync_counter_wraps_at_2_32():
+    """The sync counter is a 32-bit word that wraps in long runs (2**32 shards): a target
+    just past the wrap must not count as reached before it, nor be missed after."""
+    buf = mmap.mmap(-1, _core.control_size(2, [2]))
+    wire = _core.Wire(buf, [2], num_envs=2)
+    wire.init_header()
+    pol = _core.WaitPolicy("t", 1000, 1000)
+    _core.store_word(buf, _core.LINE, 2**32 - 2)   # the sync counter: header line 1
+    assert wire.sync_count() == 2**32 - 2
+    target = (wire.sync_count() + 3) & 0xFFFFFFFF  # what step_async computes: 1, past the wrap
+    assert target == 1
+    for count in (2**32 - 1, 0):
+        wire.finish_shard()
+        assert wire.sync_count() == count
+        assert not wire.wait_sync(target, pol, 1_000_000), f"target {target} reached at count {count}"
+    wire.finish_shard()
+    assert wire.sync_count() == 1 and wire.wait_sync(target, pol, 1_000_000)
+
+
+def test_wire_wait_times_out_and_serves_requests_in_order():
     buf = mmap.mmap(-1, _core.control_size(2, [2]))
     wire = _core.Wire(buf, [2], num_envs=2)
     wire.init_header()

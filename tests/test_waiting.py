@@ -59,7 +59,7 @@ def test_wait_policy_pickles_with_its_kind():
 
 
 def _worker_cpu(pool) -> float:
-    return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in pool._procs)
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pool.worker_pids)
 
 
 def test_workers_sleep_while_the_trainer_is_busy_elsewhere(no_leaks):

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import mmap
 import os
-import pickle
 import signal
 import sys
-import traceback
 from multiprocessing.reduction import recv_handle
 
 import cloudpickle
@@ -21,6 +19,7 @@ from threadpoolctl import threadpool_limits  # imported here so forked workers i
 
 from shmpool import _core
 from shmpool import layout as L
+from shmpool import protocol as P
 from shmpool.batched import BatchedEnvs, hosting_info
 
 from .shard import BatchShard, Shard
@@ -83,18 +82,8 @@ def _setup_process(cpu: int | None, parent_pid: int, parent_started: float, main
     return watch
 
 
-def error_message(kind: str, env_id, phase: str, exc: BaseException) -> tuple:
-    """What the parent needs to raise: where, the type name, the formatted
-    traceback, and the exception itself pickled when it can be (else None)."""
-    try:
-        original = pickle.dumps(exc)
-    except Exception:
-        original = None
-    return (kind, env_id, phase, type(exc).__name__, traceback.format_exc(), original)
-
-
 def _error(conn, env_id, phase: str, exc: BaseException) -> None:
-    conn.send(error_message("error", env_id, phase, exc))
+    P.report(conn, P.Failure.of(env_id, phase, exc))
 
 
 def _get(env, name: str):
@@ -109,14 +98,6 @@ def _set(env, name: str, value) -> None:
         setter(name, value)
     else:
         setattr(env, name, value)
-
-
-def _pickled_extra(env_id: int, extra: dict) -> bytes:
-    try:
-        return pickle.dumps(("extra", env_id, extra), pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # unpicklable info value: say so rather than die
-        return pickle.dumps(("extra", env_id, {k: f"<unpicklable {type(v).__name__}: {exc}>"
-                                               for k, v in extra.items()}))
 
 
 def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], env_fns_blob: bytes, start: int,
@@ -148,10 +129,9 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
             _error(conn, start, "make", exc)
             return
         obs_space, act_space = batch_env.single_observation_space, batch_env.single_action_space
-        conn.send_bytes(cloudpickle.dumps((
-            "spaces", obs_space, act_space, getattr(batch_env, "metadata", {}),
-            getattr(batch_env, "render_mode", None), getattr(batch_env, "spec", None), hosting_info(batch_env),
-        )))
+        P.report(conn, P.Spaces(obs_space, act_space, getattr(batch_env, "metadata", {}),
+                                getattr(batch_env, "render_mode", None), getattr(batch_env, "spec", None),
+                                hosting_info(batch_env)))
     else:
         envs = []
         for k, fn in enumerate(fns):
@@ -169,22 +149,21 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
             same_obs = obs_space is first.observation_space or obs_space == first.observation_space
             same_act = act_space is first.action_space or act_space == first.action_space
             if not (same_obs and same_act):
-                conn.send(("error", start + k, "make", "ValueError",
-                           f"env {start + k} has observation/action spaces {env.observation_space}, "
-                           f"{env.action_space}; env {start} has {first.observation_space}, "
-                           f"{first.action_space}: all envs of a pool must share their spaces"))
+                P.report(conn, P.Failure(start + k, "make", "ValueError",
+                                         f"env {start + k} has observation/action spaces {obs_space}, "
+                                         f"{act_space}; env {start} has {first.observation_space}, "
+                                         f"{first.action_space}: all envs of a pool must share their spaces"))
                 for env in envs:
                     _close_quietly(env)
                 return
         obs_space, act_space = first.observation_space, first.action_space
-        conn.send_bytes(cloudpickle.dumps((
-            "spaces", obs_space, act_space,
-            getattr(first, "metadata", {}), getattr(first, "render_mode", None), getattr(first, "spec", None),
-        )))
-    msg = conn.recv()
-    if msg[0] != "map":
+        P.report(conn, P.Spaces(obs_space, act_space, getattr(first, "metadata", {}),
+                                getattr(first, "render_mode", None), getattr(first, "spec", None)))
+    msg = P.next_command(conn)
+    if type(msg) is not P.MapRegion:  # Abort: start-up failed in another worker
         return
-    _, layout, policy, slice_ns, sem_names, autoreset_mode = msg
+    layout, policy, slice_ns, sem_names = msg.layout, msg.policy, msg.slice_ns, msg.semaphores
+    autoreset_mode = msg.autoreset_mode
     fd = recv_handle(conn)
     region = mmap.mmap(fd, layout.size)
     os.close(fd)
@@ -206,7 +185,7 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
     else:
         shard = Shard(envs, start, views, region, obs_space, act_space, autoreset_mode)
     shard.pending_seeds = list(seeds)
-    conn.send(("ready",))
+    P.report(conn, P.Ready())
     try:
         Server(conn, index, wire, views, shard, policy, slice_ns, watch).serve()
     finally:
@@ -303,7 +282,7 @@ class Server:
             # async command can be overtaken (the parent steps or resets only
             # with nothing in flight), and its requests are served anyway.
             seq, cmd = wire.command(index)
-            if cmd == _core.CMD_STEP:
+            if cmd == P.CMD_STEP:
                 self.step_shard()
                 # Shard counter first, done sequence second: once the parent
                 # reads done == posted for a worker, that worker's count is in
@@ -311,10 +290,10 @@ class Server:
                 wire.finish_shard()
                 wire.finish(index, seq)
                 self.flush()
-            elif cmd == _core.CMD_ASYNC:
+            elif cmd == P.CMD_ASYNC:
                 self.drain()
                 wire.finish(index, seq)
-            elif cmd == _core.CMD_MESSAGE:
+            elif cmd == P.CMD_MESSAGE:
                 # A call may come while envs are in flight (their async command
                 # overwritten by this one): serve them first, recv() gets them.
                 self.drain()
@@ -323,9 +302,9 @@ class Server:
                 # is still the older one's, so the same message command may be
                 # seen twice: only a message actually waiting is answered.
                 if self.conn.poll(0):
-                    self.message(self.conn.recv())
+                    self.message(P.next_command(self.conn))
                 wire.finish(index, seq)
-            elif cmd == _core.CMD_EXIT:
+            elif cmd == P.CMD_EXIT:
                 self.exit(seq)
                 return
             seen = seq
@@ -347,17 +326,17 @@ class Server:
             extra = self.shard.infos.write(i, info)
             if extra:
                 # Pickled now: the env may reuse these objects once stepped again.
-                self.outbox.append(_pickled_extra(i, extra))
-                self.views.status[i] = L.STATUS_EXTRA
+                self.outbox.append(P.encode_for_parent(P.Extra(i, extra)))
+                self.views.status[i] = P.STATUS_EXTRA
                 return
         else:
             self.views.info_mask[i] = 0
-        self.views.status[i] = L.STATUS_OK
+        self.views.status[i] = P.STATUS_OK
 
     def _fail_env(self, i: int, phase: str, exc: BaseException) -> None:
-        self.outbox.append(pickle.dumps(error_message("error", i, phase, exc)))
+        self.outbox.append(P.encode_for_parent(P.Failure.of(i, phase, exc)))
         self.views.info_mask[i] = 0
-        self.views.status[i] = L.STATUS_ERROR
+        self.views.status[i] = P.STATUS_ERROR
 
     def step_shard(self) -> None:
         shard = self.shard
@@ -375,7 +354,7 @@ class Server:
                 self._finish_env(i, info)
             else:  # the common case, inlined
                 masks[i] = 0
-                status[i] = L.STATUS_OK
+                status[i] = P.STATUS_OK
 
     def drain(self) -> None:
         """Serve the async request ring until it is empty, publishing each env."""
@@ -397,85 +376,91 @@ class Server:
             req = wire.pop_request(index)
             if req < 0:
                 return
-            i = req & 0x7FFFFFFF
+            i = req & P.REQ_ENV_MASK
             try:
-                info = shard.reset(i) if req & _core.REQ_RESET else shard.step(i)
+                info = shard.reset(i) if req & P.REQ_RESET else shard.step(i)
             except Exception as exc:
-                self._fail_env(i, "reset" if req & _core.REQ_RESET else "step", exc)
+                self._fail_env(i, "reset" if req & P.REQ_RESET else "step", exc)
             else:
                 self._finish_env(i, info)
             wire.publish(i)
             if self.outbox:
                 self.flush()
 
-    def message(self, msg) -> None:
-        op = msg[0]
+    def message(self, msg: P.ToWorker) -> None:
         shard = self.shard
+        phase = type(msg).__name__.lower()
         try:
-            if op == "reset":
-                _, seeds, options, mask = msg
-                per_env = isinstance(options, list)
-                if shard.batched:
-                    shard.reset_message(seeds, options, mask, self._finish_env, self._fail_env)
-                for k, i in enumerate(() if shard.batched else range(shard.start, shard.stop)):
-                    if mask is not None and not mask[k]:
-                        # A partial reset leaves this env alone; its old infos
-                        # must not be read as part of this reset.
-                        self.views.info_mask[i] = 0
-                        self.views.status[i] = L.STATUS_OK
-                        continue
-                    try:
-                        info = shard.reset(i, seeds[k], options[k] if per_env else options)
-                    except Exception as exc:
-                        self._fail_env(i, "reset", exc)
-                        continue
-                    self._finish_env(i, info)
+            if type(msg) is P.Reset:
+                self.reset(msg)
                 value = None
-            elif op == "restart":
+            elif type(msg) is P.Restart:
                 value = restarted(shard, self.views)
-            elif op == "seed":
-                shard.pending_seeds = list(msg[1])
-                value = None
-            elif op in ("call", "get_attr", "set_attr", "apply"):
-                _, name, ks, items = msg
+            elif type(msg) is P.EnvCall:
+                phase = f"{msg.op} {msg.name!r}"
                 value = []
-                for k, item in zip(ks, items):
-                    env = shard.envs[k]
+                for k, item in zip(msg.envs, msg.payloads):
                     try:
-                        if op == "call":
-                            attr = _get(env, name)
-                            value.append(attr(*item[0], **item[1]) if callable(attr) else attr)
-                        elif op == "get_attr":
-                            value.append(_get(env, name))
-                        elif op == "set_attr":
-                            _set(env, name, item)
-                        else:
-                            fn, args, kwargs = item
-                            value.append(cloudpickle.loads(fn)(env, *args, **kwargs))
+                        result = self.env_call(shard.envs[k], msg.op, msg.name, item)
                     except Exception as exc:
-                        self._failed(shard.start + k, f"{op} {name!r}", exc)
+                        self._failed(shard.start + k, phase, exc)
                         return
+                    if msg.op != P.SET_ATTR:
+                        value.append(result)
             else:
-                raise ValueError(f"unknown message {op!r}")
+                raise P.ProtocolError(f"unexpected message {type(msg).__name__} after start-up")
         except Exception as exc:
-            self._failed(None, op, exc)
+            self._failed(None, phase, exc)
             return
         self.flush()
         try:
-            self.conn.send(("reply", value))
+            P.report(self.conn, P.Reply(value))
         except Exception as exc:
-            self._failed(None, f"{op} (sending the result)", exc)
+            self._failed(None, f"{phase} (sending the result)", exc)
+
+    def reset(self, msg: P.Reset) -> None:
+        shard, seeds, options, mask = self.shard, msg.seeds, msg.options, msg.mask
+        if shard.batched:
+            shard.reset_message(seeds, options, mask, self._finish_env, self._fail_env)
+            return
+        per_env = isinstance(options, list)
+        for k, i in enumerate(range(shard.start, shard.stop)):
+            if mask is not None and not mask[k]:
+                # A partial reset leaves this env alone; its old infos
+                # must not be read as part of this reset.
+                self.views.info_mask[i] = 0
+                self.views.status[i] = P.STATUS_OK
+                continue
+            try:
+                info = shard.reset(i, seeds[k], options[k] if per_env else options)
+            except Exception as exc:
+                self._fail_env(i, "reset", exc)
+                continue
+            self._finish_env(i, info)
+
+    @staticmethod
+    def env_call(env, op: str, name: str, payload):
+        if op == P.CALL:
+            attr = _get(env, name)
+            args, kwargs = payload
+            return attr(*args, **kwargs) if callable(attr) else attr
+        if op == P.GET_ATTR:
+            return _get(env, name)
+        if op == P.SET_ATTR:
+            return _set(env, name, payload)
+        fn, args, kwargs = payload
+        return cloudpickle.loads(fn)(env, *args, **kwargs)
 
     def _failed(self, env_id, phase: str, exc: BaseException) -> None:
         """A message command failed as a whole: this is its reply."""
-        self.conn.send(error_message("failed", env_id, phase, exc))
+        P.report(self.conn, P.CallFailed.of(env_id, phase, exc))
 
     def exit(self, seq: int) -> None:
-        errors = []
+        failures = []
         for k, env in enumerate(self.shard.envs):
             try:
                 env.close()
             except Exception as exc:
-                errors.append((self.shard.start + k, type(exc).__name__, traceback.format_exc()))
-        self.conn.send(("closed", errors))
+                failures.append(P.Failure.of(self.shard.start + k, "close", exc))
+        P.report(self.conn, P.Closed(failures))
         self.wire.finish(self.index, seq)

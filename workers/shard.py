@@ -6,8 +6,8 @@ from math import isfinite
 import numpy as np
 from gymnasium.spaces import Dict, Tuple
 
-from shmpool import _core
 from shmpool import layout as L
+from shmpool import protocol as P
 from shmpool.autoreset import NEXT_STEP, SAME_STEP
 from shmpool.infos import InfoWriter, column_dtype
 
@@ -246,7 +246,7 @@ class BatchShard:
         """Statuses and infos of ``ids`` (rows of ``info`` in the same order); ``bad``: rows
         whose reward is not finite, failed instead.  Per-env calls go in ascending order."""
         v, g = self.views, ids + self.start
-        v.status[g] = L.STATUS_OK
+        v.status[g] = P.STATUS_OK
         v.info_mask[g] = 0
         side = np.zeros(len(ids), dtype=bool)
         for key, value in (info or {}).items():
@@ -293,8 +293,8 @@ class BatchShard:
         """Serve popped async requests (global ids with the reset flag): one call for the
         resets, one for the steps, then publish each env (ascending within each group)."""
         arr = np.array(reqs, dtype=np.int64)
-        is_reset = (arr & _core.REQ_RESET) != 0
-        ids = (arr & 0x7FFFFFFF) - self.start
+        is_reset = (arr & P.REQ_RESET) != 0
+        ids = (arr & P.REQ_ENV_MASK) - self.start
         for reset in (True, False):
             sel = np.sort(ids[is_reset == reset])
             if len(sel):
@@ -311,7 +311,7 @@ class BatchShard:
             ids = self.all_ids[keep]
             others = self.all_ids[~keep] + self.start
             self.views.info_mask[others] = 0
-            self.views.status[others] = L.STATUS_OK
+            self.views.status[others] = P.STATUS_OK
             if isinstance(options, list):
                 options = [options[j] for j in ids.tolist()]
             seeds = [seeds[j] for j in ids.tolist()]

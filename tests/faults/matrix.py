@@ -123,9 +123,13 @@ def probe_state(pool: shmpool.Pool, mode: str, result=None) -> str:
     return "usable after reset()"
 
 
-def outcome(exc: BaseException | None, seconds: float, state: str) -> Outcome:
+def outcome(exc: BaseException | None, seconds: float, state: str, pool: shmpool.Pool | None = None) -> Outcome:
+    """What came out.  With no exception the message is what ``pool.restart_log`` says
+    happened (``worker 1 was killed by SIGKILL during step``), or empty."""
     if exc is None:
-        return Outcome("none", "", seconds, state)
+        log = [] if pool is None else pool.restart_log
+        said = "; ".join(f"worker {e['worker']} {e['cause']} during {e['op']}" for e in log)
+        return Outcome("none", said, seconds, state)
     return Outcome(type(exc).__name__, str(exc).split("\n--- remote traceback")[0], seconds, state)
 
 
@@ -145,7 +149,7 @@ def env_fails(fail_in: str, how: str = "raise", at: int = 2, **kwargs) -> Callab
             pool.reset()
             pool.step(ZEROS)  # step 1: fine
             exc, dt, result = timed(lambda: step_all(pool, base(mode)))
-            return outcome(exc, dt, probe_state(pool, mode, result))
+            return outcome(exc, dt, probe_state(pool, mode, result), pool)
     return run
 
 
@@ -202,7 +206,7 @@ def killed_while_idle(mode: str) -> Outcome:
         while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
             time.sleep(0.005)
         exc, dt, result = timed(lambda: step_all(pool, base(mode)))
-        return outcome(exc, dt, probe_state(pool, mode, result))
+        return outcome(exc, dt, probe_state(pool, mode, result), pool)
 
 
 def reaped_elsewhere(mode: str) -> Outcome:
@@ -229,7 +233,7 @@ def hangs(with_timeout: bool) -> Callable[[str], Outcome]:
                 pid = pool.worker_pids[1]
                 threading.Timer(0.3, lambda: os.kill(pid, signal.SIGKILL)).start()
             exc, dt, result = timed(lambda: step_all(pool, base(mode)))
-            return outcome(exc, dt, probe_state(pool, mode, result))
+            return outcome(exc, dt, probe_state(pool, mode, result), pool)
     return run
 
 
@@ -360,12 +364,24 @@ RESTARTED = "usable; envs [2, 3] truncated, [2, 3] worker_restarted; restarts=1"
 RESTARTED_LATE = "usable; envs [3] truncated, [3] worker_restarted, then [2]; restarts=1"
 
 
+# What restart_log says for each restart cell (the raise-mode message of the same fault, the
+# worker's words without its pid, since the replacement says nothing).
+RESTART_CAUSE = {
+    "SIGKILL while stepping": r"worker 1 was killed by SIGKILL during (step|recv)",
+    "SIGKILL while idle": r"worker 1 was killed by SIGKILL during (step|send|recv)",
+    "os._exit(3) in step": r"worker 1 exited with code 3 during (step|recv)",
+    "hang in step, step_timeout=0.3": r"worker 1 did not finish (step|recv) within step_timeout=0.3 s and was killed "
+                                      r"during (step|recv)",
+    "hang in step, no timeout, worker killed": r"worker 1 was killed by SIGKILL during (step|recv)",
+}
+
+
 def expected(name: str, mode: str) -> Expected:
     if not mode.endswith("restart"):
         return EXPECTED[name]
     state = RESTARTED if mode.startswith("sync") or name == "SIGKILL while idle" else RESTARTED_LATE
     limit, at_least = EXPECTED[name].limit, EXPECTED[name].at_least
-    return Expected("none", "", state, limit=limit, at_least=at_least)
+    return Expected("none", RESTART_CAUSE[name], state, limit=limit, at_least=at_least)
 
 
 def run_case(name: str, mode: str) -> Outcome:

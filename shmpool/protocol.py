@@ -1,0 +1,242 @@
+"""Every message between the parent and a worker: named types, one encoder and one
+decoder per direction, and the codes both sides write into shared memory.
+
+Two paths carry them.  The hot path is shared memory (``shmpool._core``): a command
+word per worker (``CMD_*``), request words in a ring (env id, ``REQ_RESET`` flag) and
+one status byte per env result (``STATUS_*``).  The side channel is each worker's
+pipe, for the rare things: start-up, tracebacks, non-numeric infos, resets with
+seeds or options, ``call``/``get_attr``/``set_attr``/``apply`` and closing.  Its
+messages are the frozen dataclasses below, pickled (start-up spaces cloudpickled,
+since a space may be defined in ``__main__``); nothing reads a message by position.
+
+Parent to worker: :class:`MapRegion` (then the region's fd), :class:`Abort`,
+:class:`Reset`, :class:`Restart`, :class:`EnvCall`.
+Worker to parent: :class:`Spaces`, :class:`Ready`, :class:`Failure` (an env or the
+worker raised; unasked), :class:`CallFailed` (the answer to a message that failed),
+:class:`Extra` (non-numeric infos of a published result), :class:`Reply`,
+:class:`Closed`.
+"""
+from __future__ import annotations
+
+import pickle
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from ._core import (  # noqa: F401 - re-exported: the one place both sides take them from
+    CMD_ASYNC,
+    CMD_EXIT,
+    CMD_MESSAGE,
+    CMD_STEP,
+    REQ_ENV_MASK,
+    REQ_RESET,
+    SCAN_NUMERIC_INFO,
+    SCAN_SIDE_MESSAGE,
+)
+
+# Per-env status byte the worker writes with each result (``Wire.scan`` reads it too).
+STATUS_OK = 0
+STATUS_ERROR = 1      # the env raised: a Failure for it is on the side channel
+STATUS_EXTRA = 2      # non-numeric infos: an Extra for it is on the side channel
+
+_PICKLE = pickle.HIGHEST_PROTOCOL
+
+
+class ProtocolError(RuntimeError):
+    """A side-channel message of a type its reader does not know (a bug, never an env's fault)."""
+
+
+# --- parent to worker ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MapRegion:
+    """Start-up, second half: map the region whose fd follows on the pipe, then answer Ready."""
+
+    layout: Any                   # shmpool.layout.Layout
+    policy: Any                   # the workers' _core.WaitPolicy
+    slice_ns: int
+    semaphores: list[str] | None  # posix semaphore names when futexes are not used
+    autoreset_mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Start-up failed elsewhere: exit without building anything more."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Reset the worker's envs (local order): one seed each, options shared or one each
+    (a list), ``mask`` the envs to reset (None: all)."""
+
+    seeds: list
+    options: Any
+    mask: list[bool] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """This worker replaces a dead one: reset unseeded and mark each env's next result restarted."""
+
+
+CALL, GET_ATTR, SET_ATTR, APPLY = "call", "get_attr", "set_attr", "apply"
+
+
+@dataclass(frozen=True, slots=True)
+class EnvCall:
+    """``op`` (CALL, GET_ATTR, SET_ATTR, APPLY) of attribute ``name`` on local envs ``envs``,
+    one payload each: CALL ``(args, kwargs)``, SET_ATTR the value, APPLY
+    ``(cloudpickled fn, args, kwargs)``, GET_ATTR None."""
+
+    op: str
+    name: str
+    envs: list[int]
+    payloads: list
+
+
+ToWorker = MapRegion | Abort | Reset | Restart | EnvCall
+
+
+# --- worker to parent ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Spaces:
+    """Start-up, first half: the envs are built; their spaces and what the pool reports."""
+
+    observation_space: Any
+    action_space: Any
+    metadata: dict
+    render_mode: str | None
+    spec: Any
+    hosting: dict | None = None   # a batched env's capabilities (shmpool.batched.hosting_info)
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Start-up done: the region is mapped and the worker serves commands."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Env ``env_id`` (None: the worker itself) raised in ``phase``.  ``exception`` is the
+    exception pickled, or None when it cannot be."""
+
+    env_id: int | None
+    phase: str
+    remote_type: str
+    traceback: str
+    exception: bytes | None = None
+
+    @classmethod
+    def of(cls, env_id: int | None, phase: str, exc: BaseException) -> Failure:
+        """Built inside the ``except`` that caught ``exc``."""
+        try:
+            blob = pickle.dumps(exc, _PICKLE)
+        except Exception:
+            blob = None
+        return cls(env_id, phase, type(exc).__name__, "".join(traceback.format_exception(exc)), blob)
+
+    @property
+    def last_line(self) -> str:
+        """The traceback's last line (``ValueError: bad``), or the type name."""
+        lines = self.traceback.strip().splitlines()
+        return lines[-1] if lines else self.remote_type
+
+    def original(self) -> BaseException | None:
+        """The env's own exception, when its class can be rebuilt here."""
+        if self.exception is None:
+            return None
+        try:
+            exc = pickle.loads(self.exception)
+        except Exception:
+            return None
+        return exc if isinstance(exc, BaseException) else None
+
+
+@dataclass(frozen=True, slots=True)
+class CallFailed(Failure):
+    """The answer to a message command (Reset, Restart, EnvCall) that failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Extra:
+    """Non-numeric infos of env ``env_id``'s published result (status STATUS_EXTRA)."""
+
+    env_id: int
+    infos: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The answer to a message command: None, or one value per env asked."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The worker closed its envs and exits; ``failures`` of their ``close()``."""
+
+    failures: list[Failure]
+
+
+ToParent = Spaces | Ready | Failure | Extra | Reply | Closed
+
+
+# --- encoders and decoders ---------------------------------------------------------------
+
+
+def encode_for_worker(msg: ToWorker) -> bytes:
+    return pickle.dumps(msg, _PICKLE)
+
+
+def decode_from_parent(data: bytes) -> ToWorker:
+    return _checked(pickle.loads(data), (MapRegion, Abort, Reset, Restart, EnvCall))
+
+
+def encode_for_parent(msg: ToParent) -> bytes:
+    """Pickled; spaces cloudpickled (classes from ``__main__``); infos that cannot be
+    pickled are replaced by a string saying so, rather than losing the result."""
+    if type(msg) is Spaces:
+        return cloudpickle.dumps(msg)
+    try:
+        return pickle.dumps(msg, _PICKLE)
+    except Exception as exc:
+        if type(msg) is not Extra:
+            raise
+        return pickle.dumps(Extra(msg.env_id, {k: f"<unpicklable {type(v).__name__}: {exc}>"
+                                               for k, v in msg.infos.items()}), _PICKLE)
+
+
+def decode_from_worker(data: bytes) -> ToParent:
+    return _checked(pickle.loads(data), (Spaces, Ready, Failure, Extra, Reply, Closed))
+
+
+def _checked(msg: Any, types: tuple[type, ...]):
+    if not isinstance(msg, types):
+        raise ProtocolError(f"unexpected side-channel message {type(msg).__name__}")
+    return msg
+
+
+def send(conn, msg: ToWorker) -> None:
+    """Parent: one message to a worker's pipe."""
+    conn.send_bytes(encode_for_worker(msg))
+
+
+def receive(conn) -> ToParent:
+    """Parent: the next message from a worker's pipe (blocks; EOFError once it is gone)."""
+    return decode_from_worker(conn.recv_bytes())
+
+
+def report(conn, msg: ToParent) -> None:
+    """Worker: one message to the parent."""
+    conn.send_bytes(encode_for_parent(msg))
+
+
+def next_command(conn) -> ToWorker:
+    """Worker: the next message from the parent."""
+    return decode_from_parent(conn.recv_bytes())

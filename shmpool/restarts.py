@@ -1,0 +1,177 @@
+"""``on_worker_error="restart"``: replace a dead (or hung) worker while the rest of the
+pool never notices.
+
+Only a pool built with ``on_worker_error="restart"`` ever calls into this room; in
+"raise" mode a dead worker closes the pool, and the hot path (``step_wait``,
+``recv``) has no restart branch.  This room may touch the pool's dispatch
+bookkeeping (in-flight marks, the pending step's target) and its worker set; it
+reports each restart in ``count``, ``per_worker`` and a bounded ``log``.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import protocol as P
+from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
+from .workerset import SLICE_S, death
+
+if TYPE_CHECKING:
+    from .pool import Pool
+
+LOG_LIMIT = 1000      # restart_log keeps the latest entries; ``restarts`` counts them all
+WATCH_S = 0.1         # recv() looks at the processes at least this often
+
+
+class Restarts:
+    """Restart bookkeeping of one pool: counters, log, and results taken over from dead workers."""
+
+    def __init__(self, num_workers: int, startup_timeout: float | None) -> None:
+        self.count = 0                                  # workers replaced so far
+        self.per_worker = [0] * num_workers             # ... per worker
+        self.log: collections.deque[dict] = collections.deque(maxlen=LOG_LIMIT)
+        self.ready: collections.deque[int] = collections.deque()  # taken-over results, before the wire's
+        self.startup_timeout = startup_timeout
+        self.next_watch = 0.0
+
+    # --- the async path: results published by a dead worker -----------------------------
+
+    def take_ready(self, out: np.ndarray, start: int, n: int) -> int:
+        got = 0
+        while self.ready and got < n:
+            out[start + got] = self.ready.popleft()
+            got += 1
+        return got
+
+    # --- replacing a worker ----------------------------------------------------------------
+
+    def replace(self, pool: Pool, k: int, op: str, cause: str | None = None) -> None:
+        """Replace dead (or killed) worker ``k``.
+
+        Results it published and the parent had not taken stay valid (those whose side
+        message was lost are recomputed); envs it still owed are requested again from
+        the replacement, whose envs are freshly reset (unseeded) and answer their first
+        step with the reset observation, reward 0, truncated True and info
+        ``worker_restarted`` (see ``workers.loop.restarted``)."""
+        t0 = time.monotonic()
+        workers, wire = pool._workers, pool._region.wire
+        proc = workers.procs[k]
+        if proc.exitcode is None:
+            proc.kill()
+        proc.join(timeout=5.0)
+        pid, code = proc.pid, proc.exitcode
+        if cause is None:
+            cause = death(code)
+        # What it sent before dying: side messages of published results.
+        messages = [m for m in workers.salvage(k) if isinstance(m, (P.Failure, P.Extra)) and m.env_id is not None]
+        published = wire.reset_worker(k)
+        status = pool._views.status
+        keep, lost, used = [], [], 0
+        if pool._step_target is None:
+            for e in published:
+                if status[e] == P.STATUS_OK:
+                    keep.append(e)
+                elif used < len(messages) and messages[used].env_id == e:
+                    keep.append(e)
+                    used += 1
+                else:
+                    lost.append(e)
+        workers.side[k].extend(messages[:used])
+        a, b = workers.bounds[k]
+        taken_over = set(published)
+        owed = [e for e in range(a, b) if pool._in_flight[e] and e not in taken_over]
+        self._spawn_replacement(pool, k, op, cause)
+        redo = owed + lost
+        if redo:  # step requests: a restarted env answers one with its restart result
+            wire.dispatch(np.asarray(redo, dtype=np.int64), pool._owner, False)
+        self.ready.extend(keep)
+        self.count += 1
+        self.per_worker[k] += 1
+        workers.generation[k] += 1
+        self.log.append({"worker": k, "pid": pid, "exitcode": code, "cause": cause, "op": op,
+                         "new_pid": workers.procs[k].pid, "in_flight": len(redo),
+                         "seconds": time.monotonic() - t0, "time": time.time()})
+
+    def _spawn_replacement(self, pool: Pool, k: int, op: str, cause: str) -> None:
+        """Start worker ``k`` again, map the region, reset its envs.  If that fails, the pool is closed."""
+        workers, region = pool._workers, pool._region
+        workers.spawn(k)
+        workers.guard()
+        proc, conn = workers.procs[k], workers.conns[k]
+        a, b = workers.bounds[k]
+        what = f"worker {k} (envs {a}..{b - 1}) {cause} during {op}; its replacement failed"
+        deadline = None if self.startup_timeout is None else time.monotonic() + self.startup_timeout
+        try:
+            d = workers.startup_message(k, P.Spaces, deadline)
+            if d.observation_space != pool.single_observation_space or d.action_space != pool.single_action_space:
+                raise ValueError(f"the replacement's envs have spaces {d.observation_space}, {d.action_space}; "
+                                 f"the pool has {pool.single_observation_space}, {pool.single_action_space}")
+            P.send(conn, pool._map_msg)
+            region.hand_over(conn, proc.pid)
+            workers.startup_message(k, P.Ready, deadline)
+            P.send(conn, P.Restart())
+            region.wire.post(k, P.CMD_MESSAGE)
+            while True:
+                if conn.poll(SLICE_S):
+                    msg = P.receive(conn)
+                    if type(msg) is P.Reply:
+                        break
+                    if type(msg) is P.CallFailed:
+                        raise workers.env_error(k, msg, then="the replacement could not reset its envs")
+                elif proc.exitcode is not None:
+                    raise RuntimeError(f"the replacement {death(proc.exitcode)} while resetting its envs")
+                elif deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError("the replacement did not reset its envs within startup_timeout")
+        except (WorkerDiedError, PoolClosedError) as exc:
+            raise WorkerDiedError(f"{what}: {exc}", worker=k, pid=proc.pid, exitcode=proc.exitcode) from exc
+        except BaseException as exc:
+            code = proc.exitcode       # read before the kill closes the process object
+            pool._kill_workers_now()
+            if isinstance(exc, EnvError):
+                first = str(exc).splitlines()[0].removesuffix("; the pool was not created")
+                raise EnvError(f"{what}: {first}; the pool is closed\n--- remote traceback ---\n"
+                               f"{exc.remote_traceback}", env_id=exc.env_id, worker=k, phase=exc.phase,
+                               remote_type=exc.remote_type, remote_traceback=exc.remote_traceback,
+                               remote_exception=exc.remote_exception) from exc
+            raise WorkerDiedError(f"{what}: {exc}; the pool is closed", worker=k, pid=proc.pid,
+                                  exitcode=code) from exc
+
+    def restep(self, pool: Pool, workers: list[int]) -> None:
+        """Replacements during a sync step step their shards again (restart results).
+        The sync counter may or may not hold the dead worker's count, so wait until
+        every worker is idle and make the pending step's target the counter itself."""
+        if pool._step_target is None:
+            return
+        wire = pool._region.wire
+
+        def step_again(replaced: list[int]) -> None:
+            for k in replaced:
+                wire.post(k, P.CMD_STEP)
+
+        step_again(workers)
+        pool._supervisor.wait("step", pool._supervisor.all_done, on_restart=step_again)
+        pool._step_target = wire.sync_count()
+
+    def owed_error(self, pool: Pool, k: int, op: str) -> WorkerRestartedError:
+        """A worker replaced while it owed the answer to ``op``."""
+        a, b = pool._workers.bounds[k]
+        last = next(e for e in reversed(self.log) if e["worker"] == k)
+        return WorkerRestartedError(
+            f"worker {k} (envs {a}..{b - 1}) {last['cause']} during {op} and was replaced "
+            f"(on_worker_error='restart'); the call was not retried, the pool is still open",
+            worker=k, pid=last["pid"], exitcode=last["exitcode"])
+
+
+def take(pool: Pool, out: np.ndarray, n: int, op: str) -> int:
+    """``recv``'s take in restart mode: watch the workers now and then (the others can
+    fill every batch while a dead one's envs starve unseen), hand out taken-over
+    results first, then the wire's."""
+    restarts = pool._restarts
+    if time.monotonic() >= restarts.next_watch:
+        restarts.next_watch = time.monotonic() + WATCH_S
+        pool._supervisor.check_alive(op)
+    got = restarts.take_ready(out, 0, n)
+    return pool._take_results(out, n, op, got) if got < n else got

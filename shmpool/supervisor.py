@@ -1,0 +1,204 @@
+"""Waiting on the workers, and what is read between and after the waits.
+
+Every wait of a pool is sliced (``SLICE_NS``); between two slices the supervisor
+checks, in this order: a ``close()`` requested meanwhile (the call ends with
+``PoolClosedError``), dead workers (raise and close, or replace them through the
+restart room), and the step timeout.  It also reads what a finished batch
+announces on the side channels (``collect``) and the answers to side messages
+(``replies``).  It may touch the pool's state, worker set and wire; it never frees
+anything except through the pool's fatal path.
+"""
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import protocol as P
+from .errors import EnvError, PoolClosedError, WorkerRestartedError
+from .infos import add_info
+from .state import CLOSED_DURING_CALL
+from .workerset import SLICE_NS
+
+if TYPE_CHECKING:
+    from .pool import Pool
+
+
+class Supervisor:
+    """The waits, liveness checks and side-channel reads of one pool."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = weakref.proxy(pool)   # the pool owns its supervisor: no reference cycle
+
+    def collect(self, ids: np.ndarray | None, op: str) -> dict:
+        """Infos of a finished batch, plus the side messages its status bytes announce."""
+        flags = self.pool._wire.scan(ids)
+        if not flags:
+            return {}
+        infos = self.pool._infos.read(ids) if flags & P.SCAN_NUMERIC_INFO else {}
+        if not flags & P.SCAN_SIDE_MESSAGE:
+            return infos
+        status = self.pool._views.status if ids is None else self.pool._views.status[ids]
+        errors = []
+        extras = []
+        size = len(status)
+        # Every announced message is read before anything can raise: one left in a
+        # pipe would be paired with the next step's results from then on.
+        for pos in np.flatnonzero(status):
+            env_id = int(pos if ids is None else ids[pos])
+            k = int(self.pool._owner[env_id])
+            msg = self.pool._workers.side_message(k, functools.partial(self.between_slices, op), self.lost_in(op))
+            if msg is None:  # its worker died between publishing and sending it
+                if status[pos] == P.STATUS_ERROR:
+                    errors.append((k, P.Failure(env_id, op, "unknown", f"(worker {k} died before sending "
+                                                "the traceback and was replaced)")))
+                continue  # non-numeric infos of this result are lost
+            if msg.env_id != env_id:
+                raise P.ProtocolError(f"side channel out of order: expected env {env_id}, got "
+                                      f"{type(msg).__name__} of env {msg.env_id}")
+            if type(msg) is P.Extra:
+                extras.append((int(pos), msg.infos))
+            else:
+                errors.append((k, msg))
+        if errors:
+            k, msg = errors[0]
+            others = "" if len(errors) == 1 else f" ({len(errors) - 1} more envs failed too)"
+            self.pool._life.needs_reset(f"env {msg.env_id} raised {msg.remote_type} in {msg.phase}; "
+                                        "call reset() before stepping again")
+            raise self.pool._workers.env_error(k, msg, then=f"call reset() before stepping again{others}")
+        for pos, extra in extras:
+            add_info(infos, extra, pos, size)
+        return infos
+
+    def wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None,
+             on_restart: Callable[[list[int]], None] | None = None) -> None:
+        """Repeat ``ready(slice_ns)`` waits, checking close requests, the workers and the
+        step timeout between slices.  ``timeout`` raises TimeoutError and leaves the
+        operation pending.  With ``on_worker_error="restart"``, ``on_restart(workers)``
+        follows each restart."""
+        start = time.monotonic()
+        step_start = start
+        try:
+            while True:
+                slice_ns = SLICE_NS
+                if timeout is not None:
+                    left = timeout - (time.monotonic() - start)
+                    if left <= 0:
+                        raise TimeoutError(f"{op} did not finish within {timeout} s; it is still pending")
+                    slice_ns = min(slice_ns, int(left * 1e9))
+                if ready(slice_ns):
+                    return
+                self.pool._workers.pump()
+                restarted = self.between_slices(op, step_start)
+                if restarted:
+                    step_start = time.monotonic()  # the replacements get a full step_timeout
+                    if on_restart is not None:
+                        on_restart(restarted)
+        except KeyboardInterrupt:
+            self.pool._kill_workers_now()
+            raise
+
+    def between_slices(self, op: str, since: float | None = None) -> list[int]:
+        """Between two slices of a wait: a close() requested meanwhile ends the call; dead
+        workers raise (or are replaced); ``since`` given, the step timeout is checked.
+        Returns the workers replaced."""
+        if self.pool._life.close_requested:
+            raise PoolClosedError(CLOSED_DURING_CALL)
+        restarted = self.check_alive(op)
+        limit = self.pool.step_timeout
+        if since is not None and limit is not None and time.monotonic() - since > limit:
+            restarted += self.fail_timeout(op)
+        return restarted
+
+    def check_alive(self, op: str) -> list[int]:
+        """Raise for a dead worker, or (``on_worker_error="restart"``) replace it;
+        returns the workers replaced."""
+        dead = self.pool._workers.dead()
+        for k in dead:
+            self.worker_lost(k, op)
+        return dead
+
+    def worker_lost(self, k: int, op: str, cause: str | None = None) -> None:
+        """Worker ``k`` died (or was killed): replace it, or close the pool and raise."""
+        if self.pool._replacing:
+            self.pool._restarts.replace(self.pool, k, op, cause)
+            return
+        err = self.pool._workers.died(k, op)
+        self.pool._kill_workers_now()
+        raise err
+
+    def lost_in(self, op: str) -> Callable[[int], None]:
+        return lambda k: self.worker_lost(k, op)
+
+    def fail_timeout(self, op: str) -> list[int]:
+        late = [k for k in range(self.pool.num_workers) if self.pool._wire.done_seq(k) != self.pool._wire.cmd_seq(k)]
+        if late and self.pool._replacing:
+            for k in late:  # hung: kill and replace
+                self.pool._workers.kill(k)
+                self.worker_lost(k, op, f"did not finish {op} within step_timeout={self.pool.step_timeout} s "
+                                         "and was killed")
+            return late
+        envs = [f"{a}..{b - 1}" for k, (a, b) in enumerate(self.pool._workers.bounds) if k in late]
+        self.pool._kill_workers_now()
+        raise TimeoutError(
+            f"{op} did not finish within step_timeout={self.pool.step_timeout} s: workers {late} "
+            f"(envs {', '.join(envs)}) are still busy; the pool is closed")
+
+    def restep(self, workers: list[int]) -> None:
+        self.pool._restarts.restep(self.pool, workers)
+
+    def all_done(self, slice_ns: int) -> bool:
+        """Every worker has handled its last command (one slice per worker at most)."""
+        wire = self.pool._wire
+        for k in range(self.pool.num_workers):
+            if not wire.wait_done(k, wire.cmd_seq(k), self.pool.wait_policy, slice_ns):
+                return False
+        return True
+
+    def message(self, k: int, msg: P.ToWorker, op: str) -> None:
+        """Send a side message to worker ``k`` and post the command that makes it read it."""
+        self.pool._workers.send(k, msg, self.lost_in(op))
+        self.pool._wire.post(k, P.CMD_MESSAGE)
+
+    def replies(self, op: str, workers: list[int] | None = None, retry: Callable[[int], None] | None = None) -> list:
+        """The answers of ``workers`` (all by default) to the message just posted, in that order.
+
+        All answers are read before a failure is raised, so none is left in a pipe.
+        A worker replaced while it owed an answer is asked again through ``retry(k)``
+        once when given (the message is safe to repeat), else the call raises
+        WorkerRestartedError."""
+        workers = list(range(self.pool.num_workers)) if workers is None else workers
+        ws = self.pool._workers
+        lost = self.lost_in(op)
+
+        def between(since: float) -> bool:
+            """Liveness and step timeout (no pump: it would move the awaited replies
+            out of the pipes); True when a worker was replaced (a fresh start)."""
+            return bool(self.between_slices(op, since))
+
+        generations = [ws.generation[k] for k in workers]
+        answers = []
+        try:
+            for k, gen in zip(workers, generations):
+                answer = ws.reply(k, gen, between, lost)
+                if answer is None and retry is not None:
+                    retry(k)
+                    answer = ws.reply(k, ws.generation[k], between, lost)
+                if answer is None:
+                    answer = self.pool._restarts.owed_error(self.pool, k, op)
+                elif type(answer) is P.CallFailed:
+                    answer = ws.env_error(k, answer)
+                else:
+                    answer = answer.value
+                answers.append(answer)
+        except KeyboardInterrupt:
+            self.pool._kill_workers_now()
+            raise
+        for a in answers:
+            if isinstance(a, (EnvError, WorkerRestartedError)):
+                raise a
+        return answers

@@ -1,0 +1,337 @@
+"""The worker processes of a pool: spawn, start-up handshake, side-channel messaging,
+liveness and killing.
+
+This room owns the processes and their pipes and nothing else: it never touches
+the shared region except to post commands through the wire it is given, and it
+decides nothing about restarts — a dead worker is reported to the caller's
+``lost(k, op)`` (raise, or replace).
+"""
+from __future__ import annotations
+
+import collections
+import multiprocessing.process as mp_process
+import os
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import psutil
+
+from . import protocol as P
+from .errors import EnvError, WorkerDiedError
+from .pids import alive
+from .workers import loop
+
+SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
+SLICE_S = SLICE_NS / 1e9
+CLOSE_GRACE_S = 5.0          # how long close() lets envs close before killing workers
+
+
+def death(code: int | None) -> str:
+    """How a worker process ended, in words."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    if code is None:  # reaped by someone else (a SIGCHLD handler, os.wait()): status unknown
+        return "is gone (reaped outside shmpool, exit status unknown)"
+    return f"exited with code {code}"
+
+
+def _closed(proc) -> bool:
+    try:
+        proc.exitcode  # noqa: B018 - raises once the Process object is closed
+    except ValueError:
+        return True
+    return False
+
+
+def kill_processes(procs: list, owner_pid: int) -> None:
+    """Finalizer for a pool dropped without close(): no worker outlives it.  Only in the
+    process that started them (a forked child's exit must not kill its parent's workers)."""
+    if os.getpid() != owner_pid:
+        return
+    for proc in procs:
+        try:
+            if proc.exitcode is None:   # (ValueError once closed: nothing to do)
+                proc.kill()
+                proc.join(timeout=2.0)
+        except Exception:
+            pass
+
+
+class WorkerSet:
+    """Worker ``k`` owns envs ``bounds[k]`` and runs pinned to ``cpus[k]``."""
+
+    def __init__(self, ctx, bounds: list[tuple[int, int]], cpus: list[int]) -> None:
+        self.ctx = ctx
+        self.bounds = bounds
+        self.cpus = cpus
+        self.procs: list = []
+        self.pids: list[int] = []
+        self.conns: list = []
+        self.side = [collections.deque() for _ in bounds]   # side messages read ahead of their turn
+        self.generation = [0] * len(bounds)                  # bumped per replacement: answers owed die
+        self._args: list[tuple] = []
+        self._finalizer: weakref.finalize | None = None
+        self._guarded: weakref.ref = lambda: None   # the pool whose drop kills the workers
+        self._owner_pid = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    # --- spawn and start-up ----------------------------------------------------------
+
+    def spawn_all(self, fns, seeds: list) -> None:
+        me = (os.getpid(), psutil.Process().create_time(), threading.current_thread() is threading.main_thread())
+        for k, (a, b) in enumerate(self.bounds):
+            self._args.append((k, self.cpus[k], me, cloudpickle.dumps(fns[a:b]), a, seeds[a:b]))
+            self.procs.append(None)
+            self.conns.append(None)
+            self.pids.append(0)
+            self.spawn(k)
+
+    def spawn(self, k: int) -> None:
+        """Start worker ``k`` (again: a replacement gets the same envs, cpu and constructors)."""
+        parent_end, child_end = self.ctx.Pipe(duplex=True)
+        saved = {v: os.environ.get(v) for v in loop.THREAD_ENV_VARS}
+        os.environ.update({v: "1" for v in loop.THREAD_ENV_VARS})  # spawned workers start with 1 thread
+        try:
+            proc = self.ctx.Process(target=loop.main, args=(child_end, *self._args[k]),
+                                    name=f"shmpool-worker-{k}", daemon=True)
+            try:
+                proc.start()
+            except BaseException:
+                parent_end.close()
+                raise
+            self.procs[k], self.conns[k], self.pids[k] = proc, parent_end, proc.pid
+        finally:
+            child_end.close()
+            for v, value in saved.items():
+                if value is None:
+                    os.environ.pop(v, None)
+                else:
+                    os.environ[v] = value
+
+    def guard(self, pool: Any = None) -> None:
+        """Kill the workers if ``pool`` is dropped without close(); without ``pool``, renew
+        the guard of the pool given before (after a respawn: the new process list)."""
+        if pool is not None:
+            self._guarded = weakref.ref(pool)
+        pool = self._guarded()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if pool is not None:
+            self._finalizer = weakref.finalize(pool, kill_processes, list(self.procs), self._owner_pid)
+
+    def unguard(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
+    def disown(self) -> None:
+        """In a forked child: these processes are the parent's.  Drop the finalizer, and
+        take them out of multiprocessing's child registry, whose exit handler would
+        otherwise SIGTERM every daemon process it lists (it cannot tell they are not ours)."""
+        self.unguard()
+        registry = getattr(mp_process, "_children", None)   # no public way to say "not my child"
+        for proc in self.procs:
+            if registry is not None:
+                registry.discard(proc)
+
+    def startup_message(self, k: int, expected: type, deadline: float | None):
+        """Worker ``k``'s next start-up message, which must be of type ``expected``."""
+        conn = self.conns[k]
+        while True:
+            if conn.poll(SLICE_S):
+                try:
+                    msg = P.receive(conn)
+                except EOFError:
+                    raise self.died(k, "starting") from None
+                if type(msg) is expected:
+                    return msg
+                if isinstance(msg, P.Failure):
+                    raise self.env_error(k, msg, then="the pool was not created")
+                raise P.ProtocolError(f"worker {k} sent {type(msg).__name__} while starting, "
+                                      f"expected {expected.__name__}")
+            if self.procs[k].exitcode is not None:
+                raise self.died(k, "starting")
+            if deadline is not None and time.monotonic() > deadline:
+                a, b = self.bounds[k]
+                raise TimeoutError(
+                    f"worker {k} (envs {a}..{b - 1}) did not finish building its envs within startup_timeout")
+
+    def abort_startup(self) -> None:
+        """Tell workers still waiting for their start-up message to exit now (a forked
+        worker holds a copy of our end of its pipe, so closing ours gives it no EOF)."""
+        for conn in self.conns:
+            try:
+                if conn is not None:
+                    P.send(conn, P.Abort())
+            except OSError:
+                pass
+
+    # --- messaging -------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Move side messages already in the pipes into the queues, so no worker
+        blocks on a full pipe while the parent waits for its results."""
+        for conn, queue in zip(self.conns, self.side):
+            try:
+                while conn.poll(0):
+                    queue.append(P.receive(conn))
+            except (EOFError, OSError):
+                pass  # a dead worker is reported by the liveness check
+
+    def send(self, k: int, msg: P.ToWorker, lost: Callable[[int], None]) -> None:
+        """Send a message to worker ``k``.  One found dead already goes to ``lost(k)``
+        (which raises, or replaces it and the message goes to the replacement)."""
+        try:
+            P.send(self.conns[k], msg)
+        except OSError:
+            lost(k)
+            P.send(self.conns[k], msg)
+
+    def reply(self, k: int, generation: int, between: Callable[[float], None], lost: Callable[[int], None]):
+        """Worker ``k``'s answer to a message: the reply's value, a CallFailed, or None if
+        it was replaced since ``generation``.  Side messages met on the way are queued;
+        ``between(start)`` runs between slices (liveness, timeouts)."""
+        start = time.monotonic()
+        while True:
+            if self.generation[k] != generation:
+                return None
+            conn = self.conns[k]
+            if conn.poll(SLICE_S):
+                try:
+                    msg = P.receive(conn)
+                except (EOFError, OSError):  # OSError: reset, our unread message in its socket
+                    lost(k)
+                    continue
+                if type(msg) is P.Reply or type(msg) is P.CallFailed:
+                    return msg
+                self.side[k].append(msg)
+                continue
+            if between(start):
+                start = time.monotonic()
+
+    def side_message(self, k: int, between: Callable[[], None], lost: Callable[[int], None]):
+        """The next side message of worker ``k``; None if it died before sending it
+        (and was replaced)."""
+        if self.side[k]:
+            return self.side[k].popleft()
+        generation = self.generation[k]
+        conn = self.conns[k]
+        while not conn.poll(SLICE_S):
+            between()
+            if self.generation[k] != generation:
+                return None
+        try:
+            return P.receive(conn)
+        except (EOFError, OSError):
+            lost(k)
+            return None
+
+    def salvage(self, k: int) -> list:
+        """A dead worker's queued and still-piped side messages; its pipe is closed."""
+        conn = self.conns[k]
+        try:
+            while conn.poll(0):
+                self.side[k].append(P.receive(conn))
+        except (EOFError, OSError):
+            pass  # EOF, or a message cut short by the death
+        conn.close()
+        messages = list(self.side[k])
+        self.side[k].clear()
+        return messages
+
+    # --- liveness ----------------------------------------------------------------------
+
+    def dead(self) -> list[int]:
+        return [k for k, proc in enumerate(self.procs)
+                if proc is not None and (proc.exitcode is not None or not alive(proc.pid))]
+
+    def died(self, k: int, op: str) -> WorkerDiedError:
+        """The error for worker ``k`` found dead during ``op`` (its last words when it left any)."""
+        proc = self.procs[k]
+        proc.join(timeout=0.5)
+        code = proc.exitcode
+        last = ""
+        self.pump()
+        for msg in self.side[k]:
+            if isinstance(msg, P.Failure) and msg.env_id is None:  # not an env's error: the worker's own
+                last = f"; its last words:\n{msg.traceback}"
+        a, b = self.bounds[k]
+        return WorkerDiedError(
+            f"worker {k} (pid {proc.pid}, cpu {self.cpus[k]}, envs {a}..{b - 1}) {death(code)} during {op}; "
+            f"the pool is closed{last}", worker=k, pid=proc.pid, exitcode=code)
+
+    def env_error(self, k: int, failure: P.Failure, then: str | None = None) -> EnvError:
+        env_id, tb = failure.env_id, failure.traceback
+        who = f"env {env_id} (worker {k}, pid {self.pids[k]})" if env_id is not None else f"worker {k}"
+        tail = f"; {then}" if then else ""
+        return EnvError(f"{who} raised in {failure.phase}: {failure.last_line}{tail}\n--- remote traceback ---\n{tb}",
+                        env_id=env_id, worker=k, phase=failure.phase, remote_type=failure.remote_type,
+                        remote_traceback=tb, remote_exception=failure.original())
+
+    # --- stopping ----------------------------------------------------------------------
+
+    def stop(self, wire) -> list[tuple[int, P.Failure]]:
+        """Ask every live worker to close its envs and exit; returns their close failures."""
+        failures: list[tuple[int, P.Failure]] = []
+        if wire is not None:
+            for k, proc in enumerate(self.procs):
+                if proc.exitcode is None:
+                    wire.post(k, P.CMD_EXIT)
+            deadline = time.monotonic() + CLOSE_GRACE_S
+            for k, conn in enumerate(self.conns):
+                # Read until the worker's Closed: a worker that has already exited may have
+                # left it in the pipe, so exiting is no reason to stop reading, only an
+                # empty pipe after the exit is.
+                while time.monotonic() < deadline:
+                    try:
+                        if conn.poll(0.05):
+                            msg = P.receive(conn)
+                            if type(msg) is P.Closed:
+                                failures += [(k, f) for f in msg.failures]
+                                break
+                            continue
+                    except (EOFError, OSError):
+                        break
+                    if self.procs[k].exitcode is not None and not conn.poll(0):
+                        break
+        self.reap()
+        return failures
+
+    def kill_now(self) -> None:
+        """Fatal path: the workers' state is unknown, so stop them without asking."""
+        for proc in self.procs:
+            if proc is not None and proc.exitcode is None:
+                proc.kill()
+        self.reap()
+
+    def reap(self) -> None:
+        procs = [p for p in self.procs if p is not None and not _closed(p)]
+        deadline = time.monotonic() + 2.0
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.exitcode is None:
+                proc.kill()
+        for proc in procs:
+            proc.join(timeout=5.0)
+            if proc.exitcode is not None:
+                proc.close()   # its sentinel fd: a closed pool holds no file descriptors
+        for conn in self.conns:
+            if conn is not None:
+                conn.close()
+        self.unguard()
+
+    def kill(self, k: int) -> None:
+        """Kill worker ``k`` (hung past step_timeout) and wait for it."""
+        self.procs[k].kill()
+        self.procs[k].join(timeout=5.0)
+
