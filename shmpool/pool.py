@@ -115,6 +115,82 @@ class Pool:
     thread or a signal handler: a call in progress then ends with
     ``PoolClosedError``.  A pool cannot be copied or pickled, and a forked child
     cannot use its parent's pool.
+
+    Parameters
+    ----------
+    env : str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]]
+        A gymnasium id (built with ``gymnasium.make(env, **env_kwargs)``), one
+        constructor (called ``num_envs`` times), or one constructor per env.
+        Constructors are cloudpickled once and called inside the workers.
+    num_envs : int | None, default None
+        How many envs; required with an id or one constructor, else ``len(env)``.
+    num_workers : int | None, default None
+        Worker processes.  None: one per usable core — the cores of ``cpus``
+        (default: ``os.sched_getaffinity(0)``, so ``taskset``/``numactl`` are
+        respected), capped by a cgroup CPU quota (``docker --cpus``), and at most
+        ``num_envs``.  Envs are split into contiguous shards that need not be equal.
+    batch_size : int | None, default None
+        How many envs ``recv()`` returns (EnvPool's ``batch_size``); None: ``num_envs``.
+    cpus : str | Iterable[int] | None, default None
+        Cores to pin workers to, ``"0-3,8"`` or a list; worker ``k`` gets
+        ``cpus[k % len(cpus)]``.  None: every core this process may run on.
+    seed : int | None, default None
+        Seeds the first ``reset()``: env ``i`` gets ``seed + i`` (EnvPool's convention).
+        None: unseeded, unless ``reset(seed=...)`` says otherwise.
+    wait_policy : str | WaitPolicy | tuple, default "auto"
+        How the parent and the workers wait for each other: ``"auto"``, ``"spin"``,
+        ``"hybrid"``, ``"yield"``, ``"block"``, a ``shmpool.WaitPolicy`` or a
+        ``(parent, worker)`` pair.  ``"auto"``: when workers plus this process
+        outnumber the cores the parent sleeps (``block``) until the last worker
+        wakes it, else it spins 50 µs then sleeps (``hybrid``); workers are
+        adaptive: they yield-spin only while commands come within ~200 µs of each
+        other, else sleep on a futex, so a trainer computing between steps keeps the
+        cores.  ``wait_choice`` says what was picked and why.
+    step_timeout : float | None, default None
+        Seconds any wait on the workers may last (``step``, ``reset``, ``recv``,
+        ``call``...); past it ``TimeoutError`` (or a restart, see ``on_worker_error``).
+        None: no bound (a dead worker is still noticed within a second).
+    startup_timeout : float | None, default 300.0
+        Seconds the workers may take to build their envs; None: no bound.
+    copy : bool, default False
+        True: ``step``/``reset`` return fresh arrays instead of views of shared memory.
+    start_method : str | None, default None
+        ``multiprocessing`` start method for the workers (``"forkserver"``,
+        ``"spawn"``, ``"fork"``); None: multiprocessing's default for the platform.
+    wake : str, default "auto"
+        How sleepers are woken: ``"futex"`` (Linux), ``"semaphore"`` (posix
+        semaphores), ``"auto"``: futex where there is one.
+    autoreset_mode : str | gymnasium.vector.AutoresetMode, default NEXT_STEP
+        ``NEXT_STEP`` (gymnasium's default), ``SAME_STEP`` (the final observation in
+        ``infos["final_obs"]``, as SB3 expects) or ``DISABLED`` (reset ended envs
+        yourself with ``reset(options={"reset_mask": mask})``).
+    on_worker_error : str, default "raise"
+        ``"raise"`` or ``"restart"`` (see above).
+    **env_kwargs
+        Passed to ``gymnasium.make`` with an id (e.g. ``frame_skip=5``).
+
+    Attributes
+    ----------
+    num_envs, num_workers, batch_size : int
+        As resolved from the parameters.
+    cpus : list[int]
+        The cores the pool may use; ``worker_cpus`` the core of each worker.
+    cpu_quota : float | None
+        The cgroup CPU quota in cores (``cpu.max`` / ``cpu.cfs_quota_us``), None if unlimited.
+    wait_policy, worker_wait_policy : WaitPolicy
+        The parent's and the workers' wait policies; ``wait_choice`` says why.
+    single_observation_space, single_action_space : gymnasium.Space
+        One env's spaces (the pool's arrays add a leading ``num_envs`` or batch axis).
+    metadata, render_mode, spec
+        The first env's.
+    closed : bool
+        Whether ``close()`` ran (or start-up failed).
+    in_flight : int
+        Envs sent or async-reset and not received yet.
+    worker_pids : list[int]
+        The workers' process ids.
+    restarts, worker_restarts, restart_log
+        Restart counts: total, per worker, and the latest 1,000 events.
     """
 
     def __init__(
