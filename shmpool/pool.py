@@ -64,9 +64,19 @@ def _public(method: Callable) -> Callable:
         life.enter()
         try:
             return method(self, *args, **kwargs)
+        except KeyboardInterrupt as exc:
+            # Mid-call the workers' state is unknown, whichever slice of the wait was hit:
+            # stop them, and say so on the way out.
+            self._kill_workers_now()
+            if not any(INTERRUPTED in note for note in getattr(exc, "__notes__", ())):
+                exc.add_note(f"shmpool: {INTERRUPTED} ({method.__name__} was interrupted)")
+            raise
         finally:
             life.leave(self._close_now)
     return entry
+
+
+INTERRUPTED = "the pool was closed and its workers killed"
 
 
 class Pool:
@@ -242,7 +252,7 @@ class Pool:
         self._infos = InfoReader(views, region.map)
         self._obs_views = L.assemble(obs_space, views.obs)
         self._actions = ActionWriter(act_space, layout, views)
-        self._sync_seq = 0
+        self._sync_seq = self._wire.sync_count()   # where the region's header started it
         self._step_target: int | None = None   # sync-counter value a pending step_async waits for
         self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
         self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
