@@ -27,12 +27,14 @@ from . import layout as L
 from . import protocol as P
 from .actions import ActionWriter
 from .arguments import (
-    check_count,
+    check_batch_size,
     check_env_ids,
+    check_num_workers,
     check_on_worker_error,
     check_options_list,
     check_seed,
     check_step_timeout,
+    check_wake,
     env_constructors,
     env_id_array,
     env_id_list,
@@ -156,17 +158,11 @@ class Pool:
         self.cpu_quota = cpu_quota()   # cgroup CPU limit in cpus (docker --cpus), None if none
         if num_workers is None:
             num_workers = default_num_workers(self.cpus, self.cpu_quota, n)
-        self.num_workers = w = check_count("num_workers", num_workers)
-        if w > n:
-            raise ValueError(f"num_workers={w} is more than num_envs={n}: every worker needs an env")
-        self.batch_size = n if batch_size is None else check_count("batch_size", batch_size)
-        if self.batch_size > n:
-            raise ValueError(f"batch_size={self.batch_size} is more than num_envs={n}")
+        self.num_workers = w = check_num_workers(num_workers, n)
+        self.batch_size = check_batch_size(batch_size, n)
         self.step_timeout = check_step_timeout(step_timeout)
-        if wake not in ("auto", "futex", "semaphore"):
-            raise ValueError(f"wake must be 'auto', 'futex' or 'semaphore', got {wake!r}")
-        if wake == "futex" and not _core.have_futex():
-            raise ValueError("wake='futex' but this platform has no futex")
+        self.on_worker_error = check_on_worker_error(on_worker_error)
+        use_sems = check_wake(wake, _core.have_futex(), on_worker_error, isinstance(fns, BatchedEnvs))
         worker_cpus = [self.cpus[k % len(self.cpus)] for k in range(w)]
         allowed = allowed_cpus()
         crowded = oversubscribed(worker_cpus, allowed, self.cpu_quota)
@@ -179,16 +175,6 @@ class Pool:
                 RuntimeWarning, stacklevel=2)
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
-        use_sems = wake == "semaphore" or not _core.have_futex()
-        self.on_worker_error = check_on_worker_error(on_worker_error)
-        if on_worker_error == "restart" and use_sems:
-            raise ValueError(
-                "on_worker_error='restart' needs futex wake-ups: with wake='semaphore' (or without futexes) the "
-                "semaphores are unlinked once the workers opened them, so a replacement could not open them")
-        if on_worker_error == "restart" and isinstance(fns, BatchedEnvs):
-            # A replacement marks envs one by one as restarted; a batched shard is one object.
-            raise ValueError("on_worker_error='restart' is not supported for batched envs (shmpool.batched.Batched): "
-                             "use on_worker_error='raise'")
         seed = check_seed(seed)
         seeds = [None] * n if seed is None else [seed + i for i in range(n)]
         self._restarts = Restarts(w, startup_timeout)
