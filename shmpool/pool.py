@@ -48,7 +48,7 @@ from .region import Region
 from .resets import check_reset_mask, seed_list
 from .restarts import Restarts
 from .restarts import take as restarts_take
-from .state import Lifecycle
+from .state import Lifecycle, LifecycleFacts
 from .supervisor import Supervisor
 from .topology import allowed_cpus, choose_wait_policy, cpu_quota, default_num_workers, oversubscribed, resolve_cpus
 from .workerset import SLICE_NS, WorkerSet
@@ -81,7 +81,7 @@ def _public(method: Callable) -> Callable:
 INTERRUPTED = "the pool was closed and its workers killed"
 
 
-class Pool:
+class Pool(LifecycleFacts):
     """Many envs stepped by pinned worker processes through one shared-memory region.
 
     ``env`` is a gymnasium id (with ``**env_kwargs`` for ``gymnasium.make``), a
@@ -539,15 +539,6 @@ class Pool:
         return (f"Pool({self.num_envs} envs, {self.num_workers} workers on cpus {self._workers.cpus}{quota}, "
                 f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), "
                 f"{self._life.state.value})")
-
-    @property
-    def closed(self) -> bool:
-        return self._life.closed
-
-    @property
-    def in_flight(self) -> int:
-        """How many envs were sent (or async-reset) and not received yet."""
-        return self._life.in_flight
 
     @property
     def worker_pids(self) -> list[int]:
