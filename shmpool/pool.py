@@ -207,16 +207,9 @@ class Pool(LifecycleFacts):
         workers.spawn_all(fns, seeds)
         workers.guard(self)
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-        described = [workers.startup_message(k, P.Spaces, deadline) for k in range(self.num_workers)]
-        first = described[0]
+        first = workers.agreed_spaces(deadline)
         obs_space, act_space = first.observation_space, first.action_space
         check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
-        for k, d in enumerate(described[1:], 1):
-            if d.observation_space != obs_space or d.action_space != act_space:
-                a = workers.bounds[k][0]
-                raise ValueError(
-                    f"env {a} (worker {k}) has spaces {d.observation_space}, {d.action_space}; env 0 has "
-                    f"{obs_space}, {act_space}: all envs of a pool must share their spaces")
         self.single_observation_space = obs_space
         self.single_action_space = act_space
         self.metadata = first.metadata
@@ -226,11 +219,7 @@ class Pool(LifecycleFacts):
         self._region = region = Region(layout, self._sizes, use_sems)
         self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
                                     self.autoreset_mode)
-        for conn, proc in zip(workers.conns, workers.procs):
-            P.send(conn, self._map_msg)
-            region.hand_over(conn, proc.pid)
-        for k in range(self.num_workers):
-            workers.startup_message(k, P.Ready, deadline)
+        workers.map_region(list(range(self.num_workers)), self._map_msg, region, deadline)
         region.started(keep_fd=self._replacing)
 
         self._wire = region.wire
@@ -443,21 +432,7 @@ class Pool(LifecycleFacts):
         ids = env_id_list(env_ids, self.num_envs)
         items = payloads(len(ids))
         self._life.check_idle()
-        # Envs in flight from send() stay in flight: the workers serve them
-        # before the message, and recv() still returns them.
-        by_worker: dict[int, list[int]] = {}
-        for pos, env_id in enumerate(ids):
-            by_worker.setdefault(int(self._owner[env_id]), []).append(pos)
-        what = f"{op} {name!r}"
-        for k, positions in by_worker.items():
-            start = self._workers.bounds[k][0]
-            msg = P.EnvCall(op, name, [ids[p] - start for p in positions], [items[p] for p in positions])
-            self._supervisor.message(k, msg, what)
-        out: list = [None] * len(ids)
-        for k, answer in zip(by_worker, self._supervisor.replies(what, list(by_worker))):
-            for pos, value in zip(by_worker[k], answer):
-                out[pos] = value
-        return tuple(out)
+        return self._supervisor.ask_envs(op, name, ids, items)
 
     # --- closing ----------------------------------------------------------------------------
 
