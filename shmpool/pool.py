@@ -27,12 +27,14 @@ from . import layout as L
 from . import protocol as P
 from .actions import ActionWriter
 from .arguments import (
-    check_count,
+    check_batch_size,
     check_env_ids,
+    check_num_workers,
     check_on_worker_error,
     check_options_list,
     check_seed,
     check_step_timeout,
+    check_wake,
     env_constructors,
     env_id_array,
     env_id_list,
@@ -46,7 +48,7 @@ from .region import Region
 from .resets import check_reset_mask, seed_list
 from .restarts import Restarts
 from .restarts import take as restarts_take
-from .state import Lifecycle
+from .state import Lifecycle, LifecycleFacts
 from .supervisor import Supervisor
 from .topology import allowed_cpus, choose_wait_policy, cpu_quota, default_num_workers, oversubscribed, resolve_cpus
 from .workerset import SLICE_NS, WorkerSet
@@ -64,12 +66,22 @@ def _public(method: Callable) -> Callable:
         life.enter()
         try:
             return method(self, *args, **kwargs)
+        except KeyboardInterrupt as exc:
+            # Mid-call the workers' state is unknown, whichever slice of the wait was hit:
+            # stop them, and say so on the way out.
+            self._kill_workers_now()
+            if not any(INTERRUPTED in note for note in getattr(exc, "__notes__", ())):
+                exc.add_note(f"shmpool: {INTERRUPTED} ({method.__name__} was interrupted)")
+            raise
         finally:
             life.leave(self._close_now)
     return entry
 
 
-class Pool:
+INTERRUPTED = "the pool was closed and its workers killed"
+
+
+class Pool(LifecycleFacts):
     """Many envs stepped by pinned worker processes through one shared-memory region.
 
     ``env`` is a gymnasium id (with ``**env_kwargs`` for ``gymnasium.make``), a
@@ -222,17 +234,11 @@ class Pool:
         self.cpu_quota = cpu_quota()   # cgroup CPU limit in cpus (docker --cpus), None if none
         if num_workers is None:
             num_workers = default_num_workers(self.cpus, self.cpu_quota, n)
-        self.num_workers = w = check_count("num_workers", num_workers)
-        if w > n:
-            raise ValueError(f"num_workers={w} is more than num_envs={n}: every worker needs an env")
-        self.batch_size = n if batch_size is None else check_count("batch_size", batch_size)
-        if self.batch_size > n:
-            raise ValueError(f"batch_size={self.batch_size} is more than num_envs={n}")
+        self.num_workers = w = check_num_workers(num_workers, n)
+        self.batch_size = check_batch_size(batch_size, n)
         self.step_timeout = check_step_timeout(step_timeout)
-        if wake not in ("auto", "futex", "semaphore"):
-            raise ValueError(f"wake must be 'auto', 'futex' or 'semaphore', got {wake!r}")
-        if wake == "futex" and not _core.have_futex():
-            raise ValueError("wake='futex' but this platform has no futex")
+        self.on_worker_error = check_on_worker_error(on_worker_error)
+        use_sems = check_wake(wake, _core.have_futex(), on_worker_error, isinstance(fns, BatchedEnvs))
         worker_cpus = [self.cpus[k % len(self.cpus)] for k in range(w)]
         allowed = allowed_cpus()
         crowded = oversubscribed(worker_cpus, allowed, self.cpu_quota)
@@ -245,16 +251,6 @@ class Pool:
                 RuntimeWarning, stacklevel=2)
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
-        use_sems = wake == "semaphore" or not _core.have_futex()
-        self.on_worker_error = check_on_worker_error(on_worker_error)
-        if on_worker_error == "restart" and use_sems:
-            raise ValueError(
-                "on_worker_error='restart' needs futex wake-ups: with wake='semaphore' (or without futexes) the "
-                "semaphores are unlinked once the workers opened them, so a replacement could not open them")
-        if on_worker_error == "restart" and isinstance(fns, BatchedEnvs):
-            # A replacement marks envs one by one as restarted; a batched shard is one object.
-            raise ValueError("on_worker_error='restart' is not supported for batched envs (shmpool.batched.Batched): "
-                             "use on_worker_error='raise'")
         seed = check_seed(seed)
         seeds = [None] * n if seed is None else [seed + i for i in range(n)]
         self._restarts = Restarts(w, startup_timeout)
@@ -287,16 +283,9 @@ class Pool:
         workers.spawn_all(fns, seeds)
         workers.guard(self)
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-        described = [workers.startup_message(k, P.Spaces, deadline) for k in range(self.num_workers)]
-        first = described[0]
+        first = workers.agreed_spaces(deadline)
         obs_space, act_space = first.observation_space, first.action_space
         check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
-        for k, d in enumerate(described[1:], 1):
-            if d.observation_space != obs_space or d.action_space != act_space:
-                a = workers.bounds[k][0]
-                raise ValueError(
-                    f"env {a} (worker {k}) has spaces {d.observation_space}, {d.action_space}; env 0 has "
-                    f"{obs_space}, {act_space}: all envs of a pool must share their spaces")
         self.single_observation_space = obs_space
         self.single_action_space = act_space
         self.metadata = first.metadata
@@ -306,11 +295,7 @@ class Pool:
         self._region = region = Region(layout, self._sizes, use_sems)
         self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
                                     self.autoreset_mode)
-        for conn, proc in zip(workers.conns, workers.procs):
-            P.send(conn, self._map_msg)
-            region.hand_over(conn, proc.pid)
-        for k in range(self.num_workers):
-            workers.startup_message(k, P.Ready, deadline)
+        workers.map_region(list(range(self.num_workers)), self._map_msg, region, deadline)
         region.started(keep_fd=self._replacing)
 
         self._wire = region.wire
@@ -318,7 +303,7 @@ class Pool:
         self._infos = InfoReader(views, region.map)
         self._obs_views = L.assemble(obs_space, views.obs)
         self._actions = ActionWriter(act_space, layout, views)
-        self._sync_seq = 0
+        self._sync_seq = self._wire.sync_count()   # where the region's header started it
         self._step_target: int | None = None   # sync-counter value a pending step_async waits for
         self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
         self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
@@ -523,21 +508,7 @@ class Pool:
         ids = env_id_list(env_ids, self.num_envs)
         items = payloads(len(ids))
         self._life.check_idle()
-        # Envs in flight from send() stay in flight: the workers serve them
-        # before the message, and recv() still returns them.
-        by_worker: dict[int, list[int]] = {}
-        for pos, env_id in enumerate(ids):
-            by_worker.setdefault(int(self._owner[env_id]), []).append(pos)
-        what = f"{op} {name!r}"
-        for k, positions in by_worker.items():
-            start = self._workers.bounds[k][0]
-            msg = P.EnvCall(op, name, [ids[p] - start for p in positions], [items[p] for p in positions])
-            self._supervisor.message(k, msg, what)
-        out: list = [None] * len(ids)
-        for k, answer in zip(by_worker, self._supervisor.replies(what, list(by_worker))):
-            for pos, value in zip(by_worker[k], answer):
-                out[pos] = value
-        return tuple(out)
+        return self._supervisor.ask_envs(op, name, ids, items)
 
     # --- closing ----------------------------------------------------------------------------
 
@@ -619,15 +590,6 @@ class Pool:
         return (f"Pool({self.num_envs} envs, {self.num_workers} workers on cpus {self._workers.cpus}{quota}, "
                 f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), "
                 f"{self._life.state.value})")
-
-    @property
-    def closed(self) -> bool:
-        return self._life.closed
-
-    @property
-    def in_flight(self) -> int:
-        """How many envs were sent (or async-reset) and not received yet."""
-        return self._life.in_flight
 
     @property
     def worker_pids(self) -> list[int]:

@@ -183,19 +183,12 @@ def register_task(task_id: str, builder: Callable[..., list[Callable[[], gymnasi
     _TASKS[task_id] = builder
 
 
-def _batch_pong(num_envs: int, **kwargs: Any):
-    """``BatchPong-v0``: numpy-batched Pong, one ``BatchPong`` per worker (kwargs: ``max_episode_steps``)."""
-    from .batched import Batched
-    from .envs.batch_pong import BatchPong
-    return Batched(functools.partial(BatchPong, **kwargs), num_envs=num_envs)
-
-
-register_task("BatchPong-v0", _batch_pong)
-
-
-# Built-in recipe modules and the package each needs; loaded on first use so that
-# importing shmpool never imports mujoco (or ale-py).
-_BUILTIN_RECIPES = {"shmpool.workers.recipes.mujoco": "mujoco", "shmpool.workers.recipes.atari": "ale_py"}
+# Built-in task modules (shmpool.workers.recipes) and the package each needs (None: nothing
+# beyond shmpool); loaded on first use so that importing shmpool never imports mujoco (or
+# ale-py).  Each gives ``tasks()``; it is registered from here, so the recipes never import
+# this module.
+_BUILTIN_RECIPES = {"shmpool.workers.recipes.batch_pong": None, "shmpool.workers.recipes.mujoco": "mujoco",
+                    "shmpool.workers.recipes.atari": "ale_py"}
 _loaded_builtins = False
 
 
@@ -205,9 +198,10 @@ def _load_builtin_tasks() -> None:
         return
     _loaded_builtins = True
     for module, needs in _BUILTIN_RECIPES.items():
-        if importlib.util.find_spec(needs) is None:
+        if needs is not None and importlib.util.find_spec(needs) is None:
             continue  # that extra is not installed: its ids stay plain gymnasium ids
-        importlib.import_module(module).register()
+        for task_id, builder in importlib.import_module(module).tasks().items():
+            register_task(task_id, builder)
 
 
 # Ids the recipes of an extra would serve, recognised without importing it (for the hint below).

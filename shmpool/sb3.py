@@ -55,16 +55,13 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
 from .arguments import POOL_KEYWORDS, is_ray_pool, make_by_id
 from .autoreset import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
+from .infos import unbatch_info
 from .pool import Pool
 
 if TYPE_CHECKING:
     from .distributed import RayPool
 
 __all__ = ["ShmVecEnv"]
-
-# Batch dtypes gymnasium gives python bool/int/float infos: their elements go
-# back to python scalars (see the module docstring).
-_PYTHON_DTYPES = frozenset({np.dtype(bool), np.dtype(np.int64), np.dtype(np.float64)})
 
 # What SAME_STEP adds to the batched infos of a step in which episodes ended.
 _FINAL_KEYS = frozenset({"final_obs", "_final_obs", "final_info", "_final_info"})
@@ -90,30 +87,6 @@ def _set_attr(env: gym.Env, name: str, value: Any) -> None:
 
 
 # --- parent side: infos and observations -------------------------------------
-
-
-def _element(batch: np.ndarray, i: int) -> Any:
-    """Env ``i``'s value of one batched info array (see the module docstring for scalar types)."""
-    item = batch[i]
-    if batch.dtype == object:
-        return item
-    if batch.ndim > 1:
-        return item.copy()  # an array info: its own copy, not a view of the batch
-    if batch.dtype in _PYTHON_DTYPES:
-        return item.item()
-    return item
-
-
-def unbatch_info(infos: dict, i: int) -> dict:
-    """Env ``i``'s info dict from gymnasium's vector layout (``key`` array + ``_key`` mask,
-    nested dicts recursed)."""
-    out = {}
-    for key, value in infos.items():
-        mask = infos.get(f"_{key}")
-        if mask is None or not mask[i]:
-            continue  # a mask itself, or a key this env did not report
-        out[key] = unbatch_info(value, i) if isinstance(value, dict) else _element(value, i)
-    return out
 
 
 def _copy_obs(obs: Any) -> Any:

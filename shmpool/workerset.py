@@ -165,6 +165,26 @@ class WorkerSet:
                 raise TimeoutError(
                     f"worker {k} (envs {a}..{b - 1}) did not finish building its envs within startup_timeout")
 
+    def agreed_spaces(self, deadline: float | None) -> P.Spaces:
+        """Every worker's ``Spaces`` message (start-up step one); env 0's, once all agree."""
+        described = [self.startup_message(k, P.Spaces, deadline) for k in range(len(self.bounds))]
+        first = described[0]
+        for k, d in enumerate(described[1:], 1):
+            if d.observation_space != first.observation_space or d.action_space != first.action_space:
+                raise ValueError(
+                    f"env {self.bounds[k][0]} (worker {k}) has spaces {d.observation_space}, {d.action_space}; env 0 "
+                    f"has {first.observation_space}, {first.action_space}: all envs of a pool must share their spaces")
+        return first
+
+    def map_region(self, workers: list[int], msg: P.MapRegion, region: Any, deadline: float | None) -> None:
+        """Start-up step two for ``workers``: the ``MapRegion`` message and the region's fd to
+        each, then each one's ``Ready``."""
+        for k in workers:
+            P.send(self.conns[k], msg)
+            region.hand_over(self.conns[k], self.procs[k].pid)
+        for k in workers:
+            self.startup_message(k, P.Ready, deadline)
+
     def abort_startup(self) -> None:
         """Tell workers still waiting for their start-up message to exit now (a forked
         worker holds a copy of our end of its pipe, so closing ours gives it no EOF)."""

@@ -74,11 +74,10 @@ def test_matches_gymnasium(case):
     ref.close()
 
 
-def test_register_makes_tasks():
-    ids = recipes.register()
-    assert set(ids) == set(recipes.TASKS)
-    from shmpool.registration import _TASKS
-    fns = _TASKS["Ant-v5"](num_envs=3, max_episode_steps=10)
+def test_tasks_are_registered():
+    tasks = recipes.tasks()
+    assert set(tasks) == set(recipes.TASKS) and set(tasks) <= set(shmpool.list_tasks())
+    fns = tasks["Ant-v5"](num_envs=3, max_episode_steps=10)
     assert len(fns) == 3 and isinstance(fns[0](), recipes.Ant)
 
 

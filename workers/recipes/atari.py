@@ -67,7 +67,7 @@ except ImportError:   # registering the ids needs only ale-py; building an env n
 
 from ._frames import AreaPush, area_is_generic
 
-__all__ = ["GAMES", "AreaPush", "AtariEnv", "check_options", "register", "task_id"]
+__all__ = ["GAMES", "AreaPush", "AtariEnv", "check_options", "task_id", "tasks"]
 
 _RAW_HEIGHT, _RAW_WIDTH = 210, 160
 # ROMs without a single-player mode: gymnasium and EnvPool register no env for them.
@@ -343,12 +343,9 @@ def _builder(rom: str) -> Callable[..., list[Callable[[], gymnasium.Env]]]:
     return build
 
 
-def register() -> list[str]:
-    """Register every ``<Game>-v5`` with ``shmpool.registration.register_task``; returns the ids.
+def tasks() -> dict[str, Callable[..., list[Callable[[], gymnasium.Env]]]]:
+    """``{task id: builder}`` for every ``<Game>-v5`` (``shmpool.registration`` registers them).
 
     Ids are gymnasium's ``ALE/<Game>-v5`` names without the namespace (EnvPool's ids), so
     ``shmpool.make("Pong-v5", num_envs=8)`` builds these recipes."""
-    from shmpool.registration import register_task
-    for tid, rom in GAMES.items():
-        register_task(tid, _builder(rom))
-    return list(GAMES)
+    return {tid: _builder(rom) for tid, rom in GAMES.items()}

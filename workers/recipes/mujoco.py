@@ -27,7 +27,7 @@ import mujoco
 import numpy as np
 from gymnasium.spaces import Box
 
-__all__ = ["TASKS", "MujocoRecipe", "register"]
+__all__ = ["TASKS", "MujocoRecipe", "tasks"]
 
 
 def _asset(xml_file: str) -> str:
@@ -655,13 +655,10 @@ def _builder(cls: type[MujocoRecipe]) -> Callable[..., list[Callable[[], gymnasi
     return build
 
 
-def register() -> list[str]:
-    """Register every recipe with ``shmpool.registration.register_task``; returns the task ids.
+def tasks() -> dict[str, Callable[..., list[Callable[[], gymnasium.Env]]]]:
+    """``{task id: builder}`` for every recipe (``shmpool.registration`` registers them).
 
-    The ids equal gymnasium's, so once registered ``shmpool.make("Ant-v5", ...)`` builds
-    recipes instead of ``gymnasium.make("Ant-v5")`` envs (``make_vec``/``VectorEnv("Ant-v5")``
-    still build gymnasium's)."""
-    from shmpool.registration import register_task
-    for task_id, cls in TASKS.items():
-        register_task(task_id, _builder(cls))
-    return list(TASKS)
+    The ids equal gymnasium's, so ``shmpool.make("Ant-v5", ...)`` builds recipes instead of
+    ``gymnasium.make("Ant-v5")`` envs (``make_vec``/``VectorEnv("Ant-v5")`` still build
+    gymnasium's)."""
+    return {task_id: _builder(cls) for task_id, cls in TASKS.items()}
