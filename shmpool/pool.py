@@ -178,6 +178,11 @@ class Pool(LifecycleFacts):
         yourself with ``reset(options={"reset_mask": mask})``).
     on_worker_error : str, default "raise"
         ``"raise"`` or ``"restart"`` (see above).
+    pin : bool, default True
+        True: worker ``k`` runs only on ``worker_cpus[k]``.  False: workers run wherever
+        the scheduler puts them among the allowed cores (as EnvPool's threads do by
+        default), which lets them move away from a core that another process (a busy
+        neighbour, the trainer's spinning OpenMP threads) holds.
     **env_kwargs
         Passed to ``gymnasium.make`` with an id (e.g. ``frame_skip=5``).
 
@@ -222,6 +227,7 @@ class Pool(LifecycleFacts):
         wake: str = "auto",
         autoreset_mode: str | AutoresetMode = NEXT_STEP,
         on_worker_error: str = "raise",
+        pin: bool = True,
         **env_kwargs: Any,
     ) -> None:
         self._life = Lifecycle()
@@ -264,8 +270,9 @@ class Pool(LifecycleFacts):
         ends = list(itertools.accumulate(sizes))
         self._sizes = sizes
         self._owner = np.repeat(np.arange(w, dtype=np.int32), sizes)
+        self.pinned = bool(pin)
         self._workers = WorkerSet(mp.get_context(start_method), [(e - s, e) for s, e in zip(sizes, ends)],
-                                  worker_cpus)
+                                  worker_cpus, self.pinned)
         try:
             self._start(fns, seeds, use_sems, startup_timeout)
         except BaseException:
@@ -587,7 +594,8 @@ class Pool(LifecycleFacts):
 
     def __repr__(self) -> str:
         quota = "" if self.cpu_quota is None else f", cpu quota {self.cpu_quota:g}"
-        return (f"Pool({self.num_envs} envs, {self.num_workers} workers on cpus {self._workers.cpus}{quota}, "
+        where = f"on cpus {self._workers.cpus}" if self.pinned else f"unpinned on cpus {self.cpus}"
+        return (f"Pool({self.num_envs} envs, {self.num_workers} workers {where}{quota}, "
                 f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), "
                 f"{self._life.state.value})")
 

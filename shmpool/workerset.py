@@ -66,12 +66,14 @@ def kill_processes(procs: list, owner_pid: int) -> None:
 
 
 class WorkerSet:
-    """Worker ``k`` owns envs ``bounds[k]`` and runs pinned to ``cpus[k]``."""
+    """Worker ``k`` owns envs ``bounds[k]`` and runs pinned to ``cpus[k]`` (``pinned``), or
+    wherever the scheduler puts it among the process's allowed cores (not ``pinned``)."""
 
-    def __init__(self, ctx, bounds: list[tuple[int, int]], cpus: list[int]) -> None:
+    def __init__(self, ctx, bounds: list[tuple[int, int]], cpus: list[int], pinned: bool = True) -> None:
         self.ctx = ctx
         self.bounds = bounds
         self.cpus = cpus
+        self.pinned = pinned
         self.procs: list = []
         self.pids: list[int] = []
         self.conns: list = []
@@ -90,7 +92,8 @@ class WorkerSet:
     def spawn_all(self, fns, seeds: list) -> None:
         me = (os.getpid(), psutil.Process().create_time(), threading.current_thread() is threading.main_thread())
         for k, (a, b) in enumerate(self.bounds):
-            self._args.append((k, self.cpus[k], me, cloudpickle.dumps(fns[a:b]), a, seeds[a:b]))
+            cpu = self.cpus[k] if self.pinned else None
+            self._args.append((k, cpu, me, cloudpickle.dumps(fns[a:b]), a, seeds[a:b]))
             self.procs.append(None)
             self.conns.append(None)
             self.pids.append(0)

@@ -39,6 +39,14 @@ def test_workers_are_pinned_to_distinct_allowed_cores(no_leaks):
         assert os.sched_getaffinity(pool.worker_pids[0]) == {allowed[-1]}
 
 
+def test_unpinned_workers_may_run_on_every_allowed_core(no_leaks):
+    allowed = set(os.sched_getaffinity(0))
+    with shmpool.Pool("CartPole-v1", 4, num_workers=2, pin=False) as pool:
+        pool.reset(seed=0)
+        assert [os.sched_getaffinity(pid) for pid in pool.worker_pids] == [allowed, allowed]
+        assert "unpinned" in repr(pool) and not pool.pinned
+
+
 def test_worker_blas_threads_are_limited(no_leaks):
     with shmpool.Pool(ProbeEnv, 2, num_workers=2) as pool:
         for probe in pool.call("probe"):
