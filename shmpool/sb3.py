@@ -29,10 +29,11 @@ Requires the optional dependency ``stable-baselines3`` (``pip install shmpool[sb
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -97,6 +98,19 @@ def _copy_obs(obs: Any) -> Any:
     if isinstance(obs, tuple):
         return tuple(_copy_obs(v) for v in obs)
     return np.array(obs)
+
+
+@contextlib.contextmanager
+def _env_exceptions() -> Iterator[None]:
+    """An env's exception re-raised as itself (DummyVecEnv lets it through), chained to the
+    pool's ``EnvError`` (which names the env and holds the worker's traceback); the
+    ``EnvError`` itself when the exception could not be unpickled."""
+    try:
+        yield
+    except EnvError as exc:
+        if exc.remote_exception is not None:
+            raise exc.remote_exception from exc
+        raise
 
 
 # --- the VecEnv ----------------------------------------------------------------
@@ -188,7 +202,8 @@ class ShmVecEnv(VecEnv):
             self._pending = False
             self._pool.step_wait()
         # As DummyVecEnv: an env without options is reset with no ``options`` argument.
-        obs, infos = self._pool.reset(seed=list(self._seeds), options=[o or None for o in self._options])
+        with _env_exceptions():
+            obs, infos = self._pool.reset(seed=list(self._seeds), options=[o or None for o in self._options])
         self.reset_infos = [unbatch_info(infos, i) for i in range(self.num_envs)]
         self._reset_seeds()
         self._reset_options()
@@ -204,8 +219,9 @@ class ShmVecEnv(VecEnv):
 
     def step_wait(self) -> VecEnvStepReturn:
         """``(obs, rewards float32 (n,), dones bool (n,), infos list of n dicts)``."""
-        obs, rewards, terminated, truncated, infos = self._pool.step_wait()
         self._pending = False
+        with _env_exceptions():
+            obs, rewards, terminated, truncated, infos = self._pool.step_wait()
         dones = terminated | truncated
         return _copy_obs(obs), rewards.astype(np.float32), dones, self._sb3_infos(infos, terminated, truncated)
 
@@ -276,12 +292,8 @@ class ShmVecEnv(VecEnv):
     def _apply(self, fn: Callable[..., Any], ids: list[int], *args: Any) -> list[Any]:
         """``fn(env, *args)`` in the chosen envs; an env's exception is re-raised as itself
         (as DummyVecEnv would let it through), chained to the pool's ``EnvError``."""
-        try:
+        with _env_exceptions():
             return list(self._pool.apply(fn, *args, env_ids=ids))
-        except EnvError as exc:
-            if exc.remote_exception is not None:
-                raise exc.remote_exception from exc
-            raise
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """``env.get_wrapper_attr(attr_name)`` of the chosen envs, in ``indices`` order."""
