@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.spaces import GraphInstance
+from gymnasium.vector import AutoresetMode
 
 import shmpool
 
@@ -102,25 +103,31 @@ def exactly_equal(a, b, path="obs") -> None:
         assert a == b, f"{path}: {a!r} vs {b!r}"
 
 
-def make_vec(kind: str, fn):
+def make_vec(kind: str, fn, mode=AutoresetMode.NEXT_STEP):
     if kind == "gymnasium":
-        return gym.vector.AsyncVectorEnv([fn] * N, shared_memory=False)
+        return gym.vector.AsyncVectorEnv([fn] * N, shared_memory=False, autoreset_mode=mode)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return shmpool.VectorEnv([fn] * N, num_workers=2)
+        return shmpool.VectorEnv([fn] * N, num_workers=2, autoreset_mode=mode)
 
 
-def run(kind: str, name: str, steps: int = 12):
-    """A seeded run with autoresets: every observation, reward and flag."""
-    env = make_vec(kind, ENVS[name])
+def run(kind: str, name: str, mode=AutoresetMode.NEXT_STEP, steps: int = 12):
+    """A seeded run with autoresets (DISABLED: partial resets of the envs that ended):
+    every observation, reward and flag (SAME_STEP: and each final observation)."""
+    env = make_vec(kind, ENVS[name], mode)
     try:
         assert env.observation_space == gym.vector.utils.batch_space(env.single_observation_space, N)
         env.action_space.seed(7)
         out = [env.reset(seed=3)[0]]
         for _ in range(steps):
             actions = env.action_space.sample()
-            obs, rew, term, trunc, _ = env.step(actions)
+            obs, rew, term, trunc, infos = env.step(actions)
             out.append((actions, obs, rew, term, trunc))
+            ended = term | trunc
+            if mode == AutoresetMode.SAME_STEP:
+                out.append(tuple(infos["final_obs"][i] for i in np.flatnonzero(ended)))
+            if mode == AutoresetMode.DISABLED and ended.any():
+                out.append(env.reset(options={"reset_mask": ended})[0])
         return out
     finally:
         env.close()
@@ -134,6 +141,14 @@ def test_observations_equal_async_vector_env(kind, name):
     got = run(kind, name)
     assert any(t[4].any() for t in got[1:]), "the run should cross an autoreset"
     exactly_equal(got, reference, "run")
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
+@pytest.mark.parametrize("kind", ["gymnasium", "shmpool"])
+def test_other_autoreset_modes_equal_async_vector_env(kind, mode):
+    """SAME_STEP (final observations in the infos) and DISABLED with partial resets, which
+    leave the other envs' pickled values as they were."""
+    exactly_equal(run(kind, "dict", mode), run("gymnasium", "dict", mode), "run")
 
 
 @pytest.mark.parametrize("kind", ["gymnasium", "shmpool"])

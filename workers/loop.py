@@ -272,6 +272,8 @@ class Server:
         self.slice_ns = slice_ns
         self.watch = watch
         self.outbox: list[bytes] = []   # side messages waiting for their results to be published
+        if shard.obs_lane is not None:  # observation leaves that travel pickled (shmpool.fallback)
+            self._finish_env = self._finish_slow_env
 
     def serve(self) -> None:
         wire, index = self.wire, self.index
@@ -330,9 +332,6 @@ class Server:
 
     def _finish_env(self, i: int, info) -> None:
         """Write the info and status of env ``i`` (results are already in place)."""
-        if self.shard.obs_lane is not None:
-            self._finish_slow_env(i, info)
-            return
         if info:
             extra = self.shard.infos.write(i, info)
             if extra:
