@@ -92,6 +92,14 @@ class Pool:
     float64, flags bool.  Infos use gymnasium's vector layout (``key`` array
     plus ``_key`` mask); ``recv`` adds ``infos["env_id"]`` (int32).
 
+    Leaves that cannot live in shared memory (Text, Sequence, Graph, OneOf,
+    custom ``Space`` subclasses) travel pickled per env through each worker's
+    pipe while the rest of a Dict/Tuple stays in shared memory (one
+    ``UserWarning`` at construction names them): such a leaf is batched as a
+    tuple with one value per env, as gymnasium's ``concatenate`` batches it,
+    and its actions are any sequence with one value per env
+    (``shmpool.fallback``).
+
     Arrays returned by ``step`` and ``reset`` are views into shared memory,
     valid until the next ``step``/``reset``/``recv`` overwrites them; pass
     ``copy=True`` to get fresh arrays instead.  ``recv`` always returns fresh
