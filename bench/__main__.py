@@ -21,6 +21,7 @@ COMMANDS = {
     "plot": "bench.plot",            # a latency JSON -> PNG
     "batch-pong": "bench.batch_pong",  # a natively batched env vs one env at a time
     "distributed": "bench.distributed",  # RayPool on a local Ray cluster vs one local Pool
+    "fallback": "bench.fallback",    # what leaves that travel pickled (Text) cost against Box-only Dict obs
 }
 
 

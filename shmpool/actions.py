@@ -17,6 +17,7 @@ from gymnasium import spaces
 
 from . import _core
 from . import layout as L
+from .fallback import Lane, per_env_values
 
 
 def leaf_spaces(space: spaces.Space) -> list[spaces.Space]:
@@ -89,16 +90,25 @@ class ActionWriter:
 
     def __init__(self, space: spaces.Space, layout: L.Layout, views: L.Views) -> None:
         self.space = space
+        self.num_envs = layout.num_envs
         self.is_leaf = not isinstance(space, (spaces.Dict, spaces.Tuple))
+        shared = [sub for sub in leaf_spaces(space) if isinstance(sub, L.SHARED_SPACES)]
         self.slots = [
             _Slot(dst, sub, "actions" + "".join(f"[{p!r}]" for p in leaf.path))
-            for dst, sub, leaf in zip(views.act, leaf_spaces(space), layout.act_leaves)
+            for dst, sub, leaf in zip(views.act, shared, layout.act_leaves)
         ]
+        # Leaves that travel pickled (shmpool.fallback), or None.
+        self.lane = Lane.of(space)
         # The fast path of a sync step: one array of exactly the slots' shape and dtype.
-        self.fast = self.slots[0] if self.is_leaf else None
+        self.fast = self.slots[0] if self.is_leaf and self.lane is None else None
 
-    def write(self, actions, ids: np.ndarray | None = None) -> None:
-        """``actions`` for every env (``ids`` None) or for ``ids``, in their order."""
+    def write(self, actions, ids: np.ndarray | None = None) -> list[tuple] | None:
+        """``actions`` for every env (``ids`` None) or for ``ids``, in their order.
+
+        Returns the values of the leaves that travel pickled, one tuple per env
+        (None when there are none): the caller sends them (``shmpool.fallback``)."""
+        if self.lane is not None:
+            return self._write_with_lane(actions, ids)
         fast = self.fast
         if (ids is None and fast is not None and type(actions) is np.ndarray
                 and actions.dtype == fast.dtype and actions.shape == fast.dst.shape):
@@ -113,3 +123,12 @@ class ActionWriter:
         # which is harmless: slots are only read for envs that get dispatched.
         for slot, part in zip(self.slots, L.split(self.space, actions)):
             slot.write(part, ids, rows)
+        return None
+
+    def _write_with_lane(self, actions, ids: np.ndarray | None) -> list[tuple]:
+        rows = self.num_envs if ids is None else len(ids)
+        shared, slow = self.lane.split(actions)
+        values = per_env_values(self.lane, slow, rows)   # checked before any slot is written
+        for slot, part in zip(self.slots, shared):
+            slot.write(part, ids, rows)
+        return values

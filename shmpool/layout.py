@@ -31,24 +31,42 @@ class Leaf:
     dtype: np.dtype
 
 
-def leaves(space: spaces.Space, path: tuple = ()) -> list[Leaf]:
-    """Flatten a space into its array leaves, in gymnasium's iteration order."""
+# Leaf spaces with a fixed shape and dtype: these get shared-memory arrays.
+SHARED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def leaves(space: spaces.Space, path: tuple = (), fallback: bool = False) -> list[Leaf]:
+    """Flatten a space into its array leaves, in gymnasium's iteration order.
+
+    Any other leaf (Text, Sequence, Graph, OneOf, custom spaces) is refused, or
+    with ``fallback`` left out: it travels pickled (``shmpool.fallback``)."""
     if isinstance(space, spaces.Dict):
         out: list[Leaf] = []
         for key, sub in space.spaces.items():
-            out += leaves(sub, path + (key,))
+            out += leaves(sub, path + (key,), fallback)
         return out
     if isinstance(space, spaces.Tuple):
         out = []
         for i, sub in enumerate(space.spaces):
-            out += leaves(sub, path + (i,))
+            out += leaves(sub, path + (i,), fallback)
         return out
-    if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+    if isinstance(space, SHARED_SPACES):
         return [Leaf(path, tuple(space.shape), np.dtype(space.dtype))]
+    if fallback:
+        return []
     raise TypeError(
         f"shmpool cannot lay out a {type(space).__name__} space in shared memory "
         "(supported: Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of them)"
     )
+
+
+def all_shared(space: spaces.Space) -> bool:
+    """Whether every leaf of ``space`` lives in shared memory (nothing travels pickled)."""
+    if isinstance(space, spaces.Dict):
+        return all(all_shared(sub) for sub in space.spaces.values())
+    if isinstance(space, spaces.Tuple):
+        return all(all_shared(sub) for sub in space.spaces)
+    return isinstance(space, SHARED_SPACES)
 
 
 def assemble(space: spaces.Space, arrays: list, start: int = 0):
@@ -101,10 +119,12 @@ class Layout:
     act_leaves: list[Leaf]
     offsets: dict[str, int] = field(default_factory=dict)
     size: int = 0
+    has_slow_actions: bool = False   # action leaves that travel pickled: a version word per env
 
     @classmethod
     def build(cls, num_envs: int, shard_sizes: list[int], obs_space, act_space) -> Layout:
-        lay = cls(num_envs, list(shard_sizes), leaves(obs_space), leaves(act_space))
+        lay = cls(num_envs, list(shard_sizes), leaves(obs_space, fallback=True), leaves(act_space, fallback=True))
+        lay.has_slow_actions = not all_shared(act_space)
         off = _align(_core.control_size(num_envs, shard_sizes))
 
         def put(name: str, nbytes: int) -> None:
@@ -123,6 +143,8 @@ class Layout:
         put("info_mask", num_envs * 8)
         put("info_registry", INFO_COLUMNS * INFO_ENTRY)
         put("info_values", INFO_COLUMNS * num_envs * 8)
+        if lay.has_slow_actions:
+            put("act_version", num_envs * 4)
         lay.size = off
         return lay
 
@@ -148,3 +170,5 @@ class Views:
         self.info_registry = arr("info_registry", np.uint8, (INFO_COLUMNS * INFO_ENTRY,))
         self.info_values = arr("info_values", np.uint8, (INFO_COLUMNS, n, 8))
         self.registry_offset = o["info_registry"]
+        # Per env, how many pickled actions the parent has sent it (``shmpool.fallback``).
+        self.act_version = arr("act_version", np.uint32, (n,)) if layout.has_slow_actions else None

@@ -43,6 +43,7 @@ from .arguments import (
 from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
 from .batched import BatchedEnvs, check_hosting
 from .errors import EnvError
+from .fallback import Lane, LatestValues, SlowActionSender, warn_slow
 from .infos import InfoReader
 from .region import Region
 from .resets import check_reset_mask, seed_list
@@ -102,6 +103,14 @@ class Pool(LifecycleFacts):
     Dict/Tuple observations come back as dicts/tuples of arrays.  Rewards are
     float64, flags bool.  Infos use gymnasium's vector layout (``key`` array
     plus ``_key`` mask); ``recv`` adds ``infos["env_id"]`` (int32).
+
+    Leaves that cannot live in shared memory (Text, Sequence, Graph, OneOf,
+    custom ``Space`` subclasses) travel pickled per env through each worker's
+    pipe while the rest of a Dict/Tuple stays in shared memory (one
+    ``UserWarning`` at construction names them): such a leaf is batched as a
+    tuple with one value per env, as gymnasium's ``concatenate`` batches it,
+    and its actions are any sequence with one value per env
+    (``shmpool.fallback``).
 
     Arrays returned by ``step`` and ``reset`` are views into shared memory,
     valid until the next ``step``/``reset``/``recv`` overwrites them; pass
@@ -299,6 +308,9 @@ class Pool(LifecycleFacts):
         self.render_mode = first.render_mode
         self.spec = first.spec
         layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space)
+        # Leaves that cannot live in shared memory travel pickled (shmpool.fallback).
+        self._obs_lane = Lane.of(obs_space)
+        warn_slow(self._obs_lane, Lane.of(act_space), stacklevel=4)
         self._region = region = Region(layout, self._sizes, use_sems)
         self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
                                     self.autoreset_mode)
@@ -308,13 +320,19 @@ class Pool(LifecycleFacts):
         self._wire = region.wire
         self._views = views = region.views()
         self._infos = InfoReader(views, region.map)
-        self._obs_views = L.assemble(obs_space, views.obs)
         self._actions = ActionWriter(act_space, layout, views)
+        self._all_ids = np.arange(self.num_envs, dtype=np.int64)
+        if self._obs_lane is None:
+            self._obs_views = L.assemble(obs_space, views.obs)
+        else:
+            self._obs_views = None   # rebuilt per call around the latest pickled values
+            self._slow_obs = LatestValues(self._obs_lane, self.num_envs)
+        if self._actions.lane is not None:
+            self._slow_actions = SlowActionSender(views.act_version, self._owner, self._all_ids)
         self._sync_seq = self._wire.sync_count()   # where the region's header started it
         self._step_target: int | None = None   # sync-counter value a pending step_async waits for
         self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
         self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
-        self._all_ids = np.arange(self.num_envs, dtype=np.int64)
 
     # --- public API: sync ---------------------------------------------------------------
 
@@ -380,10 +398,13 @@ class Pool(LifecycleFacts):
         self._life.check_step_async()
         if self.autoreset_mode == DISABLED:
             self._refuse_ended_envs()
-        self._actions.write(actions)
+        slow = self._actions.write(actions)
+        versions = None if slow is None else self._slow_actions.stamp(None)
         self._step_target = (self._sync_seq + self.num_workers) & 0xFFFFFFFF
         self._wire.post_all(P.CMD_STEP)
         self._life.step_posted()
+        if slow is not None:
+            self._send_slow_actions(None, versions, slow)
 
     def _step_wait(self, timeout: float | None):
         life = self._life
@@ -401,7 +422,8 @@ class Pool(LifecycleFacts):
         v = self._views
         if self._copy:
             return self._out_obs(), v.reward.copy(), v.terminated.copy(), v.truncated.copy(), infos
-        return self._obs_views, v.reward, v.terminated, v.truncated, infos
+        obs = self._obs_views if self._obs_lane is None else self._out_obs()
+        return obs, v.reward, v.terminated, v.truncated, infos
 
     # --- public API: async --------------------------------------------------------------
 
@@ -434,11 +456,25 @@ class Pool(LifecycleFacts):
         try:
             if self.autoreset_mode == DISABLED:
                 self._refuse_ended_envs(ids)
-            self._actions.write(actions, ids)
+            slow = self._actions.write(actions, ids)
         except BaseException:
             self._in_flight[ids] = 0
             raise
+        versions = None if slow is None else self._slow_actions.stamp(ids)
         self._dispatch(ids, reset=False)
+        if slow is not None:
+            self._send_slow_actions(ids, versions, slow)
+
+    def _send_slow_actions(self, ids, versions, values: list[tuple]) -> None:
+        """After the dispatch (a worker reads them when its step needs them, so a large
+        message never waits for a worker that is not reading): see ``shmpool.fallback``."""
+        for k, msg in self._slow_actions.messages(ids, versions, values):
+            try:
+                P.send(self._workers.conns[k], msg)
+            except OSError:
+                # Dead: the wait that follows finds it.  A replacement's envs answer their
+                # next step with the restart result, which needs no action.
+                pass
 
     def _recv(self):
         life = self._life
@@ -450,9 +486,12 @@ class Pool(LifecycleFacts):
         self._in_flight[ids] = 0
         life.in_flight -= got
         v = self._views
-        obs = L.assemble(self.single_observation_space, [a[ids] for a in v.obs])
         rewards, terminated, truncated = v.reward[ids], v.terminated[ids], v.truncated[ids]
         infos = self._supervisor.collect(ids, "recv")
+        if self._obs_lane is None:
+            obs = L.assemble(self.single_observation_space, [a[ids] for a in v.obs])
+        else:  # after collect: it brings the pickled leaves
+            obs = self._obs_lane.assemble([a[ids] for a in v.obs], self._slow_obs.batch(ids.tolist()))
         infos["env_id"] = ids
         return obs, rewards, terminated, truncated, infos
 
@@ -631,6 +670,9 @@ class Pool(LifecycleFacts):
     # --- dispatch bookkeeping -------------------------------------------------------------------
 
     def _out_obs(self):
+        if self._obs_lane is not None:
+            arrays = [a.copy() for a in self._views.obs] if self._copy else self._views.obs
+            return self._obs_lane.assemble(arrays, self._slow_obs.batch(None))
         if not self._copy:
             return self._obs_views
         return L.assemble(self.single_observation_space, [a.copy() for a in self._views.obs])

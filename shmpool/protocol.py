@@ -10,10 +10,11 @@ messages are the frozen dataclasses below, pickled (start-up spaces cloudpickled
 since a space may be defined in ``__main__``); nothing reads a message by position.
 
 Parent to worker: :class:`MapRegion` (then the region's fd), :class:`Abort`,
-:class:`Reset`, :class:`Restart`, :class:`EnvCall`.
+:class:`Reset`, :class:`Restart`, :class:`EnvCall`, :class:`SlowActions` (actions of leaves that
+cannot live in shared memory, sent after their step is dispatched: ``shmpool.fallback``).
 Worker to parent: :class:`Spaces`, :class:`Ready`, :class:`Failure` (an env or the
 worker raised; unasked), :class:`CallFailed` (the answer to a message that failed),
-:class:`Extra` (non-numeric infos of a published result), :class:`Reply`,
+:class:`Extra` (non-numeric infos and pickled observation leaves of a published result), :class:`Reply`,
 :class:`Closed`.
 """
 from __future__ import annotations
@@ -97,7 +98,18 @@ class EnvCall:
     payloads: list
 
 
-ToWorker = MapRegion | Abort | Reset | Restart | EnvCall
+@dataclass(frozen=True, slots=True)
+class SlowActions:
+    """Actions of the leaves that travel pickled: env ``env_ids[k]`` (global id) gets
+    ``values[k]`` (one value per slow leaf) for its step numbered ``versions[k]``
+    (the env's version word in shared memory once that step is dispatched)."""
+
+    env_ids: list[int]
+    versions: list[int]
+    values: list[tuple]
+
+
+ToWorker = MapRegion | Abort | Reset | Restart | EnvCall | SlowActions
 
 
 # --- worker to parent ------------------------------------------------------------------
@@ -164,10 +176,12 @@ class CallFailed(Failure):
 
 @dataclass(frozen=True, slots=True)
 class Extra:
-    """Non-numeric infos of env ``env_id``'s published result (status STATUS_EXTRA)."""
+    """Non-numeric infos of env ``env_id``'s published result (status STATUS_EXTRA), and the
+    values of its observation leaves that travel pickled (``shmpool.fallback``), if any."""
 
     env_id: int
     infos: dict
+    slow_obs: tuple | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +209,7 @@ def encode_for_worker(msg: ToWorker) -> bytes:
 
 
 def decode_from_parent(data: bytes) -> ToWorker:
-    return _checked(pickle.loads(data), (MapRegion, Abort, Reset, Restart, EnvCall))
+    return _checked(pickle.loads(data), (MapRegion, Abort, Reset, Restart, EnvCall, SlowActions))
 
 
 def encode_for_parent(msg: ToParent) -> bytes:
@@ -209,7 +223,7 @@ def encode_for_parent(msg: ToParent) -> bytes:
         if type(msg) is not Extra:
             raise
         return pickle.dumps(Extra(msg.env_id, {k: f"<unpicklable {type(v).__name__}: {exc}>"
-                                               for k, v in msg.infos.items()}), _PICKLE)
+                                               for k, v in msg.infos.items()}, msg.slow_obs), _PICKLE)
 
 
 def decode_from_worker(data: bytes) -> ToParent:

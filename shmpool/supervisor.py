@@ -62,6 +62,8 @@ class Supervisor:
                                       f"{type(msg).__name__} of env {msg.env_id}")
             if type(msg) is P.Extra:
                 extras.append((int(pos), msg.infos))
+                if msg.slow_obs is not None:  # observation leaves that travel pickled (shmpool.fallback)
+                    self.pool._slow_obs.store(env_id, msg.slow_obs)
             else:
                 errors.append((k, msg))
         if errors:

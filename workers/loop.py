@@ -22,6 +22,7 @@ from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.batched import BatchedEnvs, hosting_info
 
+from .inbox import SlowActionInbox
 from .shard import BatchShard, Shard
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -184,6 +185,8 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
             return
     else:
         shard = Shard(envs, start, views, region, obs_space, act_space, autoreset_mode)
+        if shard.act_lane is not None:
+            shard.slow_actions = SlowActionInbox(conn, views.act_version)
     shard.pending_seeds = list(seeds)
     P.report(conn, P.Ready())
     try:
@@ -269,6 +272,8 @@ class Server:
         self.slice_ns = slice_ns
         self.watch = watch
         self.outbox: list[bytes] = []   # side messages waiting for their results to be published
+        if shard.obs_lane is not None:  # observation leaves that travel pickled (shmpool.fallback)
+            self._finish_env = self._finish_slow_env
 
     def serve(self) -> None:
         wire, index = self.wire, self.index
@@ -301,8 +306,13 @@ class Server:
                 # command word can be read as a newer post's while its sequence
                 # is still the older one's, so the same message command may be
                 # seen twice: only a message actually waiting is answered.
-                if self.conn.poll(0):
-                    self.message(P.next_command(self.conn))
+                while self.conn.poll(0):
+                    msg = P.next_command(self.conn)
+                    if type(msg) is P.SlowActions:  # for steps that needed none (autoreset, restart)
+                        self.shard.slow_actions.absorb(msg)
+                        continue
+                    self.message(msg)
+                    break
                 wire.finish(index, seq)
             elif cmd == P.CMD_EXIT:
                 self.exit(seq)
@@ -333,6 +343,24 @@ class Server:
             self.views.info_mask[i] = 0
         self.views.status[i] = P.STATUS_OK
 
+    def _finish_slow_env(self, i: int, info) -> None:
+        """``_finish_env`` when observation leaves travel pickled: every result that wrote
+        an observation sends them in its Extra (``shmpool.fallback``)."""
+        extra = self.shard.infos.write(i, info) if info else None
+        if not info:
+            self.views.info_mask[i] = 0
+        slow = self.shard.take_slow_obs(i)
+        if extra is None and slow is None:
+            self.views.status[i] = P.STATUS_OK
+            return
+        try:
+            data = P.encode_for_parent(P.Extra(i, extra or {}, slow))
+        except Exception as exc:  # the observation itself cannot be pickled
+            self._fail_env(i, "observation", exc)
+            return
+        self.outbox.append(data)
+        self.views.status[i] = P.STATUS_EXTRA
+
     def _fail_env(self, i: int, phase: str, exc: BaseException) -> None:
         self.outbox.append(P.encode_for_parent(P.Failure.of(i, phase, exc)))
         self.views.info_mask[i] = 0
@@ -344,13 +372,14 @@ class Server:
             shard.run(shard.all_ids, False, self._finish_env, self._fail_env)
             return
         step, status, masks = shard.step, self.views.status, self.views.info_mask
+        slow = shard.obs_lane is not None
         for i in range(shard.start, shard.stop):
             try:
                 info = step(i)
             except Exception as exc:
                 self._fail_env(i, "step", exc)
                 continue
-            if info:
+            if info or slow:
                 self._finish_env(i, info)
             else:  # the common case, inlined
                 masks[i] = 0

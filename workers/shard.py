@@ -9,6 +9,7 @@ from gymnasium.spaces import Dict, Tuple
 from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.autoreset import NEXT_STEP, SAME_STEP
+from shmpool.fallback import Lane
 from shmpool.infos import InfoWriter, column_dtype, unbatch_info
 
 
@@ -76,6 +77,37 @@ class Shard:
             def action(i):
                 return L.assemble(act_space, [a[i] for a in acts])
             self.action = action
+        self._fallback_lane(obs_space, act_space, writers)
+
+    def _fallback_lane(self, obs_space, act_space, writers) -> None:
+        """Leaves that cannot live in shared memory (``shmpool.fallback``): their
+        observation values wait in ``slow_obs`` for the result's side message, their
+        actions come from ``slow_actions`` (the worker loop sets it)."""
+        self.obs_lane = Lane.of(obs_space)
+        self.act_lane = act_lane = Lane.of(act_space)
+        self.slow_obs: list = [None] * len(self.envs)
+        self.slow_actions = None
+        if self.obs_lane is not None:
+            split, slow_obs, start = self.obs_lane.split, self.slow_obs, self.start
+
+            def write_obs(i, obs):
+                shared, slow = split(obs)
+                for w, v in zip(writers, shared):
+                    w(i, v)
+                slow_obs[i - start] = slow
+            self.write_obs = write_obs
+        if act_lane is not None:
+            acts = self.views.act
+
+            def action(i):
+                return act_lane.assemble([a[i] for a in acts], self.slow_actions.take(i))
+            self.action = action
+
+    def take_slow_obs(self, i: int) -> tuple | None:
+        """The pickled-lane observation values env ``i`` wrote since the last call (None: none)."""
+        j = i - self.start
+        slow, self.slow_obs[j] = self.slow_obs[j], None
+        return slow
 
     def step(self, i: int):
         """Step env ``i`` under the autoreset mode; returns its info dict after
@@ -160,9 +192,14 @@ class BatchShard:
     async requests and publishes them; :meth:`reset_message` serves ``reset()``."""
 
     batched = True
+    obs_lane = act_lane = None
 
     def __init__(self, env, start: int, views: L.Views, buf, obs_space, act_space,
                  autoreset_mode: str = NEXT_STEP) -> None:
+        if Lane.of(obs_space) is not None or Lane.of(act_space) is not None:
+            raise TypeError("a batched env's spaces must lie entirely in shared memory (Box, Discrete, "
+                            "MultiDiscrete, MultiBinary and Dict/Tuple of them); Text, Sequence, Graph, OneOf "
+                            "and custom spaces are only supported for envs stepped one at a time")
         self.env = env
         self.envs = _NoPerEnvObjects(env)
         self.start = start
