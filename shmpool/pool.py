@@ -109,6 +109,23 @@ class Pool:
     ``restarts``, ``worker_restarts`` and ``restart_log`` (the latest 1,000)
     count the restarts.
 
+    ``strict`` (default True): actions are checked against the action space
+    before anything is sent (Discrete/MultiDiscrete/MultiBinary values in the
+    space, no NaN in a Box, no inf where the bound is finite: ``ValueError``),
+    and an env's non-finite reward or an observation of another shape, or of a
+    dtype only an unsafe cast fits, raises ``EnvError`` (``ResultError``).
+    ``strict=False`` does what gymnasium's ``AsyncVectorEnv`` does: the env
+    decides what an action means, rewards are delivered as they are (NaN,
+    inf), and observations are cast into the space's dtype as gymnasium's
+    shared-memory write casts them.  Either way, actions whose shape or dtype
+    the shared slots cannot hold are refused.
+
+    ``observation_mode``: ``"same"`` (default): every env must have the same
+    observation space; ``"different"``: their spaces may differ in bounds
+    (gymnasium's ``observation_mode="different"``: same type, shapes and
+    dtypes); ``single_observation_space`` is env 0's and
+    ``observation_spaces`` lists each env's.
+
     Threads: every public method is one locked call, so a pool used from several
     threads runs their calls one after another (a ``step()`` is one call); the
     order between threads is theirs to arrange.  ``close()`` may come from any
@@ -134,6 +151,8 @@ class Pool:
         wake: str = "auto",
         autoreset_mode: str | AutoresetMode = NEXT_STEP,
         on_worker_error: str = "raise",
+        strict: bool = True,
+        observation_mode: str = "same",
         **env_kwargs: Any,
     ) -> None:
         self._life = Lifecycle()
@@ -169,6 +188,10 @@ class Pool:
                 RuntimeWarning, stacklevel=2)
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
+        self.strict = bool(strict)
+        if observation_mode not in ("same", "different"):
+            raise ValueError(f"observation_mode must be 'same' or 'different', got {observation_mode!r}")
+        self.observation_mode = observation_mode
         use_sems = wake == "semaphore" or not _core.have_futex()
         self.on_worker_error = check_on_worker_error(on_worker_error)
         if on_worker_error == "restart" and use_sems:
@@ -215,12 +238,15 @@ class Pool:
         first = described[0]
         obs_space, act_space = first.observation_space, first.action_space
         check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
+        different = self.observation_mode == "different"
         for k, d in enumerate(described[1:], 1):
-            if d.observation_space != obs_space or d.action_space != act_space:
+            same_obs = d.observation_space == obs_space or (different and L.same_layout(d.observation_space, obs_space))
+            if not same_obs or d.action_space != act_space:
                 a = workers.bounds[k][0]
                 raise ValueError(
                     f"env {a} (worker {k}) has spaces {d.observation_space}, {d.action_space}; env 0 has "
                     f"{obs_space}, {act_space}: all envs of a pool must share their spaces")
+        self.observation_spaces = self._observation_spaces(described)
         self.single_observation_space = obs_space
         self.single_action_space = act_space
         self.metadata = first.metadata
@@ -229,7 +255,7 @@ class Pool:
         layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space)
         self._region = region = Region(layout, self._sizes, use_sems)
         self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
-                                    self.autoreset_mode)
+                                    self.autoreset_mode, self.strict)
         for conn, proc in zip(workers.conns, workers.procs):
             P.send(conn, self._map_msg)
             region.hand_over(conn, proc.pid)
@@ -241,12 +267,25 @@ class Pool:
         self._views = views = region.views()
         self._infos = InfoReader(views, region.map)
         self._obs_views = L.assemble(obs_space, views.obs)
-        self._actions = ActionWriter(act_space, layout, views)
+        self._actions = ActionWriter(act_space, layout, views, self.strict)
         self._sync_seq = 0
         self._step_target: int | None = None   # sync-counter value a pending step_async waits for
         self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
         self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
         self._all_ids = np.arange(self.num_envs, dtype=np.int64)
+
+    def _observation_spaces(self, described: list) -> tuple:
+        """Each env's observation space.  A worker whose envs' spaces differ in bounds only
+        lists them (the workers' spaces were compared already); ``"same"`` refuses that here."""
+        spaces: list = []
+        for (a, b), d in zip(self._workers.bounds, described):
+            if d.observation_spaces is not None and self.observation_mode == "same":
+                i, space = next((a + j, s) for j, s in enumerate(d.observation_spaces) if s != d.observation_space)
+                raise ValueError(
+                    f"env {i} has observation space {space}; env {a} has {d.observation_space}: all envs of a pool "
+                    "must share their spaces (observation_mode='different' accepts spaces that differ in bounds only)")
+            spaces += d.observation_spaces or [d.observation_space] * (b - a)
+        return tuple(spaces)
 
     # --- public API: sync ---------------------------------------------------------------
 
