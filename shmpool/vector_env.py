@@ -23,7 +23,7 @@ from gymnasium.spaces import Dict, Tuple
 from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from .arguments import POOL_KEYWORDS, is_ray_pool
 from .autoreset import NEXT_STEP, as_gymnasium, parse_autoreset_mode
@@ -47,7 +47,7 @@ VECTOR_PARAMETERS = POOL_PARAMETERS | {"copy", "autoreset_mode", "observation_mo
 
 
 class WaitTimeoutError(multiprocessing.TimeoutError, TimeoutError):
-    """``step_wait(timeout)`` ran out of time; the step is still pending.
+    """``reset_wait``/``step_wait``/``call_wait(timeout)`` ran out of time; the call is still pending.
 
     Both ``multiprocessing.TimeoutError`` (what ``AsyncVectorEnv`` raises) and
     the builtin ``TimeoutError`` (what the pool raises) catch it."""
@@ -93,12 +93,13 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
     ``AsyncVectorEnv``'s keywords:
 
-    - ``observation_mode``: ``"same"`` (default) or a ``(observation_space,
-      single_observation_space)`` tuple, whose single space must have every
-      env's shape and dtype, as in ``AsyncVectorEnv``; ``"different"`` is
-      accepted when every env has the same observation space (envs whose
-      spaces differ are refused: the pool lays out one space for all).  Any
-      other value raises gymnasium's ``ValueError``.
+    - ``observation_mode``: ``"same"`` (default; envs whose observation
+      spaces differ raise gymnasium's ``RuntimeError``), ``"different"``
+      (spaces may differ in bounds, not in type, shape or dtype;
+      ``observation_space`` is ``batch_differing_spaces`` of them) or an
+      ``(observation_space, single_observation_space)`` tuple, whose single
+      space must have every env's shape and dtype, as in ``AsyncVectorEnv``.
+      Any other value raises gymnasium's ``ValueError``.
     - ``shared_memory``: accepted, True or False alike: observations always
       travel through shared memory here (the reason gymnasium offers False,
       spaces it cannot lay out, is the pool's business, not this flag's).
@@ -169,8 +170,10 @@ class VectorEnv(gymnasium.vector.VectorEnv):
                 raise ValueError(f"strict={strict!r} but the pool was built with strict={pool_strict!r}")
         else:
             # The pool takes ids, callables and env kwargs itself.
+            # The pool accepts spaces that differ in bounds; observation_mode is judged below, with
+            # AsyncVectorEnv's errors.
             pool = Pool(env_fns, num_envs, autoreset_mode=NEXT_STEP if autoreset_mode is None else autoreset_mode,
-                        strict=bool(strict), **pool_kwargs)
+                        strict=bool(strict), observation_mode="different", **pool_kwargs)
         self._pool = pool
         self.copy = copy
         self.strict = getattr(pool, "strict", True)
@@ -184,8 +187,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         self.single_observation_space = pool.single_observation_space
         self.single_action_space = pool.single_action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        if isinstance(observation_mode, tuple):
-            self._adopt_observation_spaces(*observation_mode)
+        self._apply_observation_mode(observation_mode)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         # A copy, as SyncVectorEnv makes, so the env's class-level metadata is never touched.
         self.metadata = dict(pool.metadata)
@@ -199,15 +201,30 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         self._pending: BackgroundCall | None = None   # the reset_async/call_async at work
         self.closed = False
 
-    def _adopt_observation_spaces(self, batched: gymnasium.Space, single: gymnasium.Space) -> None:
-        """``observation_mode=(observation_space, single_observation_space)``, checked as
-        ``AsyncVectorEnv`` checks it: spaces, and every env's shape and dtype."""
+    def _apply_observation_mode(self, mode: str | tuple) -> None:
+        """``observation_mode`` judged as ``AsyncVectorEnv`` judges it, with its errors (the
+        pool is closed first)."""
+        per_env = getattr(self._pool, "observation_spaces", None) or (self.single_observation_space,) * self.num_envs
+        distinct = list({id(s): s for s in per_env}.values())   # one per worker, unless they differ
+        first = distinct[0]
+        if mode == "same":
+            if any(s != first for s in distinct[1:]):
+                self._pool.close()
+                raise RuntimeError(
+                    "AsyncVectorEnv(..., observation_mode='same') however some of the sub-environments observation "
+                    "spaces are not equivalent. If this is intentional, use `observation_mode='different'` instead.")
+            return
+        if mode == "different":
+            self.single_observation_space = per_env[0]
+            self.observation_space = batch_differing_spaces(list(per_env))
+            return
+        batched, single = mode
         if not isinstance(batched, gymnasium.Space) or not isinstance(single, gymnasium.Space):
-            self.close()
+            self._pool.close()
             raise TypeError(
                 f"Expected both elements of observation_mode to be Spaces, got {type(batched)} and {type(single)}")
-        if not is_space_dtype_shape_equiv(single, self._pool.single_observation_space):
-            self.close()
+        if not all(is_space_dtype_shape_equiv(single, s) for s in distinct):
+            self._pool.close()
             raise RuntimeError(
                 "AsyncVectorEnv(..., observation_mode='different' or custom space) however the sub-environment's "
                 "observation spaces do not share a common shape and dtype.")

@@ -9,6 +9,7 @@ The second part is shmpool only: ``strict=True`` and the keywords that have no m
 from __future__ import annotations
 
 import functools
+import gc
 import multiprocessing
 import re
 import time
@@ -67,6 +68,9 @@ def vec(request, no_leaks):
     yield build
     for envs in built:
         envs.close(terminate=True)
+    # An AsyncVectorEnv whose constructor raised is only closed by its __del__ (its
+    # frame and the exception's traceback hold it in a cycle).
+    gc.collect()
 
 
 # --- what the env receives ----------------------------------------------------------------
@@ -185,6 +189,34 @@ def test_observation_mode_different_with_equal_spaces(vec):
     assert obs.shape == (3, 2)
 
 
+def test_observation_mode_different_with_spaces_that_differ_in_bounds(vec):
+    boxes = [spaces.Box(0.0, float(i), (5,), np.float32) for i in range(1, 4)]
+    envs = vec([recording(obs_space=box) for box in boxes], observation_mode="different")
+    assert envs.observation_space == batch_differing_spaces(boxes)
+    assert envs.single_observation_space == boxes[0]
+    obs, _ = envs.reset(seed=0)
+    assert obs.shape == (3, 5) and obs.dtype == np.float32
+    *_, infos = envs.step(np.array([0, 1, 2]))
+    assert infos["action"].tolist() == ["np.int64(0)", "np.int64(1)", "np.int64(2)"]
+
+
+def test_observation_mode_same_with_spaces_that_differ(vec):
+    boxes = [spaces.Box(0.0, float(i), (2,), np.float32) for i in range(1, 4)]
+    with pytest.raises(RuntimeError) as info:
+        vec([recording(obs_space=box) for box in boxes], observation_mode="same")
+    assert str(info.value) == (
+        "AsyncVectorEnv(..., observation_mode='same') however some of the sub-environments observation spaces are "
+        "not equivalent. If this is intentional, use `observation_mode='different'` instead.")
+
+
+def test_observation_mode_as_spaces_that_do_not_fit(vec):
+    with pytest.raises(RuntimeError) as info:
+        vec([recording(obs_space=spaces.Box(0.0, 1.0, (2,), np.float32))] * 2,
+            observation_mode=(spaces.Box(0.0, 1.0, (2, 3), np.float32), spaces.Box(0.0, 1.0, (3,), np.float32)))
+    assert str(info.value) == ("AsyncVectorEnv(..., observation_mode='different' or custom space) however the "
+                               "sub-environment's observation spaces do not share a common shape and dtype.")
+
+
 def test_observation_mode_as_spaces(vec):
     single = spaces.Box(0.0, 4.0, (2,), np.float32)
     batched = spaces.Box(0.0, 4.0, (3, 2), np.float32)
@@ -250,6 +282,19 @@ def test_lenient_actions_still_refuse_what_the_slots_cannot_hold(no_leaks):
             envs.step(np.zeros((2, 2)))
         *_, infos = envs.step(np.array([[0, 2], [1, -1]]))   # outside MultiBinary but an int8: the env decides
         assert infos["action"].tolist() == ["array([0, 2], dtype=int8)", "array([ 1, -1], dtype=int8)"]
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_pool_observation_mode(no_leaks, num_workers):
+    boxes = [spaces.Box(0.0, float(i), (2,), np.float32) for i in range(1, 4)]
+    fns = [recording(obs_space=box) for box in boxes]
+    with pytest.raises(ValueError, match="all envs of a pool must share their spaces"):
+        shmpool.Pool(fns, num_workers=num_workers)
+    with shmpool.Pool(fns, num_workers=num_workers, observation_mode="different") as pool:
+        assert pool.observation_spaces == tuple(boxes) and pool.single_observation_space == boxes[0]
+    with pytest.raises(shmpool.EnvError, match="all envs of a pool must share their spaces"):
+        shmpool.Pool([recording(), recording(obs_space=spaces.Box(0.0, 1.0, (3,), np.float32))], num_workers=1,
+                     observation_mode="different")
 
 
 def test_context_is_the_start_method(no_leaks):
