@@ -1,14 +1,22 @@
 """Actions: checked in the parent, then copied into their shared-memory slots.
 
-Nothing invalid reaches a worker.  The policy, per leaf of the action space:
+Nothing that the shared slots cannot hold reaches a worker.  Always, per leaf
+of the action space:
 
 - shape must be ``(rows, *space.shape)``; the dtype must cast to the space's
   dtype under numpy's ``same_kind`` rule (float64 policy outputs into a
   float32 Box are fine, floats into a Discrete are not);
+- integers must fit the space's dtype (no silent wrap-around).
+
+With ``strict`` (what ``Pool`` does by default) the values are checked too:
+
 - Discrete, MultiDiscrete and MultiBinary values must lie in the space;
 - Box values may not be NaN, nor infinite where that side's bound is finite.
   Finite values outside a Box's bounds pass through, as with gymnasium's
   vector envs: envs clip them (or wrap with ``ClipAction``).
+
+Without it the env decides, as with gymnasium's vector envs (an out-of-range
+Discrete action or a NaN reaches the env).
 """
 from __future__ import annotations
 
@@ -32,8 +40,9 @@ def leaf_spaces(space: spaces.Space) -> list[spaces.Space]:
 class _Slot:
     """One leaf: its shared array, its space, and how to check values for it."""
 
-    def __init__(self, dst: np.ndarray, space: spaces.Space, what: str) -> None:
+    def __init__(self, dst: np.ndarray, space: spaces.Space, what: str, strict: bool) -> None:
         self.dst = dst
+        self.strict = strict
         self.space = space
         self.what = what
         self.shape = dst.shape[1:]
@@ -58,7 +67,10 @@ class _Slot:
         if a.dtype != self.dtype and not np.can_cast(a.dtype, self.dtype, "same_kind"):
             raise ValueError(
                 f"{self.what} have dtype {a.dtype}, which cannot be cast to the action dtype {self.dtype}")
-        self.check_values(a, ids)
+        if self.strict:
+            self.check_values(a, ids)
+        elif a.dtype != self.dtype and a.dtype.kind in "iub" and self.dtype.kind in "iu":
+            self.check_fits(a, ids)
         if ids is None:
             np.copyto(self.dst, a, casting="same_kind")
         else:
@@ -77,6 +89,13 @@ class _Slot:
             if bad.any():
                 self._refuse(a, ids, bad, "NaN" if self.inf_ok else f"NaN or infinite (the space is {self.space})")
 
+    def check_fits(self, a: np.ndarray, ids: np.ndarray | None) -> None:
+        """Integers narrowed to the slot's dtype must keep their value (numpy would wrap them)."""
+        info = np.iinfo(self.dtype)
+        bad = (a < info.min) | (a > info.max)
+        if bad.any():
+            self._refuse(a, ids, bad, f"do not fit the action dtype {self.dtype}")
+
     def _refuse(self, a, ids, bad, why: str) -> None:
         rows = np.flatnonzero(bad.reshape(len(a), -1).any(axis=1))
         envs = rows if ids is None else np.asarray(ids)[rows]
@@ -88,13 +107,14 @@ class _Slot:
 class ActionWriter:
     """Checks a batch of actions (batched like the action space) and writes it to the slots."""
 
-    def __init__(self, space: spaces.Space, layout: L.Layout, views: L.Views) -> None:
+    def __init__(self, space: spaces.Space, layout: L.Layout, views: L.Views, strict: bool = True) -> None:
         self.space = space
         self.num_envs = layout.num_envs
+        self.strict = strict
         self.is_leaf = not isinstance(space, (spaces.Dict, spaces.Tuple))
         shared = [sub for sub in leaf_spaces(space) if isinstance(sub, L.SHARED_SPACES)]
         self.slots = [
-            _Slot(dst, sub, "actions" + "".join(f"[{p!r}]" for p in leaf.path))
+            _Slot(dst, sub, "actions" + "".join(f"[{p!r}]" for p in leaf.path), strict)
             for dst, sub, leaf in zip(views.act, shared, layout.act_leaves)
         ]
         # Leaves that travel pickled (shmpool.fallback), or None.
@@ -112,7 +132,8 @@ class ActionWriter:
         fast = self.fast
         if (ids is None and fast is not None and type(actions) is np.ndarray
                 and actions.dtype == fast.dtype and actions.shape == fast.dst.shape):
-            fast.check_values(actions, None)
+            if self.strict:
+                fast.check_values(actions, None)
             fast.dst[...] = actions
             return
         rows = len(self.slots[0].dst) if ids is None else len(ids)

@@ -15,7 +15,8 @@ import numpy as np
 # other keyword as an env kwarg.  tests/test_units.py checks this against ``Pool``'s signature.
 POOL_KEYWORDS = frozenset({
     "num_workers", "batch_size", "cpus", "seed", "wait_policy", "step_timeout", "startup_timeout", "copy",
-    "start_method", "wake", "autoreset_mode", "on_worker_error", "pin",
+    "start_method", "wake", "autoreset_mode", "on_worker_error", "pin", "strict",
+    "observation_mode",
 })
 
 

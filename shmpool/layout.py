@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
 from . import _core
 
@@ -67,6 +68,17 @@ def all_shared(space: spaces.Space) -> bool:
     if isinstance(space, spaces.Tuple):
         return all(all_shared(sub) for sub in space.spaces)
     return isinstance(space, SHARED_SPACES)
+
+
+def same_layout(a: spaces.Space, b: spaces.Space) -> bool:
+    """Whether two spaces share type, shapes and dtypes (gymnasium's ``is_space_dtype_shape_equiv``):
+    envs with such spaces can share one layout although their bounds differ."""
+    if a is b:
+        return True
+    try:
+        return bool(is_space_dtype_shape_equiv(a, b))
+    except (NotImplementedError, TypeError):   # spaces gymnasium has no rule for
+        return a == b
 
 
 def assemble(space: spaces.Space, arrays: list, start: int = 0):

@@ -130,6 +130,23 @@ class Pool(LifecycleFacts):
     ``restarts``, ``worker_restarts`` and ``restart_log`` (the latest 1,000)
     count the restarts.
 
+    ``strict`` (default True): actions are checked against the action space
+    before anything is sent (Discrete/MultiDiscrete/MultiBinary values in the
+    space, no NaN in a Box, no inf where the bound is finite: ``ValueError``),
+    and an env's non-finite reward or an observation of another shape, or of a
+    dtype only an unsafe cast fits, raises ``EnvError`` (``ResultError``).
+    ``strict=False`` does what gymnasium's ``AsyncVectorEnv`` does: the env
+    decides what an action means, rewards are delivered as they are (NaN,
+    inf), and observations are cast into the space's dtype as gymnasium's
+    shared-memory write casts them.  Either way, actions whose shape or dtype
+    the shared slots cannot hold are refused.
+
+    ``observation_mode``: ``"same"`` (default): every env must have the same
+    observation space; ``"different"``: their spaces may differ in bounds
+    (gymnasium's ``observation_mode="different"``: same type, shapes and
+    dtypes); ``single_observation_space`` is env 0's and
+    ``observation_spaces`` lists each env's.
+
     Threads: every public method is one locked call, so a pool used from several
     threads runs their calls one after another (a ``step()`` is one call); the
     order between threads is theirs to arrange.  ``close()`` may come from any
@@ -237,6 +254,8 @@ class Pool(LifecycleFacts):
         autoreset_mode: str | AutoresetMode = NEXT_STEP,
         on_worker_error: str = "raise",
         pin: bool = True,
+        strict: bool = True,
+        observation_mode: str = "same",
         **env_kwargs: Any,
     ) -> None:
         self._life = Lifecycle()
@@ -266,6 +285,10 @@ class Pool(LifecycleFacts):
                 RuntimeWarning, stacklevel=2)
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
+        self.strict = bool(strict)
+        if observation_mode not in ("same", "different"):
+            raise ValueError(f"observation_mode must be 'same' or 'different', got {observation_mode!r}")
+        self.observation_mode = observation_mode
         seed = check_seed(seed)
         seeds = [None] * n if seed is None else [seed + i for i in range(n)]
         self._restarts = Restarts(w, startup_timeout)
@@ -299,9 +322,11 @@ class Pool(LifecycleFacts):
         workers.spawn_all(fns, seeds)
         workers.guard(self)
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-        first = workers.agreed_spaces(deadline)
+        described = workers.agreed_spaces(deadline, different_bounds=self.observation_mode == "different")
+        first = described[0]
         obs_space, act_space = first.observation_space, first.action_space
         check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
+        self.observation_spaces = self._observation_spaces(described)
         self.single_observation_space = obs_space
         self.single_action_space = act_space
         self.metadata = first.metadata
@@ -313,14 +338,14 @@ class Pool(LifecycleFacts):
         warn_slow(self._obs_lane, Lane.of(act_space), stacklevel=4)
         self._region = region = Region(layout, self._sizes, use_sems)
         self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
-                                    self.autoreset_mode)
+                                    self.autoreset_mode, self.strict)
         workers.map_region(list(range(self.num_workers)), self._map_msg, region, deadline)
         region.started(keep_fd=self._replacing)
 
         self._wire = region.wire
         self._views = views = region.views()
         self._infos = InfoReader(views, region.map)
-        self._actions = ActionWriter(act_space, layout, views)
+        self._actions = ActionWriter(act_space, layout, views, self.strict)
         self._all_ids = np.arange(self.num_envs, dtype=np.int64)
         if self._obs_lane is None:
             self._obs_views = L.assemble(obs_space, views.obs)
@@ -333,6 +358,19 @@ class Pool(LifecycleFacts):
         self._step_target: int | None = None   # sync-counter value a pending step_async waits for
         self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
         self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
+
+    def _observation_spaces(self, described: list) -> tuple:
+        """Each env's observation space.  A worker whose envs' spaces differ in bounds only
+        lists them (the workers' spaces were compared already); ``"same"`` refuses that here."""
+        spaces: list = []
+        for (a, b), d in zip(self._workers.bounds, described):
+            if d.observation_spaces is not None and self.observation_mode == "same":
+                i, space = next((a + j, s) for j, s in enumerate(d.observation_spaces) if s != d.observation_space)
+                raise ValueError(
+                    f"env {i} has observation space {space}; env {a} has {d.observation_space}: all envs of a pool "
+                    "must share their spaces (observation_mode='different' accepts spaces that differ in bounds only)")
+            spaces += d.observation_spaces or [d.observation_space] * (b - a)
+        return tuple(spaces)
 
     # --- public API: sync ---------------------------------------------------------------
 

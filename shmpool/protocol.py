@@ -61,6 +61,7 @@ class MapRegion:
     slice_ns: int
     semaphores: list[str] | None  # posix semaphore names when futexes are not used
     autoreset_mode: str
+    strict: bool = True           # refuse non-finite rewards and observations that need a cast
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,7 @@ class Spaces:
     render_mode: str | None
     spec: Any
     hosting: dict | None = None   # a batched env's capabilities (shmpool.batched.hosting_info)
+    observation_spaces: list | None = None   # each env's, when they differ (in bounds only)
 
 
 @dataclass(frozen=True, slots=True)

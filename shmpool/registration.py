@@ -62,6 +62,7 @@ def _split_vector_kwargs(kwargs: dict) -> tuple[dict, dict]:
 def make_vec(
     env_id: str | EnvSpec,
     num_envs: int = 1,
+    vectorization_mode: VectorizeMode | str | None = None,
     *,
     vector_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gymnasium.Env], gymnasium.Wrapper]] | None = None,
@@ -80,7 +81,12 @@ def make_vec(
     ``vectorization_mode="vector_entry_point"`` and a shmpool
     ``vector_entry_point``: ``gymnasium.make_vec(envs.spec)`` rebuilds a shmpool
     env too when no wrappers were given (gymnasium refuses wrappers in that mode).
+
+    ``vectorization_mode``: ``"async"`` (or None) is what this builds, so calls
+    written for ``gymnasium.make_vec(..., vectorization_mode="async")`` work as
+    they are; ``"sync"`` and ``"vector_entry_point"`` are refused with the reason.
     """
+    check_vectorization_mode(vectorization_mode)
     spec = copy.deepcopy(_find_spec(env_id))
     spec_kwargs = spec.kwargs
     spec.kwargs = {}
@@ -110,6 +116,24 @@ def make_vec(
     recorded.vector_entry_point = functools.partial(vector_entry_point, spec.id)
     env.spec = recorded
     return env
+
+
+def check_vectorization_mode(mode: VectorizeMode | str | None) -> None:
+    """``make_vec``'s ``vectorization_mode``: None or ``"async"``; the others say why not."""
+    if mode is None:
+        return
+    try:
+        mode = VectorizeMode(mode)
+    except ValueError:
+        raise ValueError(f"Invalid vectorization mode: {mode!r}, "
+                         f"valid modes: {[m.value for m in VectorizeMode]}") from None
+    if mode is VectorizeMode.SYNC:
+        raise ValueError("vectorization_mode='sync' has no meaning for shmpool.make_vec: it always steps the envs "
+                         "in worker processes, as 'async' does; use gymnasium.make_vec for SyncVectorEnv")
+    if mode is VectorizeMode.VECTOR_ENTRY_POINT:
+        raise ValueError("vectorization_mode='vector_entry_point' has no meaning for shmpool.make_vec: it builds "
+                         "the envs one by one in its workers, never the id's own vector env; "
+                         "use gymnasium.make_vec for that")
 
 
 def vector_entry_point(env_id: str, num_envs: int = 1, **kwargs: Any) -> VectorEnv:

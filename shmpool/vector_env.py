@@ -20,12 +20,14 @@ import numpy as np
 from gymnasium import logger
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.spaces import Dict, Tuple
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from .arguments import POOL_KEYWORDS, is_ray_pool
 from .autoreset import NEXT_STEP, as_gymnasium, parse_autoreset_mode
+from .background import BackgroundCall
 from .errors import EnvError, rebuild_error
 from .pool import Pool
 from .resets import check_reset_mask, seed_list
@@ -39,12 +41,13 @@ __all__ = ["POOL_PARAMETERS", "VECTOR_PARAMETERS", "VectorEnv", "WaitTimeoutErro
 _NOT_CALLABLE = ("reset", "step", "close", "_setattr", "_check_spaces")
 # Pool parameters a VectorEnv forwards; any other keyword is an env kwarg (gymnasium ids only).
 POOL_PARAMETERS = POOL_KEYWORDS
-# Keywords a VectorEnv takes besides its envs: its own and the pool's.
-VECTOR_PARAMETERS = POOL_PARAMETERS | {"copy", "autoreset_mode"}
+# Keywords a VectorEnv takes besides its envs: its own (AsyncVectorEnv's among them) and the pool's.
+VECTOR_PARAMETERS = POOL_PARAMETERS | {"copy", "autoreset_mode", "observation_mode", "shared_memory", "context",
+                                       "daemon", "worker"}
 
 
 class WaitTimeoutError(multiprocessing.TimeoutError, TimeoutError):
-    """``step_wait(timeout)`` ran out of time; the step is still pending.
+    """``reset_wait``/``step_wait``/``call_wait(timeout)`` ran out of time; the call is still pending.
 
     Both ``multiprocessing.TimeoutError`` (what ``AsyncVectorEnv`` raises) and
     the builtin ``TimeoutError`` (what the pool raises) catch it."""
@@ -74,6 +77,50 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     :class:`shmpool.Pool` (``num_workers``, ``batch_size``, ``cpus``, ``seed``,
     ``wait_policy``, ``step_timeout``, ...).
 
+    Values travel as ``AsyncVectorEnv`` delivers them (``strict=False``, the
+    default): actions reach the envs unchecked against the space (an
+    out-of-range Discrete action is the env's to refuse), rewards come back as
+    the envs return them (NaN, inf; float64), and observations are cast into
+    the space's dtype as gymnasium's shared-memory write casts them (a Python
+    float into a uint8 Box, a scalar into shape ``(1,)``).  Only what the
+    shared slots cannot hold is refused: actions of another shape, of a dtype
+    that does not cast ``same_kind`` (floats into a Discrete), or integers that
+    do not fit the action dtype (``ValueError`` before any env steps).
+    ``strict=True`` adds shmpool's checks: actions must lie in the action
+    space (``ValueError`` naming the envs), and a non-finite reward or an
+    observation of another shape or of a dtype only an unsafe cast fits raises
+    (the env's error, ``ResultError``).
+
+    ``AsyncVectorEnv``'s keywords:
+
+    - ``observation_mode``: ``"same"`` (default; envs whose observation
+      spaces differ raise gymnasium's ``RuntimeError``), ``"different"``
+      (spaces may differ in bounds, not in type, shape or dtype;
+      ``observation_space`` is ``batch_differing_spaces`` of them) or an
+      ``(observation_space, single_observation_space)`` tuple, whose single
+      space must have every env's shape and dtype, as in ``AsyncVectorEnv``.
+      Any other value raises gymnasium's ``ValueError``.
+    - ``shared_memory``: accepted, True or False alike: observations always
+      travel through shared memory here (the reason gymnasium offers False,
+      spaces it cannot lay out, is the pool's business, not this flag's).
+    - ``context``: the ``multiprocessing`` start method, as the pool's
+      ``start_method`` (give one of the two).
+    - ``daemon``: True is what the pool does; False is refused: the workers
+      are always daemonic processes that the pool stops itself, so an env in
+      them cannot start processes of its own with ``multiprocessing``.
+    - ``worker``: None only.  ``AsyncVectorEnv``'s worker functions speak its
+      pipe protocol, which these workers do not use; autoreset is chosen with
+      ``autoreset_mode`` and code runs in the workers with ``pool.apply``.
+
+    ``reset_wait``, ``step_wait`` and ``call_wait`` take ``timeout`` (seconds)
+    and raise :class:`WaitTimeoutError` (a ``multiprocessing.TimeoutError``,
+    as ``AsyncVectorEnv`` raises, with its message) when the call is not done
+    by then.  Unlike ``AsyncVectorEnv``, whose pipes are out of step after a
+    timeout, the call stays pending: the same ``*_wait()`` collects it later
+    (other calls raise ``AlreadyPendingCallError`` until then), or ``close()``
+    ends it.  ``reset_async``/``call_async`` start the work at once (in a
+    thread); ``reset()``/``call()`` do it in the calling thread.
+
     Shapes: observations are batched like ``observation_space``
     (``batch_space(single_observation_space, num_envs)``), actions like
     ``action_space``; infos are gymnasium's vector layout (``key`` array plus
@@ -92,10 +139,23 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         *,
         copy: bool = True,
         autoreset_mode: str | AutoresetMode | None = None,
+        strict: bool | None = None,
+        observation_mode: str | tuple[gymnasium.Space, gymnasium.Space] = "same",
+        shared_memory: bool = True,
+        context: str | None = None,
+        daemon: bool = True,
+        worker: Callable | None = None,
         **pool_kwargs: Any,
     ) -> None:
         self._pool: Pool | RayPool | None = None
         self.closed = True  # until the pool exists: __del__ and close() have nothing to do
+        check_observation_mode(observation_mode)
+        check_async_keywords(daemon, worker)
+        if context is not None:
+            if pool_kwargs.get("start_method") not in (None, context):
+                raise ValueError(f"context={context!r} and start_method={pool_kwargs['start_method']!r} "
+                                 "disagree: both name the multiprocessing start method, give one")
+            pool_kwargs["start_method"] = context
         if isinstance(env_fns, Pool) or is_ray_pool(env_fns):
             pool = env_fns
             if pool_kwargs:
@@ -105,17 +165,29 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             if autoreset_mode is not None and parse_autoreset_mode(autoreset_mode) != pool.autoreset_mode:
                 raise ValueError(
                     f"autoreset_mode={autoreset_mode!r} but the pool was built with {pool.autoreset_mode!r}")
+            pool_strict = getattr(pool, "strict", True)
+            if strict is not None and bool(strict) != pool_strict:
+                raise ValueError(f"strict={strict!r} but the pool was built with strict={pool_strict!r}")
         else:
             # The pool takes ids, callables and env kwargs itself.
+            # The pool accepts spaces that differ in bounds; observation_mode is judged below, with
+            # AsyncVectorEnv's errors.
             pool = Pool(env_fns, num_envs, autoreset_mode=NEXT_STEP if autoreset_mode is None else autoreset_mode,
-                        **pool_kwargs)
+                        strict=bool(strict), observation_mode="different", **pool_kwargs)
         self._pool = pool
         self.copy = copy
+        self.strict = getattr(pool, "strict", True)
+        self.observation_mode = observation_mode
+        self.shared_memory = shared_memory
+        self.context = context
+        self.daemon = daemon
+        self.worker = worker
         self.autoreset_mode: AutoresetMode = as_gymnasium(pool.autoreset_mode)
         self.num_envs = pool.num_envs
         self.single_observation_space = pool.single_observation_space
         self.single_action_space = pool.single_action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self._apply_observation_mode(observation_mode)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         # A copy, as SyncVectorEnv makes, so the env's class-level metadata is never touched.
         self.metadata = dict(pool.metadata)
@@ -126,8 +198,37 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         self.spec = None
         self._structured_actions = isinstance(self.single_action_space, (Dict, Tuple))
         self._state = AsyncState.DEFAULT
-        self._pending: tuple = ()
+        self._pending: BackgroundCall | None = None   # the reset_async/call_async at work
         self.closed = False
+
+    def _apply_observation_mode(self, mode: str | tuple) -> None:
+        """``observation_mode`` judged as ``AsyncVectorEnv`` judges it, with its errors (the
+        pool is closed first)."""
+        per_env = getattr(self._pool, "observation_spaces", None) or (self.single_observation_space,) * self.num_envs
+        distinct = list({id(s): s for s in per_env}.values())   # one per worker, unless they differ
+        first = distinct[0]
+        if mode == "same":
+            if any(s != first for s in distinct[1:]):
+                self._pool.close()
+                raise RuntimeError(
+                    "AsyncVectorEnv(..., observation_mode='same') however some of the sub-environments observation "
+                    "spaces are not equivalent. If this is intentional, use `observation_mode='different'` instead.")
+            return
+        if mode == "different":
+            self.single_observation_space = per_env[0]
+            self.observation_space = batch_differing_spaces(list(per_env))
+            return
+        batched, single = mode
+        if not isinstance(batched, gymnasium.Space) or not isinstance(single, gymnasium.Space):
+            self._pool.close()
+            raise TypeError(
+                f"Expected both elements of observation_mode to be Spaces, got {type(batched)} and {type(single)}")
+        if not all(is_space_dtype_shape_equiv(single, s) for s in distinct):
+            self._pool.close()
+            raise RuntimeError(
+                "AsyncVectorEnv(..., observation_mode='different' or custom space) however the sub-environment's "
+                "observation spaces do not share a common shape and dtype.")
+        self.observation_space, self.single_observation_space = batched, single
 
     # --- properties gymnasium's vector envs have --------------------------
 
@@ -159,18 +260,35 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         """Reset the envs; returns ``(obs, infos)``.
 
         ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one per env.
+        Every env's ``reset`` gets ``seed=`` and ``options=`` (None included), as gymnasium calls it.
         ``options["reset_mask"]`` (bool ``(num_envs,)``) resets only those envs."""
-        self.reset_async(seed=seed, options=options)
-        return self.reset_wait()
+        seeds = self._check_reset(seed, options)
+        return self._reset_now(seeds, options)
 
     def reset_async(
         self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> None:
-        """Check and record a reset; ``reset_wait()`` performs it and returns its results.
+        """Start a reset; ``reset_wait()`` returns its results.
 
-        The pool resets with seeds and options only synchronously, so the work
-        happens in ``reset_wait``; errors in the arguments are raised here, as
-        ``AsyncVectorEnv`` raises them."""
+        Errors in the arguments are raised here, as ``AsyncVectorEnv`` raises them;
+        the envs' own errors at ``reset_wait``."""
+        seeds = self._check_reset(seed, options)
+        self._pending = BackgroundCall("reset", self._reset_now, seeds, options)
+        self._state = AsyncState.WAITING_RESET
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """Results of the reset started by ``reset_async()``: ``(obs, infos)``.
+
+        ``timeout`` (seconds): :class:`WaitTimeoutError` if the reset is not done by
+        then; it stays pending, and ``reset_wait()`` can be called again."""
+        self._assert_is_running()
+        if self._state != AsyncState.WAITING_RESET:
+            raise NoAsyncCallError(
+                "Calling `reset_wait` without any prior call to `reset_async`.", AsyncState.WAITING_RESET.value)
+        return self._collect("reset_wait", timeout)
+
+    def _check_reset(self, seed, options) -> list:
+        """The checks of ``reset_async``, in ``AsyncVectorEnv``'s order; one seed per env."""
         self._assert_is_running()
         seeds = seed_list(seed, self.num_envs)
         if self._state != AsyncState.DEFAULT:
@@ -181,25 +299,21 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             # Checked here, where AsyncVectorEnv checks it; unlike gymnasium, the
             # caller's dict keeps its "reset_mask" (the pool takes it out of a copy).
             check_reset_mask(options["reset_mask"], self.num_envs)
-        self._pending = (seeds, options)
-        self._state = AsyncState.WAITING_RESET
+        return seeds
 
-    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
-        """Results of the reset recorded by ``reset_async()``: ``(obs, infos)``.
-
-        ``timeout`` is accepted for ``AsyncVectorEnv`` compatibility but not
-        enforced (the pool's ``step_timeout`` bounds the reset)."""
-        self._assert_is_running()
-        if self._state != AsyncState.WAITING_RESET:
-            raise NoAsyncCallError(
-                "Calling `reset_wait` without any prior call to `reset_async`.", AsyncState.WAITING_RESET.value)
-        seeds, options = self._pending
-        self._state, self._pending = AsyncState.DEFAULT, ()
+    def _reset_now(self, seeds: list, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         try:
             obs, infos = self._pool.reset(seed=seeds, options=options)
         except EnvError as err:
             raise _retyped(err) from None
         return self._out(obs), infos
+
+    def _collect(self, op: str, timeout: float | None) -> Any:
+        """The result of the pending reset/call; raises WaitTimeoutError (still pending) after ``timeout``."""
+        if not self._pending.wait(timeout):
+            raise WaitTimeoutError(f"The call to `{op}` has timed out after {timeout} second(s).")
+        pending, self._pending, self._state = self._pending, None, AsyncState.DEFAULT
+        return pending.result()
 
     # --- step -------------------------------------------------------------
 
@@ -291,29 +405,34 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``env.get_wrapper_attr(name)(*args, **kwargs)`` in every env (the attribute itself
         if it is not callable); one result per env, in env order."""
-        self.call_async(name, *args, **kwargs)
-        return self.call_wait()
+        self._check_call()
+        return self._call_now(name, args, kwargs)
 
     def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
-        """Record a call; ``call_wait()`` performs it (the pool answers calls synchronously)."""
+        """Start a call; ``call_wait()`` returns its results."""
+        self._check_call()
+        self._pending = BackgroundCall("call", self._call_now, name, args, kwargs)
+        self._state = AsyncState.WAITING_CALL
+
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """Results of the call started by ``call_async()``, one per env.
+
+        ``timeout`` (seconds): :class:`WaitTimeoutError` if the call is not done by
+        then; it stays pending, and ``call_wait()`` can be called again."""
+        self._assert_is_running()
+        if self._state != AsyncState.WAITING_CALL:
+            raise NoAsyncCallError(
+                "Calling `call_wait` without any prior call to `call_async`.", AsyncState.WAITING_CALL.value)
+        return self._collect("call_wait", timeout)
+
+    def _check_call(self) -> None:
         self._assert_is_running()
         if self._state != AsyncState.DEFAULT:
             raise AlreadyPendingCallError(
                 f"Calling `call_async` while waiting for a pending call to `{self._state.value}` to complete.",
                 str(self._state.value))
-        self._pending = (name, args, kwargs)
-        self._state = AsyncState.WAITING_CALL
 
-    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
-        """Results of the call recorded by ``call_async()``, one per env.
-
-        ``timeout`` is accepted for ``AsyncVectorEnv`` compatibility but not enforced."""
-        self._assert_is_running()
-        if self._state != AsyncState.WAITING_CALL:
-            raise NoAsyncCallError(
-                "Calling `call_wait` without any prior call to `call_async`.", AsyncState.WAITING_CALL.value)
-        name, args, kwargs = self._pending
-        self._state, self._pending = AsyncState.DEFAULT, ()
+    def _call_now(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, ...]:
         if name in _NOT_CALLABLE:
             raise ValueError(f"Trying to call function `{name}` with `call`, use `{name}` directly instead.")
         try:
@@ -358,7 +477,8 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         to close, then workers are killed)."""
         if self._state != AsyncState.DEFAULT:
             logger.warn(f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete.")
-        self._state, self._pending = AsyncState.DEFAULT, ()
+        # A reset/call still at work in its thread ends with the pool's close.
+        self._state, self._pending = AsyncState.DEFAULT, None
         if self._pool is not None:
             self._pool.close()
 
@@ -397,6 +517,34 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         if type(obs) is np.ndarray:
             return obs.copy()
         return _copy.deepcopy(obs)  # what gymnasium does; dict/tuple observations
+
+
+# --- AsyncVectorEnv's keywords ----------------------------------------------------------
+
+
+def check_observation_mode(mode: Any) -> None:
+    """``observation_mode``: ``"same"``, ``"different"`` or a 2-tuple (its spaces are checked once
+    the envs' own are known); anything else raises gymnasium's ValueError, word for word."""
+    if isinstance(mode, tuple) and len(mode) == 2:
+        return
+    if isinstance(mode, str) and mode in ("same", "different"):
+        return
+    raise ValueError("Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
+                     f"observation space, actual got {mode}")
+
+
+def check_async_keywords(daemon: Any, worker: Any) -> None:
+    """``AsyncVectorEnv``'s ``daemon`` and ``worker``: the values that mean something here, or why not."""
+    if worker is not None:
+        raise TypeError(
+            f"worker={worker!r} has no meaning for shmpool.VectorEnv: AsyncVectorEnv's worker functions speak "
+            "its pipe protocol, and shmpool's workers run their own loop over shared memory. Choose autoreset "
+            "with autoreset_mode=, run code inside the workers with env.pool.apply(fn)")
+    if not daemon:
+        raise ValueError(
+            "daemon=False is not supported by shmpool.VectorEnv: its workers are always daemonic processes that "
+            "the pool stops itself (on close, on error, or when the pool is dropped), so an env in them cannot "
+            "start processes of its own with multiprocessing")
 
 
 # --- exceptions of the env's own type -------------------------------------------

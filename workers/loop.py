@@ -144,11 +144,14 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
                     _close_quietly(env)
                 return
         first = envs[0]
+        differing = False   # observation spaces of one layout but other bounds: the pool decides
         for k, env in enumerate(envs[1:], 1):
             # Identity first: Box equality runs allclose over low/high, seconds for large spaces x many envs.
             obs_space, act_space = env.observation_space, env.action_space
             same_obs = obs_space is first.observation_space or obs_space == first.observation_space
             same_act = act_space is first.action_space or act_space == first.action_space
+            if not same_obs and L.same_layout(obs_space, first.observation_space):
+                same_obs = differing = True
             if not (same_obs and same_act):
                 P.report(conn, P.Failure(start + k, "make", "ValueError",
                                          f"env {start + k} has observation/action spaces {obs_space}, "
@@ -159,7 +162,8 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
                 return
         obs_space, act_space = first.observation_space, first.action_space
         P.report(conn, P.Spaces(obs_space, act_space, getattr(first, "metadata", {}),
-                                getattr(first, "render_mode", None), getattr(first, "spec", None)))
+                                getattr(first, "render_mode", None), getattr(first, "spec", None),
+                                observation_spaces=[env.observation_space for env in envs] if differing else None))
     msg = P.next_command(conn)
     if type(msg) is not P.MapRegion:  # Abort: start-up failed in another worker
         return
@@ -177,14 +181,14 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
     views = L.Views(layout, region)
     if batch_env is not None:
         try:
-            shard = BatchShard(batch_env, start, views, region, obs_space, act_space, autoreset_mode)
+            shard = BatchShard(batch_env, start, views, region, obs_space, act_space, autoreset_mode, msg.strict)
         except Exception as exc:
             _error(conn, start, "bind", exc)
             _close_quietly(batch_env)
             wire.release()
             return
     else:
-        shard = Shard(envs, start, views, region, obs_space, act_space, autoreset_mode)
+        shard = Shard(envs, start, views, region, obs_space, act_space, autoreset_mode, msg.strict)
         if shard.act_lane is not None:
             shard.slow_actions = SlowActionInbox(conn, views.act_version)
     shard.pending_seeds = list(seeds)

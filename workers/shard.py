@@ -17,10 +17,15 @@ class ResultError(Exception):
     """An env returned something that does not fit its declared space."""
 
 
-def _leaf_writer(arr: np.ndarray):
-    """Copies one env's value of a leaf into its row, refusing a wrong shape
-    (numpy would broadcast it silently) or a dtype that only an unsafe cast
-    fits (floats into an integer space would be truncated silently)."""
+def _leaf_writer(arr: np.ndarray, strict: bool):
+    """Copies one env's value of a leaf into its row.
+
+    ``strict``: refuse a wrong shape (numpy would broadcast it silently) or a
+    dtype that only an unsafe cast fits (floats into an integer space would be
+    truncated silently).  Otherwise the value is cast as gymnasium's
+    shared-memory write casts it (``np.asarray(value, dtype).flatten()`` copied
+    into the row): a Python float into a uint8 Box, a scalar into shape ``(1,)``;
+    what that cannot fit raises numpy's own error, as in ``AsyncVectorEnv``."""
     shape, dtype = arr.shape[1:], arr.dtype
 
     def write(i, value):
@@ -31,7 +36,13 @@ def _leaf_writer(arr: np.ndarray):
         if value.dtype != dtype and not np.can_cast(value.dtype, dtype, "same_kind"):
             raise ResultError(f"observation has dtype {value.dtype}, which the space's {dtype} cannot hold")
         arr[i] = value
-    return write
+
+    def cast(i, value):
+        if type(value) is np.ndarray and value.shape == shape and value.dtype == dtype:
+            arr[i] = value   # the common case: nothing to cast
+            return
+        np.copyto(arr[i:i + 1].reshape(-1), np.asarray(value, dtype=dtype).flatten())
+    return write if strict else cast
 
 
 class Shard:
@@ -40,8 +51,9 @@ class Shard:
     batched = False
 
     def __init__(self, envs: list, start: int, views: L.Views, buf, obs_space, act_space,
-                 autoreset_mode: str = NEXT_STEP) -> None:
+                 autoreset_mode: str = NEXT_STEP, strict: bool = True) -> None:
         self.envs = envs
+        self.strict = strict   # refuse non-finite rewards and observations that need a cast
         self.start = start
         self.stop = start + len(envs)
         self.views = views
@@ -50,7 +62,7 @@ class Shard:
         self.same_step = autoreset_mode == SAME_STEP
         self.next_step = autoreset_mode == NEXT_STEP
         self.pending_seeds: list = [None] * len(envs)
-        writers = [_leaf_writer(a) for a in views.obs]
+        writers = [_leaf_writer(a, strict) for a in views.obs]
         if len(writers) == 1 and not isinstance(obs_space, (Dict, Tuple)):
             self.write_obs = writers[0]
         else:
@@ -128,7 +140,7 @@ class Shard:
             v.truncated[i] = False
         else:
             obs, reward, terminated, truncated, info = env.step(self.action(i))
-            if not isfinite(reward):
+            if self.strict and not isfinite(reward):
                 raise ResultError(f"reward is {reward}: rewards must be finite")
             v.reward[i] = reward
             v.terminated[i] = terminated
@@ -150,10 +162,7 @@ class Shard:
         if seed is None:
             seed = self.pending_seeds[j]
         self.pending_seeds[j] = None
-        if options is None:
-            obs, info = self.envs[j].reset(seed=seed)
-        else:
-            obs, info = self.envs[j].reset(seed=seed, options=options)
+        obs, info = self.envs[j].reset(seed=seed, options=options)   # options= always, as gymnasium passes it
         self.autoreset[j] = False
         v = self.views
         v.reward[i] = 0.0
@@ -195,12 +204,13 @@ class BatchShard:
     obs_lane = act_lane = None
 
     def __init__(self, env, start: int, views: L.Views, buf, obs_space, act_space,
-                 autoreset_mode: str = NEXT_STEP) -> None:
+                 autoreset_mode: str = NEXT_STEP, strict: bool = True) -> None:
         if Lane.of(obs_space) is not None or Lane.of(act_space) is not None:
             raise TypeError("a batched env's spaces must lie entirely in shared memory (Box, Discrete, "
                             "MultiDiscrete, MultiBinary and Dict/Tuple of them); Text, Sequence, Graph, OneOf "
                             "and custom spaces are only supported for envs stepped one at a time")
         self.env = env
+        self.strict = strict   # refuse non-finite rewards
         self.envs = _NoPerEnvObjects(env)
         self.start = start
         self.n = n = env.num_envs
@@ -252,8 +262,8 @@ class BatchShard:
                         f"{self.start}..{self.stop - 1} in one send(); send all of them together or use "
                         "a shmpool.batched.BatchEnv")
                 info = self.env.step(ids, self.actions(ids))
-                bad = ~np.isfinite(v.reward[g])
-                if bad.any():
+                bad = ~np.isfinite(v.reward[g]) if self.strict else None
+                if bad is not None and bad.any():
                     self._finish(ids, info, finish_env, fail_env, bad)
                     return
         except Exception as exc:
