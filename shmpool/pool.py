@@ -38,7 +38,7 @@ from .arguments import (
     env_id_list,
     shard_sizes,
 )
-from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
+from .autoreset import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
 from .batched import BatchedEnvs, check_hosting
 from .errors import EnvError
 from .infos import InfoReader
@@ -226,7 +226,8 @@ class Pool:
         self.metadata = first.metadata
         self.render_mode = first.render_mode
         self.spec = first.spec
-        layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space)
+        layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space,
+                                final_obs=self.autoreset_mode == SAME_STEP)
         self._region = region = Region(layout, self._sizes, use_sems)
         self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
                                     self.autoreset_mode)
@@ -239,7 +240,7 @@ class Pool:
 
         self._wire = region.wire
         self._views = views = region.views()
-        self._infos = InfoReader(views, region.map)
+        self._infos = InfoReader(views, region.map, obs_space)
         self._obs_views = L.assemble(obs_space, views.obs)
         self._actions = ActionWriter(act_space, layout, views)
         self._sync_seq = 0
