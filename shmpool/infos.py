@@ -21,6 +21,7 @@ import os
 import time
 
 import numpy as np
+from gymnasium import spaces
 
 from . import _core
 from .layout import INFO_COLUMNS, INFO_ENTRY, INFO_NAME_BYTES, Views, assemble
@@ -252,6 +253,7 @@ class InfoReader:
         self._views = views
         self._buf = buf
         self._obs_space = obs_space
+        self._structured = isinstance(obs_space, (spaces.Dict, spaces.Tuple))
         # col -> (name, column, path): path None for an env's own key, () for the final-obs
         # column, the key path inside final_info for a final-info column.
         self._cols: dict[int, tuple[str, _Column, tuple | None]] = {}
@@ -288,10 +290,14 @@ class InfoReader:
         ``final_obs`` an object array (None elsewhere) of fresh copies, ``final_info`` a dict
         (``{}`` when their final infos were empty), each with its bool mask."""
         leaves = self._views.final_obs
-        out = np.full(len(ended), None, dtype=object)
+        out = np.empty(len(ended), dtype=object)   # all None
+        single = leaves[0] if len(leaves) == 1 and leaves[0].ndim > 1 and not self._structured else None
         for pos in np.flatnonzero(ended).tolist():
             env = pos if env_ids is None else int(env_ids[pos])
-            out[pos] = assemble(self._obs_space, [np.array(leaf[env]) for leaf in leaves])
+            if single is not None:
+                out[pos] = single[env].copy()
+            else:   # np.array: a 0-d leaf stays an array, as the worker found it
+                out[pos] = assemble(self._obs_space, [np.array(leaf[env]) for leaf in leaves])
         infos["final_obs"], infos["_final_obs"] = out, ended
         infos.setdefault("final_info", {})
         infos["_final_info"] = ended.copy()
