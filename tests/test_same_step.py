@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import copy
 import mmap
+import os
+import signal
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -291,3 +294,27 @@ def test_sb3_terminal_observation_matches_dummy_vec_env(no_leaks):
     finally:
         venv.close()
         ref.close()
+
+
+def test_a_replacement_worker_keeps_final_obs_in_shared_memory(no_leaks):
+    """on_worker_error="restart": the replacement finds the reserved _final_obs column again;
+    after its restart result, its envs' final observations are right again."""
+    ref = gym.vector.SyncVectorEnv([EndingEnv] * 4, autoreset_mode=AutoresetMode.SAME_STEP)
+    with shmpool.Pool(EndingEnv, 4, num_workers=2, autoreset_mode="same_step", on_worker_error="restart") as pool:
+        pool.reset(seed=0)
+        os.kill(pool.worker_pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pool.restarts == 0 and time.monotonic() < deadline:
+            pool.step(np.zeros(4, dtype=np.int64))
+        assert pool.restarts == 1
+        # Same state on both sides from here: seeded resets, then step and compare.
+        ref_obs, _ = ref.reset(seed=20)
+        obs, _ = pool.reset(seed=20)
+        np.testing.assert_array_equal(ref_obs, obs)
+        ended = 0
+        for _ in range(15):
+            r, got = ref.step(np.ones(4, dtype=np.int64)), pool.step(np.ones(4, dtype=np.int64))
+            same(r[4], got[4], "infos after the restart")
+            ended += int((got[2] | got[3]).sum())
+        assert ended > 4
+    ref.close()
