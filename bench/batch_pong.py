@@ -24,10 +24,10 @@ import sys
 
 import gymnasium as gym
 import numpy as np
+from shmpool.workers.recipes.batch_pong import BatchPong, PongEnv
 
 import shmpool
 from shmpool.batched import Batched
-from shmpool.envs import BatchPong, PongEnv
 
 from . import cli
 from ._timing import Case, Sample, run_interleaved, summarize, timed_loop

@@ -44,7 +44,6 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -68,8 +67,9 @@ from .report import (
     markdown_table,
     print_failures,
     progress,
+    say_skipped,
     show_table,
-    write_json,
+    write_results,
 )
 from .subjects import (
     ASYNC_VEC,
@@ -429,20 +429,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out, err = consoles(180)
     plan = make_plan(args)
-    for task, reason in plan.skipped.items():
-        err.print(f"[yellow]{task} skipped[/yellow] — {reason}", highlight=False)
+    say_skipped(plan.skipped, err)
     env = environment()
     groups, round_trip = run(plan, args, err)
     goals, text = report(args, env, plan, groups, round_trip, out)
     if args.json:
-        write_json(args.json, {
+        write_results(args.json, {
             "benchmark": "bench.core", "environment": env, "config": {k: v for k, v in vars(args).items()
                                                                        if k != "json"},
             "skipped": plan.skipped, "throughput": [g.to_json() for g in groups],
             "round_trip": round_trip.to_json() if round_trip is not None else {"note": plan.round_trip_note},
-            "targets": [t.to_json() for t in goals]})
-        Path(args.json).with_suffix(".md").write_text(text + "\n")
-        err.print(f"raw measurements written to {args.json}, the report to {Path(args.json).with_suffix('.md')}")
+            "targets": [t.to_json() for t in goals]}, text, err)
     return 1 if print_failures(groups + ([round_trip] if round_trip else []), err) else 0
 
 

@@ -198,6 +198,20 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
+def write_results(path: str | Path, data: dict[str, Any], text: str, err: Any) -> None:
+    """The raw measurements as JSON at ``path`` and the report beside it (``.md``), said on ``err``."""
+    write_json(path, data)
+    md = Path(path).with_suffix(".md")
+    md.write_text(text + "\n")
+    err.print(f"raw measurements written to {path}, the report to {md}")
+
+
+def say_skipped(skipped: dict[str, str], err: Any) -> None:
+    """One line on ``err`` per task left out of the run, with why."""
+    for task, reason in skipped.items():
+        err.print(f"[yellow]{task} skipped[/yellow] — {reason}", highlight=False)
+
+
 def config_of(args: Any, *leave_out: str) -> dict[str, Any]:
     """The parsed options worth recording (output paths left out)."""
     return {k: v for k, v in vars(args).items() if k not in ("json", "md", "png", *leave_out)}

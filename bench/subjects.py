@@ -37,10 +37,11 @@ if TYPE_CHECKING:
 
 SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC = "SyncVectorEnv", "AsyncVectorEnv", "shmpool sync", "shmpool async"
 SB3_DUMMY, SB3_SUBPROC, ENVPOOL = "SB3 DummyVecEnv", "SB3 SubprocVecEnv", "EnvPool"
+POOL_SYNC_UNPINNED = "shmpool sync unpinned"   # Pool(pin=False): bench train's, on request
 SYSTEMS = (SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC)          # the env-only headline's
 ALL_SYSTEMS = (SYNC_VEC, ASYNC_VEC, SB3_DUMMY, SB3_SUBPROC, ENVPOOL, POOL_SYNC, POOL_ASYNC)   # bench train's
 GYM_VECTOR = (SYNC_VEC, ASYNC_VEC)
-SHMPOOL = (POOL_SYNC, POOL_ASYNC)
+SHMPOOL = (POOL_SYNC, POOL_ASYNC, POOL_SYNC_UNPINNED)
 ACTION_SEED = 0
 
 
@@ -222,11 +223,13 @@ class EnvPoolStepper:
 
 
 class ShmpoolStepper:
-    """``shmpool.make(task, num_envs=N)``: sync ``step``, or async ``recv``/``send`` with ``batch_size = N/2``."""
+    """``shmpool.make(task, num_envs=N)``: sync ``step``, or async ``recv``/``send`` with ``batch_size = N/2``;
+    ``shmpool sync unpinned``: sync with ``pin=False`` (workers free to move among the allowed cores)."""
 
     def __init__(self, system: str, task: str, n: int, seed: int) -> None:
-        self.batch = n if system == POOL_SYNC else max(1, n // 2)
-        self.env = shmpool.make(task, num_envs=n, batch_size=self.batch, seed=seed)
+        self.batch = max(1, n // 2) if system == POOL_ASYNC else n
+        self.env = shmpool.make(task, num_envs=n, batch_size=self.batch, seed=seed,
+                                pin=system != POOL_SYNC_UNPINNED)
         self.num_envs = n
         self.observation_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space

@@ -31,7 +31,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -52,8 +51,9 @@ from .report import (
     markdown_table,
     print_failures,
     progress,
+    say_skipped,
     version_of,
-    write_json,
+    write_results,
 )
 from .subjects import (
     ACTION_SEED,
@@ -443,8 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out, err = consoles(240)
     plan = make_plan(args)
-    for task, reason in plan.skipped.items():
-        err.print(f"[yellow]{task} skipped[/yellow] — {reason}", highlight=False)
+    say_skipped(plan.skipped, err)
     if plan.envpool is None:
         err.print(f"[yellow]EnvPool rows unavailable[/yellow] — {plan.envpool_note}", highlight=False)
     env = {**environment(), "envpool": plan.envpool, "ale_py": version_of("ale_py"), "os_cpu_count": os.cpu_count()}
@@ -461,9 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bp = batch_pong(args)
     goals, text = report(args, env, plan, groups, costs, out, bp)
     if args.json:
-        write_json(args.json, json_data(args, env, plan, groups, costs, goals, bp))
-        Path(args.json).with_suffix(".md").write_text(text + "\n")
-        err.print(f"raw measurements written to {args.json}, the report to {Path(args.json).with_suffix('.md')}")
+        write_results(args.json, json_data(args, env, plan, groups, costs, goals, bp), text, err)
     return 1 if print_failures(groups, err) else 0
 
 

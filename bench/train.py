@@ -59,6 +59,7 @@ from .subjects import (
     ENVPOOL,
     GYM_VECTOR,
     POOL_SYNC,
+    POOL_SYNC_UNPINNED,
     SB3_DUMMY,
     SB3_SUBPROC,
     SHMPOOL,
@@ -66,7 +67,7 @@ from .subjects import (
     open_stepper,
 )
 
-SYSTEMS = ALL_SYSTEMS
+SYSTEMS = (*ALL_SYSTEMS, POOL_SYNC_UNPINNED)   # the default runs ALL_SYSTEMS
 TASKS = ("CartPole-v1", "Pong-v5", "Ant-v5")
 DEFAULT_TASKS = ("CartPole-v1",)
 DEFAULT_NUM_ENVS = (8, 32)
@@ -302,7 +303,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = cli.parser("python -m bench train", __doc__)
     p.add_argument("--tasks", help=f"comma list of {', '.join(TASKS)} (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--num-envs", help="comma list of N (default 8,32)")
-    p.add_argument("--systems", help=f"comma list of systems (default all: {', '.join(SYSTEMS)})")
+    p.add_argument("--systems", help=f"comma list of systems (default: {', '.join(ALL_SYSTEMS)}; "
+                                     f"also {POOL_SYNC_UNPINNED})")
     p.add_argument("--rollout-steps", type=int,
                    help="loop steps between updates (default 1024 / batch, at least 8: ~1,024 transitions)")
     p.add_argument("--torch-threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
@@ -326,7 +328,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if unknown:
             p.error(f"unknown system(s) {unknown}; systems: {', '.join(SYSTEMS)}")
     else:
-        args.systems = [SYNC_VEC, POOL_SYNC] if args.quick else list(SYSTEMS)
+        args.systems = [SYNC_VEC, POOL_SYNC] if args.quick else list(ALL_SYSTEMS)
     return args
 
 

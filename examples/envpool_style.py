@@ -32,7 +32,7 @@ def main() -> None:
     num_envs, batch_size = args.num_envs, args.batch_size
 
     # make asynchronous
-    env = envpool.make(args.task, env_type="gym", num_envs=num_envs, batch_size=batch_size)
+    env = envpool.make(args.task, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size)
     action_num = env.action_space.n
     env.async_reset()  # send the initial reset signal to all envs
     start = time.perf_counter()

@@ -309,12 +309,15 @@ cdef class Wire:
     def signal_count(int num_workers):
         return 2 + 2 * num_workers
 
-    def init_header(self):
-        """Written once by the parent before any worker maps the region."""
+    def init_header(self, uint32_t sync_start=0):
+        """Written once by the parent before any worker maps the region.
+        ``sync_start``: where the sync counter starts (tests start it near 2**32 to
+        drive a real pool across the wrap)."""
         cdef uint32_t *meta = <uint32_t *>(self.base + _OFF_META)
         meta[0] = _MAGIC
         meta[1] = self.num_workers
         meta[2] = self.num_envs
+        shm_store_seqcst(self._sig(0), sync_start)
 
     def check_header(self):
         cdef uint32_t *meta = <uint32_t *>(self.base + _OFF_META)

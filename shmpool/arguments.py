@@ -15,7 +15,7 @@ import numpy as np
 # other keyword as an env kwarg.  tests/test_units.py checks this against ``Pool``'s signature.
 POOL_KEYWORDS = frozenset({
     "num_workers", "batch_size", "cpus", "seed", "wait_policy", "step_timeout", "startup_timeout", "copy",
-    "start_method", "wake", "autoreset_mode", "on_worker_error",
+    "start_method", "wake", "autoreset_mode", "on_worker_error", "pin",
 })
 
 
@@ -80,6 +80,41 @@ def is_ray_pool(obj: Any) -> bool:
 
 
 # --- options every face takes ---------------------------------------------------------------
+
+
+def check_batch_size(value: Any, num_envs: int) -> int:
+    """``batch_size``: None (all ``num_envs``) or a count up to ``num_envs``, as an int."""
+    size = num_envs if value is None else check_count("batch_size", value)
+    if size > num_envs:
+        raise ValueError(f"batch_size={size} is more than num_envs={num_envs}")
+    return size
+
+
+def check_num_workers(value: Any, num_envs: int) -> int:
+    """``num_workers``: a count up to ``num_envs`` (every worker needs an env), as an int."""
+    workers = check_count("num_workers", value)
+    if workers > num_envs:
+        raise ValueError(f"num_workers={workers} is more than num_envs={num_envs}: every worker needs an env")
+    return workers
+
+
+def check_wake(wake: Any, have_futex: bool, on_worker_error: str, batched: bool) -> bool:
+    """``wake`` (``"auto"``, ``"futex"``, ``"semaphore"``) against what the platform has and
+    ``on_worker_error``; returns whether the pool wakes through posix semaphores."""
+    if wake not in ("auto", "futex", "semaphore"):
+        raise ValueError(f"wake must be 'auto', 'futex' or 'semaphore', got {wake!r}")
+    if wake == "futex" and not have_futex:
+        raise ValueError("wake='futex' but this platform has no futex")
+    use_sems = wake == "semaphore" or not have_futex
+    if on_worker_error == "restart" and use_sems:
+        raise ValueError(
+            "on_worker_error='restart' needs futex wake-ups: with wake='semaphore' (or without futexes) the "
+            "semaphores are unlinked once the workers opened them, so a replacement could not open them")
+    if on_worker_error == "restart" and batched:
+        # A replacement marks envs one by one as restarted; a batched shard is one object.
+        raise ValueError("on_worker_error='restart' is not supported for batched envs (shmpool.batched.Batched): "
+                         "use on_worker_error='raise'")
+    return use_sems
 
 
 def check_on_worker_error(value: Any) -> str:

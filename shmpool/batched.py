@@ -1,12 +1,12 @@
 """Natively batched envs: one object steps a worker's whole shard in one call.
 
 A worker normally holds one env object per env and steps them one by one.  An
-env written with numpy over all its instances (``shmpool.envs.BatchPong``,
+env written with numpy over all its instances (``shmpool.workers.recipes.batch_pong.BatchPong``,
 gymnasium's ``CartPoleVectorEnv``) is much cheaper stepped as a batch, so a
 worker can host one *batched* env for its shard instead::
 
     from shmpool.batched import Batched
-    from shmpool.envs import BatchPong
+    from shmpool.workers.recipes.batch_pong import BatchPong
 
     pool = shmpool.Pool(Batched(BatchPong), num_envs=16384)   # BatchPong(n, start) per worker
 

@@ -113,10 +113,7 @@ class InfoWriter:
                         extra = {}
                     extra[key] = rest
                 continue
-            col = self._cols.get(key, False)
-            if col is False:
-                col = self._cols[key] = self._register(key, value)
-            bit = _store(col, env_id, value)
+            bit = _store(self.column(key, value), env_id, value)
             if bit:
                 bits |= bit
                 continue
@@ -166,6 +163,14 @@ class InfoWriter:
         if dtype is None or not all(_column_part(k) for k in path):
             return None
         return self._claim(SEP.join((FINAL_INFO_COLUMN, *path)), dtype)
+
+    def column(self, key, value) -> _Column | None:
+        """The shared-memory column of ``key`` (registered at its first value, whose type
+        gives the dtype), or None when the key cannot use shared memory."""
+        col = self._cols.get(key, False)
+        if col is False:
+            col = self._cols[key] = self._register(key, value)
+        return col
 
     def _register(self, key, value) -> _Column | None:
         dtype = column_dtype(value)
@@ -353,3 +358,45 @@ def add_info(infos: dict, info: dict, index: int, size: int) -> dict:
         mask[index] = True
         infos[key], infos[f"_{key}"] = array, mask
     return infos
+
+
+# Batch dtypes gymnasium gives python bool/int/float infos: their elements go back to
+# python scalars, so an env's python scalar comes back equal and of its own type.
+PYTHON_DTYPES = frozenset({np.dtype(bool), np.dtype(np.int64), np.dtype(np.float64)})
+
+
+def info_element(batch: np.ndarray, i: int):
+    """Env ``i``'s value of one batched info array: a python scalar for bool/int64/float64
+    batches, a numpy scalar of the batch dtype otherwise, an array's own copy (not a view of
+    the batch) for array infos, the object itself for object batches."""
+    item = batch[i]
+    if batch.dtype == object:
+        return item
+    if batch.ndim > 1:
+        return item.copy()
+    if batch.dtype in PYTHON_DTYPES:
+        return item.item()
+    return item
+
+
+def unbatch_info(infos: dict, i: int) -> dict:
+    """Env ``i``'s own info dict from gymnasium's vector layout (the inverse of ``add_info``).
+
+    A key with a ``_key`` mask belongs to the envs the mask marks; a key without one (a
+    batched env's own infos may have none) to every env; masks are not copied.  Nested
+    dicts are recursed: kept when their mask marks env ``i``, or, with no mask, when they
+    hold something for it."""
+    out: dict = {}
+    for key, value in infos.items():
+        if isinstance(key, str) and key.startswith("_") and key[1:] in infos:
+            continue   # a mask
+        mask = infos.get(f"_{key}")
+        if mask is not None and not mask[i]:
+            continue
+        if isinstance(value, dict):
+            sub = unbatch_info(value, i)
+            if sub or mask is not None:
+                out[key] = sub
+        else:
+            out[key] = info_element(value, i)
+    return out

@@ -27,12 +27,14 @@ from . import layout as L
 from . import protocol as P
 from .actions import ActionWriter
 from .arguments import (
-    check_count,
+    check_batch_size,
     check_env_ids,
+    check_num_workers,
     check_on_worker_error,
     check_options_list,
     check_seed,
     check_step_timeout,
+    check_wake,
     env_constructors,
     env_id_array,
     env_id_list,
@@ -46,7 +48,7 @@ from .region import Region
 from .resets import check_reset_mask, seed_list
 from .restarts import Restarts
 from .restarts import take as restarts_take
-from .state import Lifecycle
+from .state import Lifecycle, LifecycleFacts
 from .supervisor import Supervisor
 from .topology import allowed_cpus, choose_wait_policy, cpu_quota, default_num_workers, oversubscribed, resolve_cpus
 from .workerset import SLICE_NS, WorkerSet
@@ -64,12 +66,22 @@ def _public(method: Callable) -> Callable:
         life.enter()
         try:
             return method(self, *args, **kwargs)
+        except KeyboardInterrupt as exc:
+            # Mid-call the workers' state is unknown, whichever slice of the wait was hit:
+            # stop them, and say so on the way out.
+            self._kill_workers_now()
+            if not any(INTERRUPTED in note for note in getattr(exc, "__notes__", ())):
+                exc.add_note(f"shmpool: {INTERRUPTED} ({method.__name__} was interrupted)")
+            raise
         finally:
             life.leave(self._close_now)
     return entry
 
 
-class Pool:
+INTERRUPTED = "the pool was closed and its workers killed"
+
+
+class Pool(LifecycleFacts):
     """Many envs stepped by pinned worker processes through one shared-memory region.
 
     ``env`` is a gymnasium id (with ``**env_kwargs`` for ``gymnasium.make``), a
@@ -115,6 +127,87 @@ class Pool:
     thread or a signal handler: a call in progress then ends with
     ``PoolClosedError``.  A pool cannot be copied or pickled, and a forked child
     cannot use its parent's pool.
+
+    Parameters
+    ----------
+    env : str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]]
+        A gymnasium id (built with ``gymnasium.make(env, **env_kwargs)``), one
+        constructor (called ``num_envs`` times), or one constructor per env.
+        Constructors are cloudpickled once and called inside the workers.
+    num_envs : int | None, default None
+        How many envs; required with an id or one constructor, else ``len(env)``.
+    num_workers : int | None, default None
+        Worker processes.  None: one per usable core — the cores of ``cpus``
+        (default: ``os.sched_getaffinity(0)``, so ``taskset``/``numactl`` are
+        respected), capped by a cgroup CPU quota (``docker --cpus``), and at most
+        ``num_envs``.  Envs are split into contiguous shards that need not be equal.
+    batch_size : int | None, default None
+        How many envs ``recv()`` returns (EnvPool's ``batch_size``); None: ``num_envs``.
+    cpus : str | Iterable[int] | None, default None
+        Cores to pin workers to, ``"0-3,8"`` or a list; worker ``k`` gets
+        ``cpus[k % len(cpus)]``.  None: every core this process may run on.
+    seed : int | None, default None
+        Seeds the first ``reset()``: env ``i`` gets ``seed + i`` (EnvPool's convention).
+        None: unseeded, unless ``reset(seed=...)`` says otherwise.
+    wait_policy : str | WaitPolicy | tuple, default "auto"
+        How the parent and the workers wait for each other: ``"auto"``, ``"spin"``,
+        ``"hybrid"``, ``"yield"``, ``"block"``, a ``shmpool.WaitPolicy`` or a
+        ``(parent, worker)`` pair.  ``"auto"``: when workers plus this process
+        outnumber the cores the parent sleeps (``block``) until the last worker
+        wakes it, else it spins 50 µs then sleeps (``hybrid``); workers are
+        adaptive: they yield-spin only while commands come within ~200 µs of each
+        other, else sleep on a futex, so a trainer computing between steps keeps the
+        cores.  ``wait_choice`` says what was picked and why.
+    step_timeout : float | None, default None
+        Seconds any wait on the workers may last (``step``, ``reset``, ``recv``,
+        ``call``...); past it ``TimeoutError`` (or a restart, see ``on_worker_error``).
+        None: no bound (a dead worker is still noticed within a second).
+    startup_timeout : float | None, default 300.0
+        Seconds the workers may take to build their envs; None: no bound.
+    copy : bool, default False
+        True: ``step``/``reset`` return fresh arrays instead of views of shared memory.
+    start_method : str | None, default None
+        ``multiprocessing`` start method for the workers (``"forkserver"``,
+        ``"spawn"``, ``"fork"``); None: multiprocessing's default for the platform.
+    wake : str, default "auto"
+        How sleepers are woken: ``"futex"`` (Linux), ``"semaphore"`` (posix
+        semaphores), ``"auto"``: futex where there is one.
+    autoreset_mode : str | gymnasium.vector.AutoresetMode, default NEXT_STEP
+        ``NEXT_STEP`` (gymnasium's default), ``SAME_STEP`` (the final observation in
+        ``infos["final_obs"]``, as SB3 expects) or ``DISABLED`` (reset ended envs
+        yourself with ``reset(options={"reset_mask": mask})``).
+    on_worker_error : str, default "raise"
+        ``"raise"`` or ``"restart"`` (see above).
+    pin : bool, default True
+        True: worker ``k`` runs only on ``worker_cpus[k]``.  False: workers run wherever
+        the scheduler puts them among the allowed cores (as EnvPool's threads do by
+        default), which lets them move away from a core that another process (a busy
+        neighbour, the trainer's spinning OpenMP threads) holds.
+    **env_kwargs
+        Passed to ``gymnasium.make`` with an id (e.g. ``frame_skip=5``).
+
+    Attributes
+    ----------
+    num_envs, num_workers, batch_size : int
+        As resolved from the parameters.
+    cpus : list[int]
+        The cores the pool may use; ``worker_cpus`` the core of each worker.
+    cpu_quota : float | None
+        The cgroup CPU quota in cores (``cpu.max`` / ``cpu.cfs_quota_us``), None if unlimited.
+    wait_policy, worker_wait_policy : WaitPolicy
+        The parent's and the workers' wait policies; ``wait_choice`` says why.
+    single_observation_space, single_action_space : gymnasium.Space
+        One env's spaces (the pool's arrays add a leading ``num_envs`` or batch axis).
+    metadata, render_mode, spec
+        The first env's.
+    closed : bool
+        Whether ``close()`` ran (or start-up failed).
+    in_flight : int
+        Envs sent or async-reset and not received yet.
+    worker_pids : list[int]
+        The workers' process ids.
+    restarts, worker_restarts, restart_log
+        Restart counts: total, per worker, and the latest 1,000 events.
     """
 
     def __init__(
@@ -134,6 +227,7 @@ class Pool:
         wake: str = "auto",
         autoreset_mode: str | AutoresetMode = NEXT_STEP,
         on_worker_error: str = "raise",
+        pin: bool = True,
         **env_kwargs: Any,
     ) -> None:
         self._life = Lifecycle()
@@ -146,17 +240,11 @@ class Pool:
         self.cpu_quota = cpu_quota()   # cgroup CPU limit in cpus (docker --cpus), None if none
         if num_workers is None:
             num_workers = default_num_workers(self.cpus, self.cpu_quota, n)
-        self.num_workers = w = check_count("num_workers", num_workers)
-        if w > n:
-            raise ValueError(f"num_workers={w} is more than num_envs={n}: every worker needs an env")
-        self.batch_size = n if batch_size is None else check_count("batch_size", batch_size)
-        if self.batch_size > n:
-            raise ValueError(f"batch_size={self.batch_size} is more than num_envs={n}")
+        self.num_workers = w = check_num_workers(num_workers, n)
+        self.batch_size = check_batch_size(batch_size, n)
         self.step_timeout = check_step_timeout(step_timeout)
-        if wake not in ("auto", "futex", "semaphore"):
-            raise ValueError(f"wake must be 'auto', 'futex' or 'semaphore', got {wake!r}")
-        if wake == "futex" and not _core.have_futex():
-            raise ValueError("wake='futex' but this platform has no futex")
+        self.on_worker_error = check_on_worker_error(on_worker_error)
+        use_sems = check_wake(wake, _core.have_futex(), on_worker_error, isinstance(fns, BatchedEnvs))
         worker_cpus = [self.cpus[k % len(self.cpus)] for k in range(w)]
         allowed = allowed_cpus()
         crowded = oversubscribed(worker_cpus, allowed, self.cpu_quota)
@@ -169,16 +257,6 @@ class Pool:
                 RuntimeWarning, stacklevel=2)
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
-        use_sems = wake == "semaphore" or not _core.have_futex()
-        self.on_worker_error = check_on_worker_error(on_worker_error)
-        if on_worker_error == "restart" and use_sems:
-            raise ValueError(
-                "on_worker_error='restart' needs futex wake-ups: with wake='semaphore' (or without futexes) the "
-                "semaphores are unlinked once the workers opened them, so a replacement could not open them")
-        if on_worker_error == "restart" and isinstance(fns, BatchedEnvs):
-            # A replacement marks envs one by one as restarted; a batched shard is one object.
-            raise ValueError("on_worker_error='restart' is not supported for batched envs (shmpool.batched.Batched): "
-                             "use on_worker_error='raise'")
         seed = check_seed(seed)
         seeds = [None] * n if seed is None else [seed + i for i in range(n)]
         self._restarts = Restarts(w, startup_timeout)
@@ -192,8 +270,9 @@ class Pool:
         ends = list(itertools.accumulate(sizes))
         self._sizes = sizes
         self._owner = np.repeat(np.arange(w, dtype=np.int32), sizes)
+        self.pinned = bool(pin)
         self._workers = WorkerSet(mp.get_context(start_method), [(e - s, e) for s, e in zip(sizes, ends)],
-                                  worker_cpus)
+                                  worker_cpus, self.pinned)
         try:
             self._start(fns, seeds, use_sems, startup_timeout)
         except BaseException:
@@ -211,16 +290,9 @@ class Pool:
         workers.spawn_all(fns, seeds)
         workers.guard(self)
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-        described = [workers.startup_message(k, P.Spaces, deadline) for k in range(self.num_workers)]
-        first = described[0]
+        first = workers.agreed_spaces(deadline)
         obs_space, act_space = first.observation_space, first.action_space
         check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
-        for k, d in enumerate(described[1:], 1):
-            if d.observation_space != obs_space or d.action_space != act_space:
-                a = workers.bounds[k][0]
-                raise ValueError(
-                    f"env {a} (worker {k}) has spaces {d.observation_space}, {d.action_space}; env 0 has "
-                    f"{obs_space}, {act_space}: all envs of a pool must share their spaces")
         self.single_observation_space = obs_space
         self.single_action_space = act_space
         self.metadata = first.metadata
@@ -231,11 +303,7 @@ class Pool:
         self._region = region = Region(layout, self._sizes, use_sems)
         self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
                                     self.autoreset_mode)
-        for conn, proc in zip(workers.conns, workers.procs):
-            P.send(conn, self._map_msg)
-            region.hand_over(conn, proc.pid)
-        for k in range(self.num_workers):
-            workers.startup_message(k, P.Ready, deadline)
+        workers.map_region(list(range(self.num_workers)), self._map_msg, region, deadline)
         region.started(keep_fd=self._replacing)
 
         self._wire = region.wire
@@ -243,7 +311,7 @@ class Pool:
         self._infos = InfoReader(views, region.map, obs_space)
         self._obs_views = L.assemble(obs_space, views.obs)
         self._actions = ActionWriter(act_space, layout, views)
-        self._sync_seq = 0
+        self._sync_seq = self._wire.sync_count()   # where the region's header started it
         self._step_target: int | None = None   # sync-counter value a pending step_async waits for
         self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
         self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
@@ -448,21 +516,7 @@ class Pool:
         ids = env_id_list(env_ids, self.num_envs)
         items = payloads(len(ids))
         self._life.check_idle()
-        # Envs in flight from send() stay in flight: the workers serve them
-        # before the message, and recv() still returns them.
-        by_worker: dict[int, list[int]] = {}
-        for pos, env_id in enumerate(ids):
-            by_worker.setdefault(int(self._owner[env_id]), []).append(pos)
-        what = f"{op} {name!r}"
-        for k, positions in by_worker.items():
-            start = self._workers.bounds[k][0]
-            msg = P.EnvCall(op, name, [ids[p] - start for p in positions], [items[p] for p in positions])
-            self._supervisor.message(k, msg, what)
-        out: list = [None] * len(ids)
-        for k, answer in zip(by_worker, self._supervisor.replies(what, list(by_worker))):
-            for pos, value in zip(by_worker[k], answer):
-                out[pos] = value
-        return tuple(out)
+        return self._supervisor.ask_envs(op, name, ids, items)
 
     # --- closing ----------------------------------------------------------------------------
 
@@ -541,18 +595,10 @@ class Pool:
 
     def __repr__(self) -> str:
         quota = "" if self.cpu_quota is None else f", cpu quota {self.cpu_quota:g}"
-        return (f"Pool({self.num_envs} envs, {self.num_workers} workers on cpus {self._workers.cpus}{quota}, "
+        where = f"on cpus {self._workers.cpus}" if self.pinned else f"unpinned on cpus {self.cpus}"
+        return (f"Pool({self.num_envs} envs, {self.num_workers} workers {where}{quota}, "
                 f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), "
                 f"{self._life.state.value})")
-
-    @property
-    def closed(self) -> bool:
-        return self._life.closed
-
-    @property
-    def in_flight(self) -> int:
-        """How many envs were sent (or async-reset) and not received yet."""
-        return self._life.in_flight
 
     @property
     def worker_pids(self) -> list[int]:

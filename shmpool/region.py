@@ -19,6 +19,9 @@ from . import layout as L
 from .memory import create_region, map_region
 from .workerset import SLICE_NS
 
+# Where the sync counter starts.  A test hook: tests start it just below 2**32 so that a real
+# pool's steps carry the 32-bit counter across its wrap.
+SYNC_START = 0
 
 class Region:
     """The mapping, its wire (wait/wake on the control words) and its fd."""
@@ -37,7 +40,7 @@ class Region:
                                    for _ in range(_core.Wire.signal_count(len(shard_sizes)))]
             self.wire = _core.Wire(self.map, shard_sizes, num_envs=layout.num_envs,
                                    sems=self.semaphores or None, slice_ns=SLICE_NS)
-            self.wire.init_header()
+            self.wire.init_header(SYNC_START)
         except BaseException:
             self.release()
             raise

@@ -21,6 +21,8 @@ from typing import Any
 import gymnasium
 from gymnasium.envs.registration import EnvSpec, VectorizeMode
 
+from .arguments import check_count, check_seed
+from .envpool_env import ENV_TYPES, RENDER_MODES, EnvPoolEnv, base_config
 from .topology import allowed_cpus
 from .vector_env import VECTOR_PARAMETERS, VectorEnv
 
@@ -177,25 +179,26 @@ def register_envs(env_ids: Iterable[str] | None = None) -> list[str]:
 _TASKS: dict[str, Callable[..., list[Callable[[], gymnasium.Env]]]] = {}
 
 
-def register_task(task_id: str, builder: Callable[..., list[Callable[[], gymnasium.Env]]]) -> None:
+# A task's options with their defaults: the task-specific keys of EnvPool's ``config``.
+_TASK_CONFIGS: dict[str, dict[str, Any]] = {}
+
+
+def register_task(task_id: str, builder: Callable[..., list[Callable[[], gymnasium.Env]]],
+                  config: dict[str, Any] | None = None) -> None:
     """Make ``make(task_id, ...)`` build its envs with ``builder(num_envs=n, **kwargs)``
-    (one constructor per env, or a ``shmpool.batched.Batched`` with ``num_envs`` set)."""
+    (one constructor per env, or a ``shmpool.batched.Batched`` with ``num_envs`` set).
+    ``config``: the task's options and their defaults, listed in ``env.config`` after
+    EnvPool's common keys (the keywords given to ``make`` override them)."""
     _TASKS[task_id] = builder
+    _TASK_CONFIGS[task_id] = dict(config or {})
 
 
-def _batch_pong(num_envs: int, **kwargs: Any):
-    """``BatchPong-v0``: numpy-batched Pong, one ``BatchPong`` per worker (kwargs: ``max_episode_steps``)."""
-    from .batched import Batched
-    from .envs.batch_pong import BatchPong
-    return Batched(functools.partial(BatchPong, **kwargs), num_envs=num_envs)
-
-
-register_task("BatchPong-v0", _batch_pong)
-
-
-# Built-in recipe modules and the package each needs; loaded on first use so that
-# importing shmpool never imports mujoco (or ale-py).
-_BUILTIN_RECIPES = {"shmpool.workers.recipes.mujoco": "mujoco", "shmpool.workers.recipes.atari": "ale_py"}
+# Built-in task modules (shmpool.workers.recipes) and the package each needs (None: nothing
+# beyond shmpool); loaded on first use so that importing shmpool never imports mujoco (or
+# ale-py).  Each gives ``tasks()``; it is registered from here, so the recipes never import
+# this module.
+_BUILTIN_RECIPES = {"shmpool.workers.recipes.batch_pong": None, "shmpool.workers.recipes.mujoco": "mujoco",
+                    "shmpool.workers.recipes.atari": "ale_py"}
 _loaded_builtins = False
 
 
@@ -205,9 +208,12 @@ def _load_builtin_tasks() -> None:
         return
     _loaded_builtins = True
     for module, needs in _BUILTIN_RECIPES.items():
-        if importlib.util.find_spec(needs) is None:
+        if needs is not None and importlib.util.find_spec(needs) is None:
             continue  # that extra is not installed: its ids stay plain gymnasium ids
-        importlib.import_module(module).register()
+        recipes = importlib.import_module(module)
+        configs = recipes.configs() if hasattr(recipes, "configs") else {}   # EnvPool's option defaults
+        for task_id, builder in recipes.tasks().items():
+            register_task(task_id, builder, config=configs.get(task_id))
 
 
 # Ids the recipes of an extra would serve, recognised without importing it (for the hint below).
@@ -256,69 +262,100 @@ def _affinity_cpus(offset: int | None, num_threads: int | None) -> list[int] | N
     return cpus
 
 
+def _envpool_seed(seed: Any) -> int | None:
+    """The pool's base seed for EnvPool's ``seed``: EnvPool seeds env ``i``'s C++ generator with
+    ``seed + i`` as an unsigned 32-bit number, so a negative seed (``-1``) wraps around."""
+    seed = check_seed(seed)
+    return None if seed is None else seed % 2**32
+
+
+def _task_config(task_id: str, spec: EnvSpec | None, env_kwargs: dict) -> tuple[dict, float | None]:
+    """EnvPool's task-specific config keys (after the common ones) and the reward threshold."""
+    if task_id in _TASKS:
+        return {**_TASK_CONFIGS.get(task_id, {}), **env_kwargs}, None
+    steps = env_kwargs.get("max_episode_steps", spec.max_episode_steps)
+    rest = {k: v for k, v in env_kwargs.items() if k != "max_episode_steps"}
+    return {"max_episode_steps": steps, "reward_threshold": spec.reward_threshold, **rest}, spec.reward_threshold
+
+
 def make(
     task_id: str,
     env_type: str = "gymnasium",
     num_envs: int = 1,
     batch_size: int | None = None,
     num_threads: int | None = None,
-    seed: int | None = None,
+    seed: int | None = 42,
     thread_affinity_offset: int | None = None,
     **kwargs: Any,
-) -> VectorEnv:
-    """EnvPool's ``envpool.make`` over a shmpool :class:`VectorEnv`.
+) -> EnvPoolEnv:
+    """EnvPool's ``envpool.make`` over a shmpool :class:`VectorEnv`: an :class:`EnvPoolEnv`,
+    which is a ``gymnasium.Env`` and a ``gymnasium.vector.VectorEnv`` (as EnvPool's env).
 
     - ``task_id``: a task with a shmpool recipe (:func:`list_tasks`: the MuJoCo v5 tasks
       when ``mujoco`` is installed, every Atari ``<Game>-v5`` with EnvPool's preprocessing
       when ``ale_py`` is installed) or any gymnasium id.
-    - ``env_type``: ``"gymnasium"`` or ``"gym"`` (both give gymnasium's 5-tuple
-      API); ``"dm"`` is not supported.
+    - ``env_type``: ``"gymnasium"`` (gymnasium's 5-tuple) or ``"gym"``: EnvPool's old gym
+      API that CleanRL's EnvPool scripts use (``reset()`` returns the observations,
+      ``step`` returns ``(obs, reward, done, info)`` with ``info["TimeLimit.truncated"]``).
+      ``"dm"`` raises ``NotImplementedError`` saying why.
     - ``num_envs``; ``batch_size`` (``None``/0: ``num_envs``): how many envs
       ``recv()`` returns.
-    - ``num_threads`` (``None``/0: one per allowed core, at most ``num_envs``):
-      the number of worker processes.
-    - ``seed``: env ``i`` is seeded ``seed + i`` at its first reset (None: unseeded).
+    - ``num_threads`` (``None``/0: one per allowed core, at most ``num_envs``): the number
+      of worker processes; more than ``num_envs`` is accepted (EnvPool's extra threads
+      idle; here one worker per env).
+    - ``seed`` (default 42, as EnvPool): env ``i`` is seeded ``seed + i`` (modulo 2**32, so
+      ``-1`` works as in EnvPool) at its first reset; ``None``: unseeded.
     - ``thread_affinity_offset``: workers are pinned to the allowed cpus
       ``allowed[offset:offset + num_threads]`` (``None``/-1: all allowed cpus).
+    - ``render_mode`` (``"rgb_array"``/``"human"``) and ``render_env_id``: EnvPool's
+      ``render(env_ids)``.  ``gym_reset_return_info`` (``env_type="gym"`` only, default
+      False): ``reset()`` returns ``(obs, info)``.
     - ``**kwargs``: keywords named like VectorEnv/pool parameters
       (``wait_policy``, ``autoreset_mode``, ...) configure the pool, the rest go
-      to the env (``gymnasium.make``).
+      to the env (the task's options, or ``gymnasium.make``).
 
-    As in EnvPool, ``observation_space`` and ``action_space`` of the returned env
-    are the single-env spaces (so ``env.action_space.n`` works);
-    ``single_observation_space``/``single_action_space`` are the same objects.
-    For gymnasium's batched spaces use :func:`make_vec`.
-
-    Differences from EnvPool: ``reset()`` is gymnasium's (every env, keyword
-    ``seed``/``options``; EnvPool's ``reset(env_id)`` is
-    ``reset(options={"reset_mask": mask})`` here) and returns all ``num_envs``
-    envs even when ``batch_size < num_envs`` (use ``async_reset()`` + ``recv()``
-    for EnvPool's batch); sync ``step`` infos carry no ``env_id``.
+    ``env.config`` / ``env.spec.config`` have EnvPool's keys (26 for an Atari task, 11 for
+    CartPole-v1); ``docs/porting/envpool.md`` lists what differs from envpool 1.2.5.
     """
-    if env_type in ("dm", "dm_env"):
+    if env_type == "dm":
         raise NotImplementedError(
-            "env_type='dm' (dm_env TimeStep API) is not supported by shmpool; use env_type='gymnasium'")
-    if env_type not in ("gymnasium", "gym"):
+            "env_type='dm' is not implemented: EnvPool's dm_env face returns a TimeStep whose observation is a "
+            "per-task namedtuple of every state key, generated from its C++ env spec; shmpool runs gymnasium envs, "
+            "which have no such spec. Use env_type='gymnasium' (or 'gym' for the old 4-tuple API).")
+    if env_type not in ENV_TYPES:
         raise ValueError(f"env_type must be 'gymnasium', 'gym' or 'dm', got {env_type!r}")
-    batch_size = batch_size or None       # EnvPool's 0 means "num_envs"
-    num_threads = num_threads or None     # EnvPool's 0 means "the default"
-    pool_kwargs = dict(num_workers=num_threads, batch_size=batch_size, seed=seed,
-                       cpus=_affinity_cpus(thread_affinity_offset, num_threads))
+    render_mode = kwargs.pop("render_mode", None)
+    if render_mode not in RENDER_MODES:
+        raise ValueError("render_mode must be one of None, 'rgb_array', or 'human'")
+    render_env_id = kwargs.pop("render_env_id", 0)
+    return_info = kwargs.pop("gym_reset_return_info", env_type == "gymnasium")
+    if env_type == "gymnasium" and not return_info:
+        raise ValueError("env_type='gymnasium' always returns an info dict from reset(); "
+                         "gym_reset_return_info=False is for env_type='gym'")
+    num_envs = check_count("num_envs", num_envs)
+    workers = min(num_threads, num_envs) if num_threads else None   # EnvPool's 0 means "the default"
+    pool_kwargs = dict(num_workers=workers, batch_size=batch_size or None, seed=_envpool_seed(seed),
+                       cpus=_affinity_cpus(thread_affinity_offset, workers))
     _load_builtin_tasks()
-    if task_id in _TASKS:
-        env_kwargs, vector_kwargs = _split_vector_kwargs(kwargs)
-        env = VectorEnv(_TASKS[task_id](num_envs=num_envs, **env_kwargs), **pool_kwargs, **vector_kwargs)
-    else:
-        try:
-            env = VectorEnv(task_id, num_envs, **pool_kwargs, **kwargs)
-        except gymnasium.error.Error as exc:
-            hint = _missing_extra_hint(task_id)
-            if hint is None:
-                raise
-            raise type(exc)(f"{exc} ({hint})") from exc
-    env.observation_space = env.single_observation_space
-    env.action_space = env.single_action_space
-    env.config = {"task_id": task_id, "env_type": env_type, "num_envs": num_envs, "batch_size": env.batch_size,
-                  "num_threads": env.pool.num_workers, "seed": seed,
-                  "thread_affinity_offset": thread_affinity_offset, **kwargs}
+    env_kwargs, vector_kwargs = _split_vector_kwargs(kwargs)
+    # The envs render to arrays; "human" shows them in the trainer's process, as EnvPool does.
+    env_render = {} if render_mode is None else {"render_mode": "rgb_array"}
+    face = dict(env_type=env_type, render_mode=render_mode, render_env_id=render_env_id, config={})
+    try:
+        spec = None if task_id in _TASKS else _find_spec(task_id)
+        if spec is None:
+            env_fns = _TASKS[task_id](num_envs=num_envs, **env_kwargs, **env_render)
+            env = EnvPoolEnv(env_fns, **face, **pool_kwargs, **vector_kwargs)
+        else:
+            env = EnvPoolEnv(task_id, num_envs, **face, **pool_kwargs, **vector_kwargs, **env_kwargs, **env_render)
+    except gymnasium.error.Error as exc:
+        hint = _missing_extra_hint(task_id)
+        if hint is None:
+            raise
+        raise type(exc)(f"{exc} ({hint})") from exc
+    task_config, reward_threshold = _task_config(task_id, spec, env_kwargs)
+    config = base_config(num_envs, env.batch_size, num_threads or 0,
+                         -1 if thread_affinity_offset is None else thread_affinity_offset,
+                         seed, bool(return_info))
+    env.set_config({**config, **task_config}, reward_threshold)
     return env

@@ -109,9 +109,7 @@ class Restarts:
             if d.observation_space != pool.single_observation_space or d.action_space != pool.single_action_space:
                 raise ValueError(f"the replacement's envs have spaces {d.observation_space}, {d.action_space}; "
                                  f"the pool has {pool.single_observation_space}, {pool.single_action_space}")
-            P.send(conn, pool._map_msg)
-            region.hand_over(conn, proc.pid)
-            workers.startup_message(k, P.Ready, deadline)
+            workers.map_region([k], pool._map_msg, region, deadline)
             P.send(conn, P.Restart())
             region.wire.post(k, P.CMD_MESSAGE)
             while True:

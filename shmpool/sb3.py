@@ -29,10 +29,11 @@ Requires the optional dependency ``stable-baselines3`` (``pip install shmpool[sb
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -55,16 +56,13 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
 from .arguments import POOL_KEYWORDS, is_ray_pool, make_by_id
 from .autoreset import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
+from .infos import unbatch_info
 from .pool import Pool
 
 if TYPE_CHECKING:
     from .distributed import RayPool
 
 __all__ = ["ShmVecEnv"]
-
-# Batch dtypes gymnasium gives python bool/int/float infos: their elements go
-# back to python scalars (see the module docstring).
-_PYTHON_DTYPES = frozenset({np.dtype(bool), np.dtype(np.int64), np.dtype(np.float64)})
 
 # What SAME_STEP adds to the batched infos of a step in which episodes ended.
 _FINAL_KEYS = frozenset({"final_obs", "_final_obs", "final_info", "_final_info"})
@@ -92,30 +90,6 @@ def _set_attr(env: gym.Env, name: str, value: Any) -> None:
 # --- parent side: infos and observations -------------------------------------
 
 
-def _element(batch: np.ndarray, i: int) -> Any:
-    """Env ``i``'s value of one batched info array (see the module docstring for scalar types)."""
-    item = batch[i]
-    if batch.dtype == object:
-        return item
-    if batch.ndim > 1:
-        return item.copy()  # an array info: its own copy, not a view of the batch
-    if batch.dtype in _PYTHON_DTYPES:
-        return item.item()
-    return item
-
-
-def unbatch_info(infos: dict, i: int) -> dict:
-    """Env ``i``'s info dict from gymnasium's vector layout (``key`` array + ``_key`` mask,
-    nested dicts recursed)."""
-    out = {}
-    for key, value in infos.items():
-        mask = infos.get(f"_{key}")
-        if mask is None or not mask[i]:
-            continue  # a mask itself, or a key this env did not report
-        out[key] = unbatch_info(value, i) if isinstance(value, dict) else _element(value, i)
-    return out
-
-
 def _copy_obs(obs: Any) -> Any:
     """Fresh arrays for the pool's views (they are overwritten by the next step); Dict
     observations become an ``OrderedDict`` of arrays, as DummyVecEnv returns them."""
@@ -124,6 +98,19 @@ def _copy_obs(obs: Any) -> Any:
     if isinstance(obs, tuple):
         return tuple(_copy_obs(v) for v in obs)
     return np.array(obs)
+
+
+@contextlib.contextmanager
+def _env_exceptions() -> Iterator[None]:
+    """An env's exception re-raised as itself (DummyVecEnv lets it through), chained to the
+    pool's ``EnvError`` (which names the env and holds the worker's traceback); the
+    ``EnvError`` itself when the exception could not be unpickled."""
+    try:
+        yield
+    except EnvError as exc:
+        if exc.remote_exception is not None:
+            raise exc.remote_exception from exc
+        raise
 
 
 # --- the VecEnv ----------------------------------------------------------------
@@ -215,7 +202,8 @@ class ShmVecEnv(VecEnv):
             self._pending = False
             self._pool.step_wait()
         # As DummyVecEnv: an env without options is reset with no ``options`` argument.
-        obs, infos = self._pool.reset(seed=list(self._seeds), options=[o or None for o in self._options])
+        with _env_exceptions():
+            obs, infos = self._pool.reset(seed=list(self._seeds), options=[o or None for o in self._options])
         self.reset_infos = [unbatch_info(infos, i) for i in range(self.num_envs)]
         self._reset_seeds()
         self._reset_options()
@@ -231,8 +219,9 @@ class ShmVecEnv(VecEnv):
 
     def step_wait(self) -> VecEnvStepReturn:
         """``(obs, rewards float32 (n,), dones bool (n,), infos list of n dicts)``."""
-        obs, rewards, terminated, truncated, infos = self._pool.step_wait()
         self._pending = False
+        with _env_exceptions():
+            obs, rewards, terminated, truncated, infos = self._pool.step_wait()
         dones = terminated | truncated
         return _copy_obs(obs), rewards.astype(np.float32), dones, self._sb3_infos(infos, terminated, truncated)
 
@@ -303,12 +292,8 @@ class ShmVecEnv(VecEnv):
     def _apply(self, fn: Callable[..., Any], ids: list[int], *args: Any) -> list[Any]:
         """``fn(env, *args)`` in the chosen envs; an env's exception is re-raised as itself
         (as DummyVecEnv would let it through), chained to the pool's ``EnvError``."""
-        try:
+        with _env_exceptions():
             return list(self._pool.apply(fn, *args, env_ids=ids))
-        except EnvError as exc:
-            if exc.remote_exception is not None:
-                raise exc.remote_exception from exc
-            raise
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """``env.get_wrapper_attr(attr_name)`` of the chosen envs, in ``indices`` order."""

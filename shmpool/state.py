@@ -213,3 +213,25 @@ class Lifecycle:
         self.lock = threading.RLock()
         self.busy = False
         self.close_requested = False
+
+
+class LifecycleFacts:
+    """What every pool class (``Pool``, ``RayPool``) tells about its :class:`Lifecycle`
+    (the class keeps it in ``_life``)."""
+
+    _life: Lifecycle
+
+    @property
+    def closed(self) -> bool:
+        """True once the pool is closed (or, in a forked child, not this process's to use)."""
+        return self._life.closed
+
+    @property
+    def state(self) -> PoolState:
+        """Where the pool is between calls (see :class:`PoolState`)."""
+        return self._life.state
+
+    @property
+    def in_flight(self) -> int:
+        """Envs sent (or async-reset) and not returned by ``recv()`` yet."""
+        return self._life.in_flight

@@ -164,6 +164,24 @@ class Supervisor:
         self.pool._workers.send(k, msg, self.lost_in(op))
         self.pool._wire.post(k, P.CMD_MESSAGE)
 
+    def ask_envs(self, op: str, name: str, ids: list[int], items: list) -> tuple:
+        """``EnvCall(op, name)`` for env ``ids[i]`` with ``items[i]``; only the workers that own
+        them are asked.  Their answers, in the order of ``ids``.  Envs in flight from send()
+        stay in flight: the workers serve them before the message, and recv() still returns them."""
+        by_worker: dict[int, list[int]] = {}
+        for pos, env_id in enumerate(ids):
+            by_worker.setdefault(int(self.pool._owner[env_id]), []).append(pos)
+        what = f"{op} {name!r}"
+        for k, positions in by_worker.items():
+            start = self.pool._workers.bounds[k][0]
+            self.message(k, P.EnvCall(op, name, [ids[p] - start for p in positions], [items[p] for p in positions]),
+                         what)
+        out: list = [None] * len(ids)
+        for k, answer in zip(by_worker, self.replies(what, list(by_worker))):
+            for pos, value in zip(by_worker[k], answer):
+                out[pos] = value
+        return tuple(out)
+
     def replies(self, op: str, workers: list[int] | None = None, retry: Callable[[int], None] | None = None) -> list:
         """The answers of ``workers`` (all by default) to the message just posted, in that order.
 

@@ -66,12 +66,14 @@ def kill_processes(procs: list, owner_pid: int) -> None:
 
 
 class WorkerSet:
-    """Worker ``k`` owns envs ``bounds[k]`` and runs pinned to ``cpus[k]``."""
+    """Worker ``k`` owns envs ``bounds[k]`` and runs pinned to ``cpus[k]`` (``pinned``), or
+    wherever the scheduler puts it among the process's allowed cores (not ``pinned``)."""
 
-    def __init__(self, ctx, bounds: list[tuple[int, int]], cpus: list[int]) -> None:
+    def __init__(self, ctx, bounds: list[tuple[int, int]], cpus: list[int], pinned: bool = True) -> None:
         self.ctx = ctx
         self.bounds = bounds
         self.cpus = cpus
+        self.pinned = pinned
         self.procs: list = []
         self.pids: list[int] = []
         self.conns: list = []
@@ -90,7 +92,8 @@ class WorkerSet:
     def spawn_all(self, fns, seeds: list) -> None:
         me = (os.getpid(), psutil.Process().create_time(), threading.current_thread() is threading.main_thread())
         for k, (a, b) in enumerate(self.bounds):
-            self._args.append((k, self.cpus[k], me, cloudpickle.dumps(fns[a:b]), a, seeds[a:b]))
+            cpu = self.cpus[k] if self.pinned else None
+            self._args.append((k, cpu, me, cloudpickle.dumps(fns[a:b]), a, seeds[a:b]))
             self.procs.append(None)
             self.conns.append(None)
             self.pids.append(0)
@@ -164,6 +167,26 @@ class WorkerSet:
                 a, b = self.bounds[k]
                 raise TimeoutError(
                     f"worker {k} (envs {a}..{b - 1}) did not finish building its envs within startup_timeout")
+
+    def agreed_spaces(self, deadline: float | None) -> P.Spaces:
+        """Every worker's ``Spaces`` message (start-up step one); env 0's, once all agree."""
+        described = [self.startup_message(k, P.Spaces, deadline) for k in range(len(self.bounds))]
+        first = described[0]
+        for k, d in enumerate(described[1:], 1):
+            if d.observation_space != first.observation_space or d.action_space != first.action_space:
+                raise ValueError(
+                    f"env {self.bounds[k][0]} (worker {k}) has spaces {d.observation_space}, {d.action_space}; env 0 "
+                    f"has {first.observation_space}, {first.action_space}: all envs of a pool must share their spaces")
+        return first
+
+    def map_region(self, workers: list[int], msg: P.MapRegion, region: Any, deadline: float | None) -> None:
+        """Start-up step two for ``workers``: the ``MapRegion`` message and the region's fd to
+        each, then each one's ``Ready``."""
+        for k in workers:
+            P.send(self.conns[k], msg)
+            region.hand_over(self.conns[k], self.procs[k].pid)
+        for k in workers:
+            self.startup_message(k, P.Ready, deadline)
 
     def abort_startup(self) -> None:
         """Tell workers still waiting for their start-up message to exit now (a forked

@@ -4,10 +4,10 @@ import functools
 import gymnasium as gym
 import numpy as np
 import pytest
+from shmpool.workers.recipes.batch_pong import BatchPong, PongEnv
 
 import shmpool
 from shmpool.batched import Batched, BatchEnv
-from shmpool.envs import BatchPong, PongEnv
 
 
 def own(n, **kw):

@@ -47,3 +47,24 @@ def test_list_tasks_says_which_extras_are_missing():
     lines = done.stdout.splitlines()
     assert lines[0] == "False", done.stdout + done.stderr[-500:]
     assert "pip install 'shmpool[mujoco]'" in lines[1]
+
+
+def test_builtin_tasks_have_one_home_and_no_import_cycle():
+    """Every built-in task lives in shmpool.workers.recipes and is registered by
+    shmpool.registration; no recipe imports the registry back."""
+    import ast
+    import pathlib
+
+    import shmpool.workers.recipes as recipes
+
+    import shmpool
+    for path in pathlib.Path(recipes.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [f"{node.module}"] if isinstance(node, ast.ImportFrom) and node.module else [])
+            assert not any(n.endswith("registration") for n in names), f"{path.name} imports {names}"
+    from shmpool.workers.recipes.batch_pong import BatchPong
+
+    import shmpool.envs
+    assert shmpool.envs.BatchPong is BatchPong   # the old import path still works
+    assert "BatchPong-v0" in shmpool.list_tasks()

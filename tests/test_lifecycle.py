@@ -39,6 +39,14 @@ def test_workers_are_pinned_to_distinct_allowed_cores(no_leaks):
         assert os.sched_getaffinity(pool.worker_pids[0]) == {allowed[-1]}
 
 
+def test_unpinned_workers_may_run_on_every_allowed_core(no_leaks):
+    allowed = set(os.sched_getaffinity(0))
+    with shmpool.Pool("CartPole-v1", 4, num_workers=2, pin=False) as pool:
+        pool.reset(seed=0)
+        assert [os.sched_getaffinity(pid) for pid in pool.worker_pids] == [allowed, allowed]
+        assert "unpinned" in repr(pool) and not pool.pinned
+
+
 def test_worker_blas_threads_are_limited(no_leaks):
     with shmpool.Pool(ProbeEnv, 2, num_workers=2) as pool:
         for probe in pool.call("probe"):
@@ -133,6 +141,30 @@ def test_every_wait_policy_and_wake_mechanism_gives_the_same_results(policy, wak
     ref.reset(seed=3)
     for t in range(30):
         np.testing.assert_array_equal(ref.step(np.full(4, t % 2, dtype=np.int64))[0], results[t])
+
+
+def test_steps_carry_the_sync_counter_across_2_32(monkeypatch, no_leaks):
+    """The sync counter is a 32-bit word: a long run wraps it.  Started just below 2**32
+    (the region's test hook), a real pool steps across the wrap with the same results as
+    SyncVectorEnv; a target computed without the wrap, or compared without it, would hang
+    (step_timeout fails the test) or read results before the workers wrote them."""
+    import gymnasium as gym
+
+    import shmpool.region
+    start = 2**32 - 5
+    monkeypatch.setattr(shmpool.region, "SYNC_START", start)
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+    ref.reset(seed=3)
+    with shmpool.Pool("CartPole-v1", 4, num_workers=2, seed=0, step_timeout=5.0) as pool:
+        assert pool._wire.sync_count() == start
+        pool.reset(seed=3)
+        for t in range(6):   # two shards a step: 2**32-3, 2**32-1, then 1, 3, 5, 7
+            actions = np.full(4, t % 2, dtype=np.int64)
+            want = ref.step(actions)
+            got = pool.step(actions)
+            for w, g in zip(want[:4], got[:4]):
+                np.testing.assert_array_equal(g, w)
+        assert pool._wire.sync_count() == (start + 2 * 6) % 2**32 == 7
 
 
 def test_spinning_on_shared_cores_warns(no_leaks):

@@ -9,6 +9,13 @@ from shmpool.workers.recipes import mujoco as recipes  # noqa: E402
 
 import shmpool  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _in_tmp_dir(tmp_path, monkeypatch):
+    """gymnasium's own MuJoCo envs (the reference side here) still log MuJoCo's warnings to
+    MUJOCO_LOG.TXT in the working directory: keep that file out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
 # task id -> (steps, extra kwargs for both sides): each crosses at least one episode end.
 CASES = {
     "Ant-v5": (300, {"max_episode_steps": 120}),                       # truncation
@@ -74,11 +81,10 @@ def test_matches_gymnasium(case):
     ref.close()
 
 
-def test_register_makes_tasks():
-    ids = recipes.register()
-    assert set(ids) == set(recipes.TASKS)
-    from shmpool.registration import _TASKS
-    fns = _TASKS["Ant-v5"](num_envs=3, max_episode_steps=10)
+def test_tasks_are_registered():
+    tasks = recipes.tasks()
+    assert set(tasks) == set(recipes.TASKS) and set(tasks) <= set(shmpool.list_tasks())
+    fns = tasks["Ant-v5"](num_envs=3, max_episode_steps=10)
     assert len(fns) == 3 and isinstance(fns[0](), recipes.Ant)
 
 
@@ -203,3 +209,13 @@ def test_skipped_island_discovery_is_bit_identical(task_id):
                 assert np.array_equal(ref.reset()[0], env.reset()[0])
     if task_id != "HalfCheetah-v5":   # HalfCheetah never terminates
         assert ends >= 1
+
+
+def test_mujoco_warnings_become_python_warnings_not_a_log_file(tmp_path, monkeypatch):
+    """gymnasium's half_cheetah.xml uses MuJoCo's deprecated 'settotalmass': MuJoCo's default
+    handler wrote the warning into MUJOCO_LOG.TXT in the working directory (the repo root in tests)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match="MuJoCo: compiler attribute 'settotalmass' is deprecated"):
+        env = recipes.TASKS["HalfCheetah-v5"]()
+    env.close()
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()

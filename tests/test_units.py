@@ -162,3 +162,18 @@ def test_wire_wait_times_out_and_serves_requests_in_order():
     out = np.zeros(2, dtype=np.uint32)
     assert wire.take(out, 0, 2, pol, 1_000_000) == 2 and out.tolist() == [1, 0]
     assert wire.take(out, 0, 1, pol, 1_000_000) == 0  # nothing more: one slice, then give up
+
+
+def test_unbatch_info_inverts_add_info():
+    """One env's info back from the vector layout (SB3's face and batched shards both use it):
+    masked keys only where marked, unmasked keys for every env, python scalars back as such."""
+    from shmpool.infos import unbatch_info
+    infos: dict = {}
+    add_info(infos, {"a": 1, "s": "x", "n": {"f": 0.5}}, 0, 3)
+    add_info(infos, {"a": 2, "v": np.float32(3)}, 2, 3)
+    infos["shared"] = np.array([7, 8, 9], dtype=np.int16)   # a batched env's key without a mask
+    zero, one, two = (unbatch_info(infos, i) for i in range(3))
+    assert zero == {"a": 1, "s": "x", "n": {"f": 0.5}, "shared": 7}
+    assert type(zero["a"]) is int and type(zero["n"]["f"]) is float
+    assert one == {"shared": 8}
+    assert two == {"a": 2, "v": 3.0, "shared": 9} and type(two["v"]) is np.float32

@@ -562,7 +562,7 @@ def test_make_vec_mirrors_gymnasium(no_leaks):
 
 def test_envpool_make(no_leaks):
     allowed = shmpool.allowed_cpus()
-    with shmpool.vector.make("CartPole-v1", env_type="gym", num_envs=4, batch_size=2, num_threads=2,
+    with shmpool.vector.make("CartPole-v1", env_type="gymnasium", num_envs=4, batch_size=2, num_threads=2,
                              seed=3, thread_affinity_offset=0) as env:
         assert isinstance(env, VectorEnv)
         assert env.pool.num_workers == 2 and env.pool.worker_cpus == [allowed[0], allowed[1 % len(allowed)]]

@@ -9,7 +9,7 @@ from gymnasium.spaces import Dict, Tuple
 from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.autoreset import NEXT_STEP, SAME_STEP
-from shmpool.infos import IN_SLOT, InfoWriter, column_dtype
+from shmpool.infos import IN_SLOT, InfoWriter, column_dtype, unbatch_info
 
 
 class ResultError(Exception):
@@ -211,23 +211,6 @@ class _NoPerEnvObjects:
             "call/get_attr/set_attr/apply are not supported")
 
 
-def _unbatch(infos: dict, row: int) -> dict:
-    """One row of infos in gymnasium's vector layout, as that env's own info dict."""
-    out: dict = {}
-    for key, value in infos.items():
-        if isinstance(key, str) and key.startswith("_") and key[1:] in infos:
-            continue
-        mask = infos.get(f"_{key}")
-        if isinstance(value, dict):
-            if mask is None or mask[row]:
-                sub = _unbatch(value, row)
-                if sub or mask is not None:
-                    out[key] = sub
-        elif mask is None or mask[row]:
-            out[key] = value[row]
-    return out
-
-
 class BatchShard:
     """The envs ``start..stop-1`` of one worker as one batched env (``shmpool.batched``).
 
@@ -332,7 +315,7 @@ class BatchShard:
                     fail_env(i, "step", exc)
             else:
                 # Everything of that env (its numeric keys again too) through the per-env path.
-                finish_env(i, _unbatch(info, row))
+                finish_env(i, unbatch_info(info, row))
 
     def _column(self, key, value):
         """The shared-memory column of a numeric 1-d info array, or None (side channel).
@@ -343,10 +326,7 @@ class BatchShard:
         sample = value.dtype.type(0) if value.dtype != object else None
         if column_dtype(sample) != value.dtype:
             return None
-        cols = self.infos._cols
-        col = cols.get(key, False)
-        if col is False:
-            col = cols[key] = self.infos._register(key, sample)
+        col = self.infos.column(key, sample)
         return col if col is not None and col.dtype == value.dtype else None
 
     def serve_requests(self, reqs: list[int], finish_env, fail_env, publish) -> None:

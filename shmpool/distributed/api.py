@@ -25,7 +25,7 @@ from ..arguments import (
 )
 from ..autoreset import NEXT_STEP
 from ..resets import check_reset_mask, seed_list
-from ..state import Lifecycle, PoolState
+from ..state import Lifecycle, LifecycleFacts
 from .action_check import ActionCheck
 from .actor import Resets, pools_on_nodes
 from .batches import Rows, batch_len, concat, merge_infos, take_rows
@@ -57,7 +57,7 @@ def _entry(method: Callable) -> Callable:
     return wrapper
 
 
-class RayPool:
+class RayPool(LifecycleFacts):
     """Many envs in shmpool pools on several Ray nodes, with the API of :class:`shmpool.Pool`.
 
     ``env``: a gymnasium id (``**env_kwargs`` go to ``gymnasium.make``), one callable or a
@@ -178,20 +178,6 @@ class RayPool:
         """Per pool: ``node_id``, ``hostname``, actor ``pid``, ``num_workers``, worker ``cpus``, ``envs`` (range)."""
         return [{"node_id": d.node_id, "hostname": d.hostname, "pid": d.pid, "num_workers": d.num_workers,
                  "cpus": d.cpus, "envs": self.env_range(k)} for k, d in enumerate(self._fleet.infos)]
-
-    @property
-    def closed(self) -> bool:
-        return self._life.closed
-
-    @property
-    def state(self) -> PoolState:
-        """Where the pool is between calls (see :class:`shmpool.state.PoolState`)."""
-        return self._life.state
-
-    @property
-    def in_flight(self) -> int:
-        """Envs sent (or async-reset) and not returned by ``recv()`` yet."""
-        return self._life.in_flight
 
     @property
     def restarts(self) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arguments import check_count, shard_sizes
+from ..arguments import check_batch_size, check_count, shard_sizes
 from ..topology import parse_cpu_list
 
 
@@ -57,9 +57,7 @@ class Placement:
             sizes = [check_count("env_counts[]", c) for c in env_counts]
             if len(sizes) != P or sum(sizes) != num_envs:
                 raise ValueError(f"env_counts {list(env_counts)} must give {P} pools summing to num_envs={num_envs}")
-        B = num_envs if batch_size is None else check_count("batch_size", batch_size)
-        if B > num_envs:
-            raise ValueError(f"batch_size={B} is more than num_envs={num_envs}")
+        B = check_batch_size(batch_size, num_envs)
         if sub_batch_sizes is None:
             subs = apportion(B, sizes)
         else:

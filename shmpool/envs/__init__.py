@@ -1,4 +1,5 @@
-"""Envs that ship with shmpool: ``BatchPong`` (a numpy-batched Pong) and its one-env twin ``PongEnv``."""
-from .batch_pong import BatchPong, PongEnv
+"""``BatchPong`` and ``PongEnv`` under their first import path; they live with the other
+built-in tasks in ``shmpool.workers.recipes.batch_pong``."""
+from shmpool.workers.recipes.batch_pong import BatchPong, PongEnv
 
 __all__ = ["BatchPong", "PongEnv"]

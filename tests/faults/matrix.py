@@ -130,7 +130,9 @@ def outcome(exc: BaseException | None, seconds: float, state: str, pool: shmpool
         log = [] if pool is None else pool.restart_log
         said = "; ".join(f"worker {e['worker']} {e['cause']} during {e['op']}" for e in log)
         return Outcome("none", said, seconds, state)
-    return Outcome(type(exc).__name__, str(exc).split("\n--- remote traceback")[0], seconds, state)
+    # Notes count as message: KeyboardInterrupt has no text, only the pool's note.
+    said = "\n".join([str(exc).split("\n--- remote traceback")[0], *getattr(exc, "__notes__", ())])
+    return Outcome(type(exc).__name__, said, seconds, state)
 
 
 # --- the cases ------------------------------------------------------------------------------
@@ -237,14 +239,17 @@ def hangs(with_timeout: bool) -> Callable[[str], Outcome]:
     return run
 
 
-def keyboard_interrupt(mode: str) -> Outcome:
-    """Ctrl-C (SIGINT to the parent) 0.1 s into a step/recv that takes 0.5 s."""
-    pool = pool_with(faulty("step", 2, "sleep"))
-    pool.reset()
-    pool.step(ZEROS)
-    threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    exc, dt, _ = timed(lambda: step_all(pool, mode))
-    return outcome(exc, dt, probe_state(pool, mode))
+def keyboard_interrupt(after: float) -> Callable[[str], Outcome]:
+    """Ctrl-C (SIGINT to the parent) ``after`` seconds into a step/recv that takes 0.5 s
+    (0.01 s: inside the wait's first slice; 0.1 s: a later one)."""
+    def run(mode: str) -> Outcome:
+        pool = pool_with(faulty("step", 2, "sleep"))
+        pool.reset()
+        pool.step(ZEROS)
+        threading.Timer(after, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        exc, dt, _ = timed(lambda: step_all(pool, mode))
+        return outcome(exc, dt, probe_state(pool, mode))
+    return run
 
 
 PARENT_SCRIPT = """
@@ -304,7 +309,8 @@ CASES: dict[str, tuple[Callable[[str], Outcome], tuple[str, ...]]] = {
     "observation of the wrong shape": (env_fails("step", "bad_obs"), MODES),
     "observation of the wrong dtype": (env_fails("step", "bad_dtype"), MODES),
     "non-finite reward": (env_fails("step", "nan_reward"), MODES),
-    "KeyboardInterrupt in step/recv": (keyboard_interrupt, MODES),
+    "KeyboardInterrupt in step/recv": (keyboard_interrupt(0.1), MODES),
+    "KeyboardInterrupt early in step/recv": (keyboard_interrupt(0.01), MODES),
     "parent killed (SIGKILL)": (parent_killed, MODES),
 }
 
@@ -351,7 +357,12 @@ EXPECTED: dict[str, Expected] = {
     "non-finite reward": Expected(
         "EnvError", ENV3 + r" raised in step: shmpool.workers.shard.ResultError: reward is nan: rewards must be finite",
         USABLE_AFTER_RESET),
-    "KeyboardInterrupt in step/recv": Expected("KeyboardInterrupt", "", CLOSED, limit=0.45),
+    "KeyboardInterrupt in step/recv": Expected(
+        "KeyboardInterrupt", r"^\nshmpool: the pool was closed and its workers killed \((step|recv) was interrupted\)$",
+        CLOSED, limit=0.45),
+    "KeyboardInterrupt early in step/recv": Expected(
+        "KeyboardInterrupt", r"^\nshmpool: the pool was closed and its workers killed \((step|recv) was interrupted\)$",
+        CLOSED, limit=0.35),
     "parent killed (SIGKILL)": Expected("none", "", "workers gone, /dev/shm clean", limit=2.0),
 }
 

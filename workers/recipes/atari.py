@@ -67,7 +67,7 @@ except ImportError:   # registering the ids needs only ale-py; building an env n
 
 from ._frames import AreaPush, area_is_generic
 
-__all__ = ["GAMES", "AreaPush", "AtariEnv", "check_options", "register", "task_id"]
+__all__ = ["GAMES", "AreaPush", "AtariEnv", "check_options", "task_id", "tasks"]
 
 _RAW_HEIGHT, _RAW_WIDTH = 210, 160
 # ROMs without a single-player mode: gymnasium and EnvPool register no env for them.
@@ -122,7 +122,7 @@ class AtariEnv(gymnasium.Env):
     keywords are EnvPool's options.  ``reset``/``step`` return a fresh observation array
     unless :meth:`bind_obs` gave the env a buffer to write into."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}
     OPTIONS: ClassVar[dict[str, inspect.Parameter]]
 
     def __init__(self, task: str = "pong", *, stack_num: int = 4, frame_skip: int = 4, noop_max: int = 30,
@@ -130,7 +130,7 @@ class AtariEnv(gymnasium.Env):
                  use_fire_reset: bool = True, img_height: int = 84, img_width: int = 84,
                  full_action_space: bool = False, repeat_action_probability: float = 0.0,
                  use_inter_area_resize: bool = True, gray_scale: bool = True, max_episode_steps: int = 27000,
-                 mode: int | None = None, difficulty: int | None = None) -> None:
+                 mode: int | None = None, difficulty: int | None = None, render_mode: str | None = None) -> None:
         if cv2 is None:
             raise gymnasium.error.DependencyNotInstalled(
                 "the Atari recipes resize frames with OpenCV: pip install opencv-python-headless")
@@ -140,6 +140,9 @@ class AtariEnv(gymnasium.Env):
         check_options(stack_num=stack_num, frame_skip=frame_skip, noop_max=noop_max, img_height=img_height,
                       img_width=img_width, repeat_action_probability=repeat_action_probability,
                       max_episode_steps=max_episode_steps, mode=mode, difficulty=difficulty)
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        self.render_mode = render_mode
         self.task = rom
         self.stack_num, self.frame_skip, self.noop_max = int(stack_num), int(frame_skip), int(noop_max)
         self.episodic_life, self.reward_clip = bool(episodic_life), bool(reward_clip)
@@ -254,6 +257,10 @@ class AtariEnv(gymnasium.Env):
             self.ale.setDifficulty(self._difficulty)
 
     # --- gymnasium API -----------------------------------------------------------------
+    def render(self) -> np.ndarray | None:
+        """The ALE screen, uint8 ``(210, 160, 3)`` RGB, with ``render_mode="rgb_array"`` (EnvPool's frame)."""
+        return self.ale.getScreenRGB() if self.render_mode == "rgb_array" else None
+
     def get_action_meanings(self) -> list[str]:
         return [a.name for a in self._action_set]
 
@@ -328,27 +335,43 @@ class AtariEnv(gymnasium.Env):
         self.ale = None
 
 
+# EnvPool's options (render_mode is gymnasium's, not an option of the task).
 AtariEnv.OPTIONS = {name: p for name, p in inspect.signature(AtariEnv.__init__).parameters.items()
-                    if p.kind is inspect.Parameter.KEYWORD_ONLY}
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "render_mode"}
+
+
+def envpool_config(rom: str) -> dict[str, Any]:
+    """A task's options as EnvPool 1.2.5's ``config`` lists them (its order; -1 for the ROM's
+    default mode/difficulty; ``base_path`` where the ROMs are)."""
+    o = {name: p.default for name, p in AtariEnv.OPTIONS.items()}
+    for name in ("mode", "difficulty"):
+        o[name] = -1 if o[name] is None else o[name]
+    order = ("max_episode_steps", "stack_num", "frame_skip", "noop_max", "zero_discount_on_life_loss",
+             "episodic_life", "reward_clip", "use_fire_reset", "img_height", "img_width", "task", "mode",
+             "difficulty", "full_action_space", "repeat_action_probability", "use_inter_area_resize", "gray_scale")
+    o["task"] = rom
+    return {"base_path": str(roms.get_rom_path(rom).parent), **{k: o[k] for k in order}}
 
 
 # --- registration ---------------------------------------------------------------------
 
 def _builder(rom: str) -> Callable[..., list[Callable[[], gymnasium.Env]]]:
-    def build(num_envs: int = 1, **kwargs: Any) -> list[Callable[[], gymnasium.Env]]:
+    def build(num_envs: int = 1, render_mode: str | None = None, **kwargs: Any) -> list[Callable[[], gymnasium.Env]]:
         """``num_envs`` constructors of ``AtariEnv(rom, **kwargs)``; options are checked here,
         before any worker starts."""
         check_options(**kwargs)
-        return [functools.partial(AtariEnv, rom, **kwargs)] * num_envs
+        return [functools.partial(AtariEnv, rom, render_mode=render_mode, **kwargs)] * num_envs
     return build
 
 
-def register() -> list[str]:
-    """Register every ``<Game>-v5`` with ``shmpool.registration.register_task``; returns the ids.
+def tasks() -> dict[str, Callable[..., list[Callable[[], gymnasium.Env]]]]:
+    """``{task id: builder}`` for every ``<Game>-v5`` (``shmpool.registration`` registers them).
 
     Ids are gymnasium's ``ALE/<Game>-v5`` names without the namespace (EnvPool's ids), so
     ``shmpool.make("Pong-v5", num_envs=8)`` builds these recipes."""
-    from shmpool.registration import register_task
-    for tid, rom in GAMES.items():
-        register_task(tid, _builder(rom))
-    return list(GAMES)
+    return {tid: _builder(rom) for tid, rom in GAMES.items()}
+
+
+def configs() -> dict[str, dict]:
+    """``{task id: EnvPool's config defaults}`` for :func:`tasks` (``env.spec.config`` of the EnvPool face)."""
+    return {tid: envpool_config(rom) for tid, rom in GAMES.items()}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -27,7 +28,7 @@ import mujoco
 import numpy as np
 from gymnasium.spaces import Box
 
-__all__ = ["TASKS", "MujocoRecipe", "register"]
+__all__ = ["TASKS", "MujocoRecipe", "tasks"]
 
 
 def _asset(xml_file: str) -> str:
@@ -42,6 +43,22 @@ def _sumsq(x: np.ndarray) -> Any:
     """``np.sum(np.square(x))``: gymnasium's reduction order (and dtype: float32 actions
     give a float32 cost), so costs match bit for bit."""
     return np.square(x).sum()
+
+
+def _load_model(path: str) -> mujoco.MjModel:
+    """``MjModel.from_xml_path`` with MuJoCo's warnings raised as Python ``UserWarning``s: its
+    default handler appends them to MUJOCO_LOG.TXT in the working directory (gymnasium's
+    ant.xml, for one, uses the deprecated 'settotalmass')."""
+    texts: list[str] = []
+    previous = mujoco.get_mju_user_warning()
+    mujoco.set_mju_user_warning(texts.append)
+    try:
+        model = mujoco.MjModel.from_xml_path(path)
+    finally:
+        mujoco.set_mju_user_warning(previous)
+    for text in dict.fromkeys(texts):
+        warnings.warn(f"MuJoCo: {text} ({os.path.basename(path)})", UserWarning, stacklevel=3)
+    return model
 
 
 def _skip_island_discovery(model: mujoco.MjModel) -> None:
@@ -74,7 +91,7 @@ class MujocoRecipe(gymnasium.Env):
 
     def __init__(self, obs_size: int, xml_file: str | None = None, frame_skip: int | None = None,
                  max_episode_steps: int | None = None) -> None:
-        self.model = mujoco.MjModel.from_xml_path(_asset(xml_file or self.default_xml))
+        self.model = _load_model(_asset(xml_file or self.default_xml))
         _skip_island_discovery(self.model)
         self.data = mujoco.MjData(self.model)
         self.init_qpos = self.data.qpos.copy()
@@ -183,7 +200,7 @@ class Ant(MujocoRecipe):
                  healthy_reward: float = 1.0, main_body: int = 1, terminate_when_unhealthy: bool = True,
                  healthy_z_range: tuple[float, float] = (0.2, 1.0),
                  contact_force_range: tuple[float, float] = (-1.0, 1.0), reset_noise_scale: float = 0.1) -> None:
-        model = mujoco.MjModel.from_xml_path(_asset(xml_file or self.default_xml))
+        model = _load_model(_asset(xml_file or self.default_xml))
         super().__init__(model.nq - 2 + model.nv + (model.nbody - 1) * 6, xml_file, frame_skip, max_episode_steps)
         self._fw, self._cw, self._kw = forward_reward_weight, ctrl_cost_weight, contact_cost_weight
         self._healthy_reward, self._terminate = healthy_reward, terminate_when_unhealthy
@@ -249,7 +266,7 @@ class _Planar(MujocoRecipe):
 
     def __init__(self, xml_file: str | None, frame_skip: int | None, max_episode_steps: int | None,
                  forward_reward_weight: float, ctrl_cost_weight: float, reset_noise_scale: float) -> None:
-        model = mujoco.MjModel.from_xml_path(_asset(xml_file or self.default_xml))
+        model = _load_model(_asset(xml_file or self.default_xml))
         super().__init__(model.nq - self.skip + model.nv, xml_file, frame_skip, max_episode_steps)
         self._fw, self._cw, self._noise = forward_reward_weight, ctrl_cost_weight, reset_noise_scale
         self._npos = self.model.nq - self.skip
@@ -536,7 +553,7 @@ class _Humanoid(MujocoRecipe):
 
     def __init__(self, xml_file: str | None, frame_skip: int | None, max_episode_steps: int | None,
                  reset_noise_scale: float) -> None:
-        model = mujoco.MjModel.from_xml_path(_asset(xml_file or self.default_xml))
+        model = _load_model(_asset(xml_file or self.default_xml))
         nb = model.nbody - 1
         size = (model.nq - 2) + model.nv + nb * 10 + nb * 6 + (model.nv - 6) + nb * 6
         super().__init__(size, xml_file, frame_skip, max_episode_steps)
@@ -655,13 +672,10 @@ def _builder(cls: type[MujocoRecipe]) -> Callable[..., list[Callable[[], gymnasi
     return build
 
 
-def register() -> list[str]:
-    """Register every recipe with ``shmpool.registration.register_task``; returns the task ids.
+def tasks() -> dict[str, Callable[..., list[Callable[[], gymnasium.Env]]]]:
+    """``{task id: builder}`` for every recipe (``shmpool.registration`` registers them).
 
-    The ids equal gymnasium's, so once registered ``shmpool.make("Ant-v5", ...)`` builds
-    recipes instead of ``gymnasium.make("Ant-v5")`` envs (``make_vec``/``VectorEnv("Ant-v5")``
-    still build gymnasium's)."""
-    from shmpool.registration import register_task
-    for task_id, cls in TASKS.items():
-        register_task(task_id, _builder(cls))
-    return list(TASKS)
+    The ids equal gymnasium's, so ``shmpool.make("Ant-v5", ...)`` builds recipes instead of
+    ``gymnasium.make("Ant-v5")`` envs (``make_vec``/``VectorEnv("Ant-v5")`` still build
+    gymnasium's)."""
+    return {task_id: _builder(cls) for task_id, cls in TASKS.items()}

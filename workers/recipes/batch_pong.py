@@ -45,14 +45,15 @@ paths agree bit for bit.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from ..autoreset import DISABLED, NEXT_STEP, SAME_STEP
-from ..batched import BatchEnv
+from shmpool.autoreset import DISABLED, NEXT_STEP, SAME_STEP
+from shmpool.batched import Batched, BatchEnv
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -343,3 +344,13 @@ class PongEnv(gymnasium.Env):
         infos = g.step(self._ids, self._act)
         info = {k: v[0] for k, v in infos.items() if not k.startswith("_") and infos["_" + k][0]}
         return g.obs[0].copy(), float(g.reward[0]), bool(g.terminated[0]), bool(g.truncated[0]), info
+
+
+def _batch_pong(num_envs: int, **kwargs) -> Batched:
+    """``BatchPong-v0``: one ``BatchPong`` per worker (kwargs: ``max_episode_steps``)."""
+    return Batched(functools.partial(BatchPong, **kwargs), num_envs=num_envs)
+
+
+def tasks() -> dict:
+    """``{task id: builder}`` for ``shmpool.make``: ``BatchPong-v0``."""
+    return {"BatchPong-v0": _batch_pong}
