@@ -17,6 +17,7 @@ COMMANDS = {
     "recipe-cost": "bench.recipe_cost",  # single-core µs per step: recipe vs gymnasium's env
     "throughput": "bench.throughput",  # EnvPool's table: FPS per system and core count
     "latency": "bench.latency",      # step/recv latency percentiles, per call and per env step
+    "autoreset": "bench.autoreset",  # SAME_STEP autoreset (ShmVecEnv, VectorEnv) vs the NEXT_STEP pool, env-only
     "poolvec": "bench.poolvec",      # SB3's DummyVecEnv vs SubprocVecEnv vs ShmVecEnv over N, fitted overhead
     "plot": "bench.plot",            # a latency JSON -> PNG
     "batch-pong": "bench.batch_pong",  # a natively batched env vs one env at a time

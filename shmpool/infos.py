@@ -7,6 +7,13 @@ the latest result set.  Anything else (strings, arrays, nested dicts, a 65th
 key) travels on the worker's side channel and is merged by ``add_info``, which
 follows gymnasium's ``VectorEnv._add_info`` layout: a dict of batched arrays,
 each with a boolean ``_key`` mask.
+
+SAME_STEP autoreset adds ``final_obs``/``final_info`` for the envs whose episode
+ended.  A final observation that fits the region's ``final_obs`` arrays is
+written there by the worker, which marks the result with the ``_final_obs``
+column; numeric leaves of its final info (nested dicts too) get columns named
+``_final_info<SEP>key<SEP>...``.  Env keys never start with ``_`` (such keys are
+never given a column), so these names cannot clash with an env's.
 """
 from __future__ import annotations
 
@@ -14,9 +21,10 @@ import os
 import time
 
 import numpy as np
+from gymnasium import spaces
 
 from . import _core
-from .layout import INFO_COLUMNS, INFO_ENTRY, INFO_NAME_BYTES, Views
+from .layout import INFO_COLUMNS, INFO_ENTRY, INFO_NAME_BYTES, Views, assemble
 from .pids import alive
 
 # A registry entry's state word: FREE, READY, or claiming: ``pid << 2 | CLAIMING`` while the
@@ -26,6 +34,22 @@ _STATE_BITS = 3
 _CHECK_CLAIMANT_S = 0.001     # a claim held this long: is its writer still alive?
 DTYPES = [np.dtype(c) for c in ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8")]
 _CODE = {dt: i for i, dt in enumerate(DTYPES)}
+
+FINAL_OBS_COLUMN = "_final_obs"     # bool column: this result's final observation is in the final_obs arrays
+FINAL_INFO_COLUMN = "_final_info"   # first part of the names of final-info columns
+SEP = "\x1f"                         # joins the parts of a final-info column's name
+
+
+class _InSlot:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "IN_SLOT"
+
+
+# What a worker's shard puts as an info's ``final_obs`` when it wrote the final observation into the
+# region's final_obs arrays; ``InfoWriter.write`` turns it into the ``_final_obs`` column's bit.
+IN_SLOT = _InSlot()
 
 
 def column_dtype(value) -> np.dtype | None:
@@ -61,27 +85,84 @@ class InfoWriter:
         self._buf = buf
         self._mask = views.info_mask
         self._cols: dict = {}   # key -> _Column, or None when the key cannot use shm
+        self._final_cols: dict = {}   # final-info key path -> _Column or None
+        self._final_bit = 0
 
     def write(self, env_id: int, info: dict) -> dict | None:
+        """Write ``info`` of env ``env_id``'s latest result; returns what needs the side channel.
+
+        ``{"final_obs": IN_SLOT, "final_info": {...}, ...}`` (SAME_STEP, in that order): the
+        final observation is in the final_obs arrays; the final info's numeric leaves get
+        final-info columns, the rest is returned under ``"final_info"``."""
         if not info:
             self._mask[env_id] = 0
             return None
         bits = 0
         extra = None
+        in_slot = False
         for key, value in info.items():
-            col = self.column(key, value)
-            if col is not None and column_dtype(value) == col.dtype:
-                try:
-                    col.values[env_id] = value
-                    bits |= col.bit
-                    continue
-                except OverflowError:
-                    pass
+            if value is IN_SLOT:
+                bits |= self._final_bit
+                in_slot = True
+                continue
+            if in_slot and key == "final_info" and type(value) is dict:
+                more, rest = self._write_final(env_id, value, ())
+                bits |= more
+                if rest is not None:
+                    if extra is None:
+                        extra = {}
+                    extra[key] = rest
+                continue
+            bit = _store(self.column(key, value), env_id, value)
+            if bit:
+                bits |= bit
+                continue
             if extra is None:
                 extra = {}
             extra[key] = value
         self._mask[env_id] = bits
         return extra
+
+    def reserve_final_obs(self) -> None:
+        """SAME_STEP: claim the ``_final_obs`` column at start-up, before any env key can fill
+        the registry, so a final observation in the slot can always be announced."""
+        col = self._claim(FINAL_OBS_COLUMN, DTYPES[0])
+        if col is None:
+            raise RuntimeError("the info registry has no room for the _final_obs column")
+        self._final_bit = col.bit
+
+    def _write_final(self, env_id: int, info: dict, path: tuple) -> tuple[int, dict | None]:
+        """The numeric leaves of a final info (at ``path`` inside it) into final-info columns:
+        returns their bits and what is left for the side channel (None: nothing).  A non-empty
+        dict is recursed into; an empty one goes aside (its ``_key`` mask needs it)."""
+        bits = 0
+        rest = None
+        for key, value in info.items():
+            if type(value) is dict and value and _column_part(key):
+                more, left = self._write_final(env_id, value, (*path, key))
+                bits |= more
+                if left is None:
+                    continue
+                value = left
+            else:
+                where = (*path, key)
+                col = self._final_cols.get(where, False)
+                if col is False:
+                    col = self._final_cols[where] = self._register_final(where, value)
+                bit = _store(col, env_id, value)
+                if bit:
+                    bits |= bit
+                    continue
+            if rest is None:
+                rest = {}
+            rest[key] = value
+        return bits, rest
+
+    def _register_final(self, path: tuple, value) -> _Column | None:
+        dtype = column_dtype(value)
+        if dtype is None or not all(_column_part(k) for k in path):
+            return None
+        return self._claim(SEP.join((FINAL_INFO_COLUMN, *path)), dtype)
 
     def column(self, key, value) -> _Column | None:
         """The shared-memory column of ``key`` (registered at its first value, whose type
@@ -93,10 +174,16 @@ class InfoWriter:
 
     def _register(self, key, value) -> _Column | None:
         dtype = column_dtype(value)
-        if dtype is None or not isinstance(key, str):
+        # "final_obs" never: gymnasium keeps it an object array of per-env values whatever they are.
+        if dtype is None or not isinstance(key, str) or key.startswith("_") or key == "final_obs":
             return None
+        return self._claim(key, dtype)
+
+    def _claim(self, key: str, dtype: np.dtype) -> _Column | None:
+        """The column named ``key`` of ``dtype``: found in the registry or claimed there;
+        None when the name is too long, the registry is full or the name has another dtype."""
         name = key.encode("utf-8")
-        if len(name) > INFO_NAME_BYTES or key.startswith("_"):
+        if len(name) > INFO_NAME_BYTES:
             return None
         reg = self._views.info_registry
         base = self._views.registry_offset
@@ -137,6 +224,23 @@ class InfoWriter:
                 time.sleep(0)   # let a descheduled writer run
 
 
+def _store(col: _Column | None, env_id: int, value) -> int:
+    """``value`` into env ``env_id``'s row of ``col``: the column's bit, or 0 when there is no
+    column or the value does not fit it (another dtype, out of range)."""
+    if col is not None and column_dtype(value) == col.dtype:
+        try:
+            col.values[env_id] = value
+            return col.bit
+        except OverflowError:
+            pass
+    return 0
+
+
+def _column_part(key) -> bool:
+    """Whether a key can be part of a final-info column's name."""
+    return isinstance(key, str) and not key.startswith("_") and SEP not in key
+
+
 def read_entry(views: Views, col: int) -> tuple[str, np.dtype]:
     entry = views.info_registry[col * INFO_ENTRY:(col + 1) * INFO_ENTRY]
     code = int(entry[4:8].view(np.uint32)[0])
@@ -145,37 +249,87 @@ def read_entry(views: Views, col: int) -> tuple[str, np.dtype]:
 
 
 class InfoReader:
-    """Parent side: builds gymnasium-style batched infos for a set of envs."""
+    """Parent side: builds gymnasium-style batched infos for a set of envs.
 
-    def __init__(self, views: Views, buf) -> None:
+    ``obs_space``: the single-env observation space, needed to hand back final
+    observations from the region's final_obs arrays (SAME_STEP)."""
+
+    def __init__(self, views: Views, buf, obs_space=None) -> None:
         self._views = views
         self._buf = buf
-        self._cols: dict[int, tuple[str, _Column]] = {}
+        self._obs_space = obs_space
+        self._structured = isinstance(obs_space, (spaces.Dict, spaces.Tuple))
+        # col -> (name, column, path): path None for an env's own key, () for the final-obs
+        # column, the key path inside final_info for a final-info column.
+        self._cols: dict[int, tuple[str, _Column, tuple | None]] = {}
 
     def read(self, env_ids: np.ndarray | None) -> dict:
         """Infos of ``env_ids`` (all envs in order when None) from shared memory."""
         masks = self._views.info_mask if env_ids is None else self._views.info_mask[env_ids]
         bits = int(np.bitwise_or.reduce(masks)) if len(masks) else 0
         infos: dict = {}
+        ended = None
         col = 0
         while bits:
             if bits & 1:
-                name, column = self._column(col)
+                name, column, path = self._column(col)
                 present = (masks & np.uint64(column.bit)).astype(bool)
-                values = column.values.copy() if env_ids is None else column.values[env_ids]
-                values[~present] = 0
-                infos[name] = values
-                infos["_" + name] = present
+                if path == ():
+                    ended = present
+                else:
+                    values = column.values.copy() if env_ids is None else column.values[env_ids]
+                    values[~present] = 0
+                    if path is None:
+                        infos[name] = values
+                        infos["_" + name] = present
+                    else:
+                        _put_nested(infos.setdefault("final_info", {}), path, values, present)
             bits >>= 1
             col += 1
+        if ended is not None:
+            self._final_obs(infos, ended, env_ids)
         return infos
+
+    def _final_obs(self, infos: dict, ended: np.ndarray, env_ids: np.ndarray | None) -> None:
+        """gymnasium's SAME_STEP layout for the envs whose final observation is in the slot:
+        ``final_obs`` an object array (None elsewhere) of fresh copies, ``final_info`` a dict
+        (``{}`` when their final infos were empty), each with its bool mask."""
+        leaves = self._views.final_obs
+        out = np.empty(len(ended), dtype=object)   # all None
+        single = leaves[0] if len(leaves) == 1 and leaves[0].ndim > 1 and not self._structured else None
+        for pos in np.flatnonzero(ended).tolist():
+            env = pos if env_ids is None else int(env_ids[pos])
+            if single is not None:
+                out[pos] = single[env].copy()
+            else:   # np.array: a 0-d leaf stays an array, as the worker found it
+                out[pos] = assemble(self._obs_space, [np.array(leaf[env]) for leaf in leaves])
+        infos["final_obs"], infos["_final_obs"] = out, ended
+        infos.setdefault("final_info", {})
+        infos["_final_info"] = ended.copy()
 
     def _column(self, col: int):
         hit = self._cols.get(col)
         if hit is None:
             name, dtype = read_entry(self._views, col)
-            hit = self._cols[col] = (name, _Column(col, dtype, self._views))
+            if name == FINAL_OBS_COLUMN:
+                path = ()
+            elif name.startswith(FINAL_INFO_COLUMN + SEP):
+                path = tuple(name.split(SEP)[1:])
+            else:
+                path = None
+            hit = self._cols[col] = (name, _Column(col, dtype, self._views), path)
         return hit
+
+
+def _put_nested(infos: dict, path: tuple, values: np.ndarray, present: np.ndarray) -> None:
+    """``values`` at ``path`` inside nested batched ``infos``; every dict on the way gets its
+    ``_key`` mask or'ed with ``present`` (gymnasium marks a dict for every env that has it)."""
+    for key in path[:-1]:
+        mask = infos.get("_" + key)
+        infos["_" + key] = present.copy() if mask is None else mask | present
+        infos = infos.setdefault(key, {})
+    infos[path[-1]] = values
+    infos["_" + path[-1]] = present
 
 
 def add_info(infos: dict, info: dict, index: int, size: int) -> dict:

@@ -132,10 +132,18 @@ class Layout:
     offsets: dict[str, int] = field(default_factory=dict)
     size: int = 0
     has_slow_actions: bool = False   # action leaves that travel pickled: a version word per env
+    final_obs: bool = False   # SAME_STEP: a second obs-shaped array per leaf for ended episodes' last obs
 
     @classmethod
-    def build(cls, num_envs: int, shard_sizes: list[int], obs_space, act_space) -> Layout:
-        lay = cls(num_envs, list(shard_sizes), leaves(obs_space, fallback=True), leaves(act_space, fallback=True))
+    def build(cls, num_envs: int, shard_sizes: list[int], obs_space, act_space, *,
+              final_obs: bool = False) -> Layout:
+        """``final_obs``: also lay out ``final_obs{i}`` (like ``obs{i}``), where a worker in
+        SAME_STEP mode writes the last observation of an episode that ended in this step
+        (only when every observation leaf lives in shared memory; else final observations
+        travel pickled)."""
+        final_obs = final_obs and all_shared(obs_space)
+        lay = cls(num_envs, list(shard_sizes), leaves(obs_space, fallback=True), leaves(act_space, fallback=True),
+                  final_obs=final_obs)
         lay.has_slow_actions = not all_shared(act_space)
         off = _align(_core.control_size(num_envs, shard_sizes))
 
@@ -148,6 +156,8 @@ class Layout:
             put(f"act{i}", num_envs * leaf.dtype.itemsize * int(np.prod(leaf.shape, dtype=np.int64)))
         for i, leaf in enumerate(lay.obs_leaves):
             put(f"obs{i}", num_envs * leaf.dtype.itemsize * int(np.prod(leaf.shape, dtype=np.int64)))
+        for i, leaf in enumerate(lay.obs_leaves if final_obs else []):
+            put(f"final_obs{i}", num_envs * leaf.dtype.itemsize * int(np.prod(leaf.shape, dtype=np.int64)))
         put("reward", num_envs * 8)
         put("terminated", num_envs)
         put("truncated", num_envs)
@@ -174,6 +184,9 @@ class Views:
 
         self.act = [arr(f"act{i}", lf.dtype, (n, *lf.shape)) for i, lf in enumerate(layout.act_leaves)]
         self.obs = [arr(f"obs{i}", lf.dtype, (n, *lf.shape)) for i, lf in enumerate(layout.obs_leaves)]
+        # Empty unless the layout has them (SAME_STEP).
+        self.final_obs = [arr(f"final_obs{i}", lf.dtype, (n, *lf.shape))
+                          for i, lf in enumerate(layout.obs_leaves) if layout.final_obs]
         self.reward = arr("reward", np.float64, (n,))
         self.terminated = arr("terminated", np.bool_, (n,))
         self.truncated = arr("truncated", np.bool_, (n,))

@@ -40,7 +40,7 @@ from .arguments import (
     env_id_list,
     shard_sizes,
 )
-from .autoreset import DISABLED, NEXT_STEP, parse_autoreset_mode
+from .autoreset import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
 from .batched import BatchedEnvs, check_hosting
 from .errors import EnvError
 from .fallback import Lane, LatestValues, SlowActionSender, warn_slow
@@ -332,7 +332,8 @@ class Pool(LifecycleFacts):
         self.metadata = first.metadata
         self.render_mode = first.render_mode
         self.spec = first.spec
-        layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space)
+        layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space,
+                                final_obs=self.autoreset_mode == SAME_STEP)
         # Leaves that cannot live in shared memory travel pickled (shmpool.fallback).
         self._obs_lane = Lane.of(obs_space)
         warn_slow(self._obs_lane, Lane.of(act_space), stacklevel=4)
@@ -344,7 +345,7 @@ class Pool(LifecycleFacts):
 
         self._wire = region.wire
         self._views = views = region.views()
-        self._infos = InfoReader(views, region.map)
+        self._infos = InfoReader(views, region.map, obs_space)
         self._actions = ActionWriter(act_space, layout, views, self.strict)
         self._all_ids = np.arange(self.num_envs, dtype=np.int64)
         if self._obs_lane is None:

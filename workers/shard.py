@@ -10,7 +10,7 @@ from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.autoreset import NEXT_STEP, SAME_STEP
 from shmpool.fallback import Lane
-from shmpool.infos import InfoWriter, column_dtype, unbatch_info
+from shmpool.infos import IN_SLOT, InfoWriter, column_dtype, unbatch_info
 
 
 class ResultError(Exception):
@@ -45,6 +45,63 @@ def _leaf_writer(arr: np.ndarray, strict: bool):
     return write if strict else cast
 
 
+def _plain_leaves(space, value) -> list | None:
+    """The leaf values of ``value`` (``layout.leaves`` order) when it is built of plain dicts and
+    tuples exactly as ``space`` is; None otherwise (an OrderedDict, a list, missing keys...)."""
+    if isinstance(space, Dict):
+        if type(value) is not dict or value.keys() != space.spaces.keys():
+            return None
+        out: list = []
+        for key, sub in space.spaces.items():
+            part = _plain_leaves(sub, value[key])
+            if part is None:
+                return None
+            out += part
+        return out
+    if isinstance(space, Tuple):
+        if type(value) is not tuple or len(value) != len(space.spaces):
+            return None
+        out = []
+        for sub, item in zip(space.spaces, value):
+            part = _plain_leaves(sub, item)
+            if part is None:
+                return None
+            out += part
+        return out
+    return [value]
+
+
+def _final_writer(rows: list[np.ndarray], obs_space):
+    """SAME_STEP: ``write(i, obs)`` copies an ended episode's last observation into env ``i``'s
+    final_obs rows and returns True when every leaf is an ndarray of exactly its row's dtype and
+    shape, so that the parent hands back an equal array of the same type.  Otherwise it returns
+    False and the observation travels pickled, exactly as the env gave it."""
+    if len(rows) == 1 and not isinstance(obs_space, (Dict, Tuple)):
+        row = rows[0]
+        shape, dtype = row.shape[1:], row.dtype
+
+        def write(i, obs) -> bool:
+            if type(obs) is not np.ndarray or obs.dtype != dtype or obs.shape != shape:
+                return False
+            row[i] = obs
+            return True
+        return write
+
+    def write_leaves(i, obs) -> bool:
+        values = _plain_leaves(obs_space, obs)
+        if values is None or any(type(v) is not np.ndarray or v.dtype != r.dtype or v.shape != r.shape[1:]
+                                 for v, r in zip(values, rows)):
+            return False
+        for v, r in zip(values, rows):
+            r[i] = v
+        return True
+    return write_leaves
+
+
+def _no_final_slot(i, obs) -> bool:
+    return False
+
+
 class Shard:
     """The envs ``start..stop-1`` of one worker, writing results by env id."""
 
@@ -62,6 +119,11 @@ class Shard:
         self.same_step = autoreset_mode == SAME_STEP
         self.next_step = autoreset_mode == NEXT_STEP
         self.pending_seeds: list = [None] * len(envs)
+        if self.same_step and views.final_obs:   # a final-obs slot (every obs leaf in shared memory)
+            self.write_final = _final_writer(views.final_obs, obs_space)
+            self.infos.reserve_final_obs()
+        else:   # no slot: final observations travel pickled
+            self.write_final = _no_final_slot
         writers = [_leaf_writer(a, strict) for a in views.obs]
         if len(writers) == 1 and not isinstance(obs_space, (Dict, Tuple)):
             self.write_obs = writers[0]
@@ -127,7 +189,8 @@ class Shard:
 
         NEXT_STEP: the step after an episode ends resets instead (reward 0).
         SAME_STEP: an ending step resets at once; the info then carries
-        ``final_obs`` and ``final_info`` (gymnasium's layout).
+        ``final_obs`` and ``final_info`` (gymnasium's layout), the final
+        observation in the region's final_obs rows when it fits them.
         DISABLED: no resets; the parent refuses to step an env that ended."""
         j = i - self.start
         v = self.views
@@ -149,8 +212,11 @@ class Shard:
                 if self.next_step:
                     self.autoreset[j] = True
                 elif self.same_step:
-                    # A bound row is about to be overwritten by the reset observation.
-                    final = {"final_obs": obs.copy() if obs is self.bound[j] else obs, "final_info": info}
+                    if self.write_final(i, obs):
+                        final = {"final_obs": IN_SLOT, "final_info": info}
+                    else:
+                        # A bound row is about to be overwritten by the reset observation.
+                        final = {"final_obs": obs.copy() if obs is self.bound[j] else obs, "final_info": info}
                     obs, info = env.reset()
                     info = {**final, **info}
         if obs is not self.bound[j]:

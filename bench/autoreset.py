@@ -1,0 +1,252 @@
+"""SAME_STEP autoreset at full speed: SB3's ShmVecEnv and gymnasium's SAME_STEP face vs the NEXT_STEP pool.
+
+    python -m bench autoreset                                  # CartPole-v1, N=32, 3 × 2 s
+    python -m bench autoreset --tasks CartPole-v1,Acrobot-v1 --num-envs 8,32 --repeats 5
+    python -m bench autoreset --quick                          # N=8, 0.2 s, 1 repeat (the tests)
+
+Env-only: every system steps N copies of ``gym.make(task)`` with one fixed batch of seeded
+random actions (``bench.subjects.fixed_random_actions``; on CartPole every env keeps pushing one
+way, so episodes end every ~10 steps and a step of 32 envs ends about three of them).  Systems,
+interleaved (repetition 1 of every system, then repetition 2, ...):
+
+- ``Pool NEXT_STEP``: ``shmpool.Pool(task, N).step`` — the pool's default mode, the anchor;
+- ``Pool SAME_STEP``: the same pool with ``autoreset_mode="same_step"``: an ending step resets at
+  once and returns the last observation in ``infos["final_obs"]``;
+- ``VectorEnv SAME_STEP``: ``shmpool.VectorEnv(..., autoreset_mode=SAME_STEP)`` (copied observations,
+  gymnasium's face);
+- ``ShmVecEnv``: ``shmpool.sb3.ShmVecEnv`` (SAME_STEP, SB3's list of info dicts with
+  ``terminal_observation``), through SB3's ``VecEnv.step``;
+- ``SyncVectorEnv SAME_STEP`` and ``SB3 DummyVecEnv``: the one-process references for scale.
+
+Ratios are of medians, against ``Pool NEXT_STEP`` of the same run.  The target: ShmVecEnv's
+env-only throughput within 5 % of the NEXT_STEP pool's (issue 11).  What separates them is what
+SAME_STEP adds per ended episode (the final observation, its info) and what SB3's face adds per
+step (copying the observations, one info dict per env).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+import shmpool
+
+from . import cli
+from ._timing import Case, Sample, Summary, run_interleaved, timed_loop
+from .report import (
+    Group,
+    Target,
+    consoles,
+    environment,
+    fmt_ratio,
+    fmt_summary,
+    markdown_table,
+    print_failures,
+    show_table,
+    write_json,
+)
+from .subjects import ACTION_SEED, fixed_random_actions, pool_info
+
+POOL_NEXT, POOL_SAME, VECTOR_SAME, SHM_VEC = "Pool NEXT_STEP", "Pool SAME_STEP", "VectorEnv SAME_STEP", "ShmVecEnv"
+SYNC_SAME, DUMMY = "SyncVectorEnv SAME_STEP", "SB3 DummyVecEnv"
+SYSTEMS = (POOL_NEXT, POOL_SAME, VECTOR_SAME, SHM_VEC, SYNC_SAME, DUMMY)
+DEFAULT_JSON = None
+ACTION_SETS = 64
+
+
+class Stepping:
+    """Any of the systems, stepped with the run's actions.  Every system does the same
+    bookkeeping per step (which envs ended): NEXT_STEP's autoreset slots (the step after an
+    end, which resets instead of stepping) are counted so transitions can be told from slots."""
+
+    def __init__(self, env: Any, system: str, n: int, actions: list[np.ndarray], info: dict[str, Any]) -> None:
+        self.env, self.n, self.info = env, n, info
+        self.ended = self.reset_slots = 0
+        next_step = system == POOL_NEXT
+        sb3 = system in (SHM_VEC, DUMMY)
+        done = np.zeros(n, dtype=bool)
+        cycle = itertools.cycle(actions)
+        step = env.step
+
+        def one() -> None:
+            out = step(next(cycle))
+            ended = out[2] if sb3 else out[2] | out[3]
+            if next_step:
+                self.reset_slots += int(np.count_nonzero(done))
+            self.ended += int(np.count_nonzero(ended))
+            done[:] = ended
+        self._step = one
+
+    def measure(self, seconds: float, warmup: float) -> Sample:
+        if warmup > 0:
+            timed_loop(self._step, self.n, warmup)
+        self.ended = self.reset_slots = 0
+        sample = timed_loop(self._step, self.n, seconds)
+        self.info = {**self.info, "ended": self.ended, "reset_slots": self.reset_slots,
+                     "transitions": sample.count - self.reset_slots}
+        return sample
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _actions(space: gym.Space, n: int, kind: str) -> list[np.ndarray]:
+    """``fixed``: one seeded batch, every step (CartPole: episodes of ~10 steps); ``random``:
+    ``ACTION_SETS`` seeded batches drawn before timing and cycled (CartPole: ~22 steps)."""
+    if kind == "fixed":
+        return [fixed_random_actions(space, n)]
+    batched = batch_space(space, n)
+    batched.seed(ACTION_SEED)
+    return [batched.sample() for _ in range(ACTION_SETS)]
+
+
+def _open(system: str, task: str, n: int, action_kind: str) -> Stepping:
+    make = functools.partial(gym.make, task)
+    if system in (POOL_NEXT, POOL_SAME):
+        mode = "next_step" if system == POOL_NEXT else "same_step"
+        env = shmpool.Pool(task, n, seed=0, autoreset_mode=mode)
+        info = pool_info(env)
+    elif system == VECTOR_SAME:
+        env = shmpool.VectorEnv(task, n, seed=0, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        info = pool_info(env.pool)
+    elif system == SHM_VEC:
+        from shmpool.sb3 import ShmVecEnv
+        env = ShmVecEnv([make] * n, seed=0)
+        info = pool_info(env.pool)
+    elif system == SYNC_SAME:
+        env = gym.vector.SyncVectorEnv([make] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        info = {}
+    elif system == DUMMY:
+        from stable_baselines3.common.vec_env import DummyVecEnv
+        env = DummyVecEnv([make] * n)
+        info = {}
+    else:
+        raise ValueError(f"unknown system {system!r}; systems: {', '.join(SYSTEMS)}")
+    try:
+        actions = _actions(gym.make(task).action_space, n, action_kind)
+        if system in (SHM_VEC, DUMMY):
+            env.reset()
+        else:
+            env.reset(seed=0)
+    except BaseException:
+        env.close()
+        raise
+    return Stepping(env, system, n, actions, info)
+
+
+def _have_sb3() -> bool:
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run(args: argparse.Namespace, err: Any) -> list[Group]:
+    systems = [s for s in SYSTEMS if _have_sb3() or s not in (SHM_VEC, DUMMY)]
+    groups = []
+    for task in args.tasks:
+        for n in args.num_envs:
+            cases = [Case(s, functools.partial(_open, s, task, n, args.actions)) for s in systems]
+            err.print(f"{task} N={n}: {len(cases)} systems × {args.repeats} repetitions", highlight=False)
+            records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup)
+            groups.append(Group(task, n, cases, records))
+    return groups
+
+
+HEADER = ["task", "N", "system", "env steps/s: median (min–max)", f"÷ {POOL_NEXT}",
+          "transitions/s: median (min–max)", f"÷ {POOL_NEXT}", "steps per episode"]
+TITLE = "Env-only throughput, SAME_STEP systems against the NEXT_STEP pool (same run)"
+
+
+def transitions(g: Group, system: str) -> Summary | None:
+    """env.step calls per second: NEXT_STEP's autoreset slots (a reset, no transition) left out."""
+    return Summary.of(r.info["transitions"] / r.sample.seconds for r in g.records
+                      if r.case == system and r.sample is not None and "transitions" in r.info)
+
+
+def transition_ratio(g: Group, system: str) -> float | None:
+    a, b = transitions(g, system), transitions(g, POOL_NEXT)
+    return None if a is None or b is None else a.median / b.median
+
+
+def episode_length(g: Group, system: str) -> str:
+    recs = [r for r in g.records if r.case == system and r.sample is not None and r.info.get("ended")]
+    if not recs:
+        return "—"
+    return f"{sum(r.info['transitions'] for r in recs) / sum(r.info['ended'] for r in recs):.1f}"
+
+
+def rows(groups: Sequence[Group]) -> list[list[str]]:
+    return [[g.task, str(g.num_envs), c.name, fmt_summary(g.rate(c.name)), fmt_ratio(g.ratio(c.name, POOL_NEXT)),
+             fmt_summary(transitions(g, c.name)), fmt_ratio(transition_ratio(g, c.name)), episode_length(g, c.name)]
+            for g in groups for c in g.cases]
+
+
+def targets(groups: Sequence[Group]) -> list[Target]:
+    moves = ("what SAME_STEP adds per ended episode (final observation and info) and SB3's face per step "
+             "(observation copy, a list of info dicts)")
+    out = []
+    for g in groups:
+        if g.ran(SHM_VEC):
+            out.append(Target(f"{g.task} N={g.num_envs}: ShmVecEnv ≥ 0.95× the NEXT_STEP pool, env steps/s", 0.95,
+                              g.ratio(SHM_VEC, POOL_NEXT), moves=moves + "; and the episode length: NEXT_STEP "
+                              "spends one slot per episode on a reset, SAME_STEP does that reset inside a step"))
+            out.append(Target(f"{g.task} N={g.num_envs}: ShmVecEnv ≥ 0.95× the NEXT_STEP pool, transitions/s", 0.95,
+                              transition_ratio(g, SHM_VEC), moves=moves))
+    return out
+
+
+def header_line(args: argparse.Namespace, env: dict[str, Any]) -> str:
+    return (f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · load average "
+            f"{env['loadavg_at_start'][0]:.2f} at start · {args.actions} actions · {args.repeats} interleaved "
+            f"repetitions × "
+            f"{args.seconds:g} s (warm-up {args.warmup:g} s)")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = cli.parser("python -m bench autoreset", __doc__)
+    p.add_argument("--tasks", help="comma list of gymnasium ids (default CartPole-v1)")
+    p.add_argument("--num-envs", help="comma list of N (default 32; --quick 8)")
+    p.add_argument("--actions", choices=("random", "fixed"), default="random",
+                   help=f"random: {ACTION_SETS} seeded batches cycled (default); fixed: one batch every step "
+                        "(CartPole: shorter episodes, SAME_STEP's worst case)")
+    cli.add_run_options(p, cli.RunDefaults(json=DEFAULT_JSON), quick="CartPole-v1 N=8, 0.2 s, 1 repeat")
+    args = cli.parse(p, argv)
+    args.tasks = cli.comma_list(args.tasks) if args.tasks else ["CartPole-v1"]
+    args.num_envs = cli.positive_ints(p, "--num-envs", args.num_envs) if args.num_envs else (
+        [8] if args.quick else [32])
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    out, err = consoles(180)
+    env = environment()
+    groups = run(args, err)
+    goals = targets(groups)
+    print(f"shmpool autoreset benchmark — {header_line(args, env)}\n", file=out.file, flush=True)
+    show_table(out, TITLE, HEADER, rows(groups))
+    print("\n".join(["### Targets (medians of this run)", "", *(t.line() for t in goals)]), file=out.file, flush=True)
+    if args.json:
+        write_json(args.json, {"benchmark": "bench.autoreset", "environment": env,
+                               "config": {k: v for k, v in vars(args).items() if k != "json"},
+                               "throughput": [g.to_json() for g in groups],
+                               "targets": [t.to_json() for t in goals]})
+        text = "\n".join([f"## shmpool autoreset benchmark — {env['date']}", "", header_line(args, env), "",
+                          TITLE + ":", "", markdown_table(HEADER, rows(groups)), "",
+                          "### Targets (medians of this run)", "", *(t.line() for t in goals)])
+        Path(args.json).with_suffix(".md").write_text(text + "\n")
+        err.print(f"raw measurements written to {args.json}, the report to {Path(args.json).with_suffix('.md')}")
+    return 1 if print_failures(groups, err) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
