@@ -2,10 +2,11 @@
 
     python -m bench.fairness                       # CartPole 12/4, 32/16; Pong-v5, Ant-v5 8/4, 32/16
     python -m bench.fairness --tasks CartPole-v1 --policies auto,block,yield,hybrid
+    python -m bench.fairness --pins pinned,unpinned # also workers free to run on any allowed core
     python -m bench.fairness --quick               # a few seconds
 
 Each row builds the pool as a new user would (``shmpool.make(task, env_type="gymnasium",
-num_envs=N, batch_size=B, seed=0)``, plus ``wait_policy``) and EnvPool as
+num_envs=N, batch_size=B, seed=0)``, plus ``wait_policy`` and ``pin``) and EnvPool as
 ``envpool.make(task, env_type="gymnasium", num_envs=N, batch_size=B, num_threads=2, seed=0)``;
 ``async_reset``, a warm-up, then ``cycles`` × (``recv``, ``send`` random actions back to the
 envs it returned), counting each env's steps through ``info["env_id"]``.
@@ -39,12 +40,15 @@ def _cycles_for(task: str, quick: bool) -> tuple[int, int]:
 
 
 def _worker_cpu(env) -> list[float]:
+    """Each shmpool worker's user+system CPU seconds so far (EnvPool: none, its threads are in-process)."""
     import psutil
-    procs = getattr(getattr(env, "pool", None), "_procs", [])
-    return [sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs]
+    pool = getattr(env, "pool", None)
+    pids = pool.worker_pids if pool is not None else []
+    return [sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids]
 
 
-def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, policy: str) -> dict:
+def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, policy: str,
+            pin: bool = True) -> dict:
     """One run: per-env step counts, spread, steps/s, per-worker CPU share (shmpool)."""
     if system == "envpool":
         import envpool
@@ -52,7 +56,8 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
         space = env.action_space
     else:
         import shmpool
-        env = shmpool.make(task, env_type="gymnasium", num_envs=n, batch_size=b, seed=0, wait_policy=policy)
+        env = shmpool.make(task, env_type="gymnasium", num_envs=n, batch_size=b, seed=0, wait_policy=policy,
+                           pin=pin)
         space = env.single_action_space
     rng = np.random.default_rng(0)
     actions = np.stack([space.sample() for _ in range(b)]) if not hasattr(space, "n") else \
@@ -81,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", default=None, help="comma list of tasks (default: CartPole-v1, Pong-v5, Ant-v5)")
     ap.add_argument("--policies", default="auto", help="comma list of shmpool wait policies")
+    ap.add_argument("--pins", default="pinned", help="comma list of 'pinned' (the default) and 'unpinned' "
+                    "(Pool(pin=False): workers free to run on any allowed core)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-envpool", action="store_true")
@@ -88,7 +95,11 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     tasks = None if a.tasks is None else a.tasks.split(",")
     rows = [r for r in DEFAULT_ROWS if tasks is None or r[0] in tasks]
-    systems = [("shmpool", p) for p in a.policies.split(",")] + ([] if a.no_envpool else [("envpool", "-")])
+    pins = a.pins.split(",")
+    if not set(pins) <= {"pinned", "unpinned"}:
+        ap.error(f"--pins takes 'pinned' and/or 'unpinned', not {a.pins!r}")
+    systems = [("shmpool", p, pin) for p in a.policies.split(",") for pin in pins] + \
+        ([] if a.no_envpool else [("envpool", "-", "-")])
     results = []
     lines = ["| task | N / batch | system | spread (min-max) | steps/s | worker CPU share |",
              "| --- | --- | --- | --- | --- | --- |"]
@@ -96,14 +107,15 @@ def main(argv: list[str] | None = None) -> None:
         warmup, cycles = _cycles_for(task, a.quick)
         runs: dict = {s: [] for s in systems}
         for _ in range(a.reps):  # interleaved repetitions
-            for system, policy in systems:
+            for system, policy, pin in systems:
                 try:
-                    runs[(system, policy)].append(measure(system, task, n, b, warmup, cycles, policy))
+                    runs[(system, policy, pin)].append(
+                        measure(system, task, n, b, warmup, cycles, policy, pin == "pinned"))
                 except Exception as exc:  # a missing package: say so in the table
-                    runs[(system, policy)].append({"error": f"{type(exc).__name__}: {exc}"})
-        for (system, policy), rs in runs.items():
+                    runs[(system, policy, pin)].append({"error": f"{type(exc).__name__}: {exc}"})
+        for (system, policy, pin), rs in runs.items():
             ok = [r for r in rs if "error" not in r]
-            name = system if system == "envpool" else f"shmpool {policy}"
+            name = system if system == "envpool" else f"shmpool {policy}" + (", unpinned" if pin == "unpinned" else "")
             if not ok:
                 lines.append(f"| {task} | {n} / {b} | {name} | {rs[0]['error']} | | |")
                 continue
@@ -113,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                          f"({min(spreads):.2f}-{max(spreads):.2f}) | {statistics.median(r['sps'] for r in ok):,.0f} | "
                          f"{' / '.join(f'{c:.2f}' for c in cpu) or '-'} |")
             results.append({"task": task, "num_envs": n, "batch_size": b, "system": system, "policy": policy,
-                            "runs": ok})
+                            "pin": pin, "runs": ok})
         print("\n".join(lines[-len(runs):]) if len(results) > len(runs) else "\n".join(lines), flush=True)
     table = "\n".join(lines)
     if a.out:
