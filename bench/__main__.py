@@ -23,6 +23,7 @@ COMMANDS = {
     "batch-pong": "bench.batch_pong",  # a natively batched env vs one env at a time
     "distributed": "bench.distributed",  # RayPool on a local Ray cluster vs one local Pool
     "fallback": "bench.fallback",    # what leaves that travel pickled (Text) cost against Box-only Dict obs
+    "deploy": "bench.deploy",        # under a CPU quota, and the workers' CPU while a trainer is busy elsewhere
 }
 
 

@@ -1,0 +1,160 @@
+"""Where users deploy: a CPU quota, and the CPU the workers burn while a trainer is busy elsewhere.
+
+    python -m bench deploy                    # the machine as it is
+    python -m bench deploy --cpu-quota 1      # inside a child cgroup limited to 1 CPU (root; v1 or v2)
+
+Two loops, each over gymnasium's ``SyncVectorEnv`` and ``shmpool.Pool`` (default settings, sync
+``step``), CartPole-v1, interleaved repetitions:
+
+- **env-only**: ``step`` with fixed actions as fast as it goes; env steps/s.
+- **trainer-shaped**: every ``step`` is followed by 3 ms of sleep (a GPU computing the policy)
+  and 0.5 ms of this process's CPU (the host side of the trainer); ms per iteration, and the
+  workers' CPU time over the wall time (what they burn while nobody waits on them).
+
+``--cpu-quota Q`` makes a cgroup with ``Q`` CPUs' worth of quota (``docker --cpus=Q``, a
+Kubernetes CPU limit), moves this process into it (the workers are born there) and removes it
+at the end: the pool reads the quota and sizes itself (``repr`` below says what it chose).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import psutil
+
+import shmpool
+
+CGROUP = Path("/sys/fs/cgroup")
+GPU_WAIT_S = 0.003
+HOST_CPU_S = 0.0005
+
+
+@contextlib.contextmanager
+def cpu_quota_group(cpus: float) -> Iterator[Path]:
+    """Run the rest of this process (and its children) in a new cgroup with ``cpus`` of CPU quota."""
+    v1 = next((CGROUP / n for n in ("cpu", "cpu,cpuacct") if (CGROUP / n / "cpu.cfs_quota_us").exists()), None)
+    base = v1 if v1 is not None else CGROUP
+    if v1 is None and not (CGROUP / "cgroup.controllers").exists():
+        raise SystemExit("no cgroup cpu controller is mounted here: --cpu-quota cannot be applied")
+    group = base / f"shmpool-bench-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    period = 100_000
+    if v1 is not None:
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
+    else:
+        (group / "cpu.max").write_text(f"{int(cpus * period)} {period}")
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    try:
+        yield group
+    finally:
+        (base / "cgroup.procs").write_text(str(os.getpid()))
+        for _ in range(50):   # exited workers leave the group a moment after close()
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _open(system: str, n: int):
+    if system == "SyncVectorEnv":
+        env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n)
+        env.reset(seed=0)
+        return env, [], repr(env).split("(")[0]
+    pool = shmpool.Pool("CartPole-v1", n, seed=0)
+    pool.reset()
+    return pool, pool.worker_pids, repr(pool)
+
+
+def _worker_cpu(pids: list[int]) -> float:
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
+
+def _burn(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def measure(system: str, n: int, seconds: float, trainer: bool) -> dict:
+    """One repetition: env steps/s (env-only) or ms per iteration and workers' CPU share (trainer)."""
+    env, pids, described = _open(system, n)
+    actions = np.zeros(n, dtype=np.int64)
+    try:
+        def once() -> None:
+            env.step(actions)
+            if trainer:
+                time.sleep(GPU_WAIT_S)
+                _burn(HOST_CPU_S)
+        for _ in range(20):
+            once()
+        c0, t0, calls = _worker_cpu(pids), time.perf_counter(), 0
+        while time.perf_counter() - t0 < seconds:
+            once()
+            calls += 1
+        wall = time.perf_counter() - t0
+        cpu = (_worker_cpu(pids) - c0) / wall if pids else None
+    finally:
+        env.close()
+    return {"system": system, "steps_per_s": calls * n / wall, "ms_per_iter": 1e3 * wall / calls,
+            "worker_cpu_share": cpu, "described": described}
+
+
+def run(n: int, seconds: float, repeats: int) -> list[str]:
+    systems = ("SyncVectorEnv", "shmpool sync")
+    rows = []
+    for trainer in (False, True):
+        runs: dict[str, list[dict]] = {s: [] for s in systems}
+        for _ in range(repeats):
+            for s in systems:
+                runs[s].append(measure(s, n, seconds, trainer))
+        base = statistics.median(r["ms_per_iter" if trainer else "steps_per_s"] for r in runs[systems[0]])
+        for s in systems:
+            rs = runs[s]
+            if trainer:
+                v = [r["ms_per_iter"] for r in rs]
+                value, ratio = f"{statistics.median(v):.2f} ms/iter ({min(v):.2f}–{max(v):.2f})", \
+                    base / statistics.median(v)
+            else:
+                v = [r["steps_per_s"] for r in rs]
+                value, ratio = f"{statistics.median(v) / 1e3:.1f}k steps/s ({min(v) / 1e3:.1f}k–{max(v) / 1e3:.1f}k)", \
+                    statistics.median(v) / base
+            share = [r["worker_cpu_share"] for r in rs if r["worker_cpu_share"] is not None]
+            rows.append(f"| {'trainer-shaped' if trainer else 'env-only'} | {s} | {value} | {ratio:.2f}× | "
+                        f"{f'{statistics.median(share):.0%}' if share else '—'} |")
+        print(f"pool: {runs['shmpool sync'][-1]['described']}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench deploy", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 1)[1])
+    ap.add_argument("--cpu-quota", type=float, help="run inside a cgroup with this many CPUs of quota (root)")
+    ap.add_argument("--num-envs", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args(argv)
+    where = contextlib.nullcontext() if a.cpu_quota is None else cpu_quota_group(a.cpu_quota)
+    with where:
+        rows = run(a.num_envs, a.seconds, a.repeats)
+    quota = "no quota" if a.cpu_quota is None else f"CPU quota {a.cpu_quota:g}"
+    print(f"\nCartPole-v1 N={a.num_envs}, {quota}, cpus {sorted(os.sched_getaffinity(0))}, "
+          f"{a.repeats} interleaved repetitions × {a.seconds:g} s; trainer-shaped = step, 3 ms sleep, 0.5 ms CPU\n")
+    print("| loop | system | median (min–max) | ÷ SyncVectorEnv (higher is better) | workers' CPU ÷ wall |")
+    print("| --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
