@@ -15,7 +15,11 @@ class ShmpoolError(RuntimeError):
 def rebuild_error(cls: type, args: tuple, fields: dict) -> BaseException:
     """Unpickling: an exception of ``cls`` with ``args`` and attributes ``fields``,
     without calling its constructor."""
-    exc = cls.__new__(cls, *args)
+    if issubclass(cls, OSError):   # PoolResourceError: OSError's own new and init set errno and strerror
+        exc = OSError.__new__(cls, *args)
+        OSError.__init__(exc, *args)
+    else:
+        exc = cls.__new__(cls, *args)
     exc.args = args
     exc.__dict__.update(fields)
     return exc

@@ -9,13 +9,14 @@ import pytest
 from envs import FaultyEnv
 
 import shmpool
-from shmpool.errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
+from shmpool.errors import EnvError, PoolClosedError, PoolResourceError, WorkerDiedError, WorkerRestartedError
 
 FIELDS = {
     EnvError: dict(env_id=3, worker=1, phase="step", remote_type="ValueError",
                    remote_traceback="Traceback ...\nValueError: boom", remote_exception=ValueError("boom")),
     WorkerDiedError: dict(worker=1, pid=1234, exitcode=-9),
     WorkerRestartedError: dict(worker=0, pid=99, exitcode=3),
+    PoolResourceError: dict(errno_=24, resource="file descriptors", size=None, limit=64),
 }
 
 
@@ -37,14 +38,14 @@ def _executor():
 def _same(a, b):
     assert type(a) is type(b) and str(a) == str(b) and a.args == b.args
     for name, value in FIELDS.get(type(a), {}).items():
-        got = getattr(b, name)
+        got = getattr(b, name.rstrip("_"))   # errno_= is read back as errno
         if isinstance(value, BaseException):
             assert type(got) is type(value) and got.args == value.args
         else:
             assert got == value
 
 
-@pytest.mark.parametrize("cls", [EnvError, WorkerDiedError, WorkerRestartedError])
+@pytest.mark.parametrize("cls", [EnvError, WorkerDiedError, WorkerRestartedError, PoolResourceError])
 def test_pool_errors_round_trip_through_a_process_pool(cls):
     local = cls(f"{cls.__name__} message", **FIELDS[cls])
     _same(local, pickle.loads(pickle.dumps(local)))
