@@ -11,6 +11,7 @@ import errno
 import mmap
 import os
 import resource
+from multiprocessing.reduction import recv_handle
 
 import posix_ipc
 import psutil
@@ -75,3 +76,27 @@ def map_region(fd: int, size: int) -> mmap.mmap:
             f"mapping the pool's shared region of {human(size)} ({size} bytes) failed "
             f"({os.strerror(exc.errno)}): {_FIX}", errno_=exc.errno, resource="address space", size=size,
             limit=None) from exc
+
+
+def receive_region(conn, size: int) -> mmap.mmap:
+    """Inside a worker: receive the region's descriptor on ``conn`` and map it.
+
+    The worker's own limits are checked here, where they bite: no free file descriptor
+    (``RLIMIT_NOFILE``, which its envs may have used up) or no address space (``RLIMIT_AS``)
+    raises ``PoolResourceError`` naming the limit, the size and what to change."""
+    try:
+        fd = recv_handle(conn)
+    except (RuntimeError, OSError) as exc:   # RuntimeError: the kernel dropped the descriptor it had no room for
+        if isinstance(exc, OSError) and exc.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        raise PoolResourceError(
+            f"could not receive the pool's shared region: no free file descriptor under its RLIMIT_NOFILE "
+            f"(ulimit -n) of {soft}, which its envs have used up: raise the limit (ulimit -n, a container's "
+            f"nofile limit) or open fewer files per env", errno_=errno.EMFILE, resource="file descriptors",
+            size=None, limit=None if soft == resource.RLIM_INFINITY else soft) from exc
+    try:
+        check_address_space(size)
+        return map_region(fd, size)
+    finally:
+        os.close(fd)

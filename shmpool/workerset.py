@@ -23,7 +23,7 @@ import psutil
 
 from . import layout as L
 from . import protocol as P
-from .errors import EnvError, WorkerDiedError
+from .errors import EnvError, PoolResourceError, WorkerDiedError
 from .pids import alive
 from .workers import loop
 
@@ -159,7 +159,7 @@ class WorkerSet:
                 if type(msg) is expected:
                     return msg
                 if isinstance(msg, P.Failure):
-                    raise self.env_error(k, msg, then="the pool was not created")
+                    raise self.startup_failure(k, msg)
                 raise P.ProtocolError(f"worker {k} sent {type(msg).__name__} while starting, "
                                       f"expected {expected.__name__}")
             if self.procs[k].exitcode is not None:
@@ -295,6 +295,17 @@ class WorkerSet:
         return WorkerDiedError(
             f"worker {k} (pid {proc.pid}, cpu {self.cpus[k]}, envs {a}..{b - 1}) {death(code)} during {op}; "
             f"the pool is closed{last}", worker=k, pid=proc.pid, exitcode=code)
+
+    def startup_failure(self, k: int, failure: P.Failure) -> Exception:
+        """The error for worker ``k``'s failure while starting: the worker's own resource limit
+        (``PoolResourceError``, naming it) or an env's error."""
+        limit = failure.original()
+        if isinstance(limit, PoolResourceError):
+            a, b = self.bounds[k]
+            return PoolResourceError(
+                f"worker {k} (pid {self.pids[k]}, envs {a}..{b - 1}): {limit}; the pool was not created",
+                errno_=limit.errno, resource=limit.resource, size=limit.size, limit=limit.limit)
+        return self.env_error(k, failure, then="the pool was not created")
 
     def env_error(self, k: int, failure: P.Failure, then: str | None = None) -> EnvError:
         env_id, tb = failure.env_id, failure.traceback

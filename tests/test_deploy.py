@@ -77,3 +77,53 @@ def test_address_space_limit_fails_fast_naming_the_size(tmp_path):
     assert float(lines[0]) < 5.0 and wall < 60
     message = "\n".join(lines[1:])
     assert "needs 4.0 GiB (" in message and "limit (RLIMIT_AS, ulimit -v) of 2.8 GiB" in message, message
+
+
+def _starved_worker_env(limit: str):
+    """An env constructor that leaves its worker out of file descriptors (``"fds"``) or address
+    space (``"memory"``) once built: the next thing the worker needs, the pool's region, cannot come."""
+    def make():
+        import os
+        import resource
+
+        import gymnasium as gym
+        import numpy as np
+        import psutil
+
+        class Big(gym.Env):
+            observation_space = gym.spaces.Box(0, 255, (512, 512), np.uint8)   # 64 of them: a 16 MiB region
+            action_space = gym.spaces.Discrete(2)
+
+        env = Big()
+        if limit == "fds":
+            try:
+                top = max(int(f) for f in os.listdir("/proc/self/fd"))
+            except OSError:
+                return env   # an earlier env of this worker used them up already
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top + 8, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+            env.held = []
+            try:
+                while True:
+                    env.held.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                pass
+        else:
+            vms = psutil.Process().memory_info().vms
+            resource.setrlimit(resource.RLIMIT_AS, (vms + (8 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+        return env
+    return make
+
+
+@pytest.mark.parametrize("limit, names", [
+    ("fds", ["file descriptor", "RLIMIT_NOFILE", "ulimit -n"]),
+    ("memory", ["MiB (", "RLIMIT_AS", "ulimit -v"]),
+])
+def test_a_limit_hit_inside_a_worker_is_a_pool_error_naming_it(limit, names, no_leaks):
+    import shmpool
+    t0 = time.monotonic()
+    with pytest.raises(shmpool.PoolResourceError) as info:
+        shmpool.Pool([_starved_worker_env(limit)] * 64, num_workers=1)
+    message = str(info.value)
+    assert not isinstance(info.value, shmpool.EnvError)
+    assert "worker 0" in message and all(name in message for name in names), message
+    assert time.monotonic() - t0 < 30

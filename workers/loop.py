@@ -7,11 +7,9 @@ the start-up handshake, tracebacks, non-numeric infos, and message commands
 """
 from __future__ import annotations
 
-import mmap
 import os
 import signal
 import sys
-from multiprocessing.reduction import recv_handle
 
 import cloudpickle
 import psutil
@@ -21,6 +19,8 @@ from shmpool import _core
 from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.batched import BatchedEnvs, hosting_info
+from shmpool.errors import PoolResourceError
+from shmpool.memory import receive_region
 
 from .inbox import SlowActionInbox
 from .shard import BatchShard, Shard
@@ -169,9 +169,11 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
         return
     layout, policy, slice_ns, sem_names = msg.layout, msg.policy, msg.slice_ns, msg.semaphores
     autoreset_mode = msg.autoreset_mode
-    fd = recv_handle(conn)
-    region = mmap.mmap(fd, layout.size)
-    os.close(fd)
+    try:
+        region = receive_region(conn, layout.size)
+    except PoolResourceError as exc:   # this worker's own fd or memory limit: the pool's error, not an env's
+        _error(conn, None, "map region", exc)
+        return
     sems = None
     if sem_names is not None:
         import posix_ipc
