@@ -45,7 +45,11 @@ def cpu_quota_group(cpus: float) -> Iterator[Path]:
     if v1 is None and not (CGROUP / "cgroup.controllers").exists():
         raise SystemExit("no cgroup cpu controller is mounted here: --cpu-quota cannot be applied")
     group = base / f"shmpool-bench-{uuid.uuid4().hex[:8]}"
-    group.mkdir()
+    try:
+        group.mkdir()
+    except OSError as exc:
+        raise SystemExit(f"cannot make a cgroup in {base} ({exc}): --cpu-quota needs root and a writable "
+                         "cgroup cpu controller") from None
     period = 100_000
     if v1 is not None:
         (group / "cpu.cfs_period_us").write_text(str(period))
@@ -69,7 +73,7 @@ def _open(system: str, n: int):
     if system == "SyncVectorEnv":
         env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n)
         env.reset(seed=0)
-        return env, [], repr(env).split("(")[0]
+        return env, [], system
     pool = shmpool.Pool("CartPole-v1", n, seed=0)
     pool.reset()
     return pool, pool.worker_pids, repr(pool)

@@ -79,7 +79,8 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     finally:
         env.close()
     return {"spread": float(counts.max() / max(counts.min(), 1)), "sps": float(cycles * b / wall),
-            "worker_cpu": cpu, "min": int(counts.min()), "max": int(counts.max())}
+            "worker_cpu": cpu, "num_workers": env.pool.num_workers if system != "envpool" else None,
+            "min": int(counts.min()), "max": int(counts.max())}
 
 
 def main(argv: list[str] | None = None) -> None:
