@@ -246,8 +246,14 @@ def keyboard_interrupt(after: float) -> Callable[[str], Outcome]:
         pool = pool_with(faulty("step", 2, "sleep"))
         pool.reset()
         pool.step(ZEROS)
-        threading.Timer(after, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-        exc, dt, _ = timed(lambda: step_all(pool, mode))
+        # Python's own Ctrl-C handler, as in a terminal: a runner started in the background
+        # (no job control) hands its children SIGINT ignored, and then no Ctrl-C arrives.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            threading.Timer(after, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            exc, dt, _ = timed(lambda: step_all(pool, mode))
+        finally:
+            signal.signal(signal.SIGINT, previous)
         return outcome(exc, dt, probe_state(pool, mode))
     return run
 
