@@ -254,23 +254,27 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
     def _info(self, infos: dict, ids: np.ndarray, term: np.ndarray | None, trunc: np.ndarray | None) -> dict:
         """EnvPool's info dict for the result rows ``ids``; updates the ``elapsed_step`` count."""
         info = _strip_masks(infos)
+        # The parent runs this once per recv, on a core the workers share: few numpy calls.
+        elapsed = self._elapsed[ids]
         if term is not None:
             # A result right after an ended one is a reset (NEXT_STEP); SAME_STEP resets at once.
-            self._elapsed[ids] = np.where(self._ended[ids], 0, self._elapsed[ids] + 1)
+            elapsed += 1
+            elapsed[self._ended[ids]] = 0
             done = term | trunc
             if self.autoreset_mode == SAME_STEP:
-                self._elapsed[ids[done]] = 0
+                elapsed[done] = 0
+            self._elapsed[ids] = elapsed
             self._ended[ids] = done
-        info["env_id"] = ids.copy()
-        info["players"] = {**info.get("players", {}), "env_id": ids.copy()}
-        if "elapsed_step" not in info:
-            info["elapsed_step"] = self._elapsed[ids]
+        env_id = ids.astype(np.int32)          # the caller's own copy (ids may be the pool's)
+        info["env_id"] = env_id
+        info["players"] = {**info.get("players", {}), "env_id": env_id.copy()}
+        info.setdefault("elapsed_step", elapsed)
         for key in _INT32_INFOS:
             if key in info:
-                info[key] = np.asarray(info[key]).astype(np.int32)
+                info[key] = np.asarray(info[key]).astype(np.int32, copy=False)
         for key in _FLOAT32_INFOS:
             if key in info:
-                info[key] = np.asarray(info[key]).astype(np.float32)
+                info[key] = np.asarray(info[key]).astype(np.float32, copy=False)
         return info
 
     def __repr__(self) -> str:
