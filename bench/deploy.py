@@ -2,6 +2,7 @@
 
     python -m bench deploy                    # the machine as it is
     python -m bench deploy --cpu-quota 1      # inside a child cgroup limited to 1 CPU (root; v1 or v2)
+    python -m bench deploy --wait-policy block/block   # the pool with other waiting (parent/workers)
 
 Two loops, each over gymnasium's ``SyncVectorEnv`` and ``shmpool.Pool`` (default settings, sync
 ``step``), CartPole-v1, interleaved repetitions:
@@ -69,12 +70,18 @@ def cpu_quota_group(cpus: float) -> Iterator[Path]:
                 time.sleep(0.1)
 
 
-def _open(system: str, n: int):
+def parse_wait_policy(text: str) -> str | tuple[str, str]:
+    """``"auto"`` or ``"block"`` (both sides), or ``"parent/workers"`` such as ``"block/block"``."""
+    parent, _, workers = text.partition("/")
+    return (parent, workers) if workers else parent
+
+
+def _open(system: str, n: int, wait_policy: str | tuple[str, str] = "auto"):
     if system == "SyncVectorEnv":
         env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n)
         env.reset(seed=0)
         return env, [], system
-    pool = shmpool.Pool("CartPole-v1", n, seed=0)
+    pool = shmpool.Pool("CartPole-v1", n, seed=0, wait_policy=wait_policy)
     pool.reset()
     return pool, pool.worker_pids, repr(pool)
 
@@ -89,9 +96,10 @@ def _burn(seconds: float) -> None:
         pass
 
 
-def measure(system: str, n: int, seconds: float, trainer: bool) -> dict:
+def measure(system: str, n: int, seconds: float, trainer: bool,
+            wait_policy: str | tuple[str, str] = "auto") -> dict:
     """One repetition: env steps/s (env-only) or ms per iteration and workers' CPU share (trainer)."""
-    env, pids, described = _open(system, n)
+    env, pids, described = _open(system, n, wait_policy)
     actions = np.zeros(n, dtype=np.int64)
     try:
         def once() -> None:
@@ -113,14 +121,14 @@ def measure(system: str, n: int, seconds: float, trainer: bool) -> dict:
             "worker_cpu_share": cpu, "described": described}
 
 
-def run(n: int, seconds: float, repeats: int) -> list[str]:
+def run(n: int, seconds: float, repeats: int, wait_policy: str | tuple[str, str] = "auto") -> list[str]:
     systems = ("SyncVectorEnv", "shmpool sync")
     rows = []
     for trainer in (False, True):
         runs: dict[str, list[dict]] = {s: [] for s in systems}
         for _ in range(repeats):
             for s in systems:
-                runs[s].append(measure(s, n, seconds, trainer))
+                runs[s].append(measure(s, n, seconds, trainer, wait_policy))
         base = statistics.median(r["ms_per_iter" if trainer else "steps_per_s"] for r in runs[systems[0]])
         for s in systems:
             rs = runs[s]
@@ -147,13 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-envs", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--wait-policy", default="auto", help="the pool's wait_policy: a name, or parent/workers "
+                    "such as block/block (default auto)")
     a = ap.parse_args(argv)
     where = contextlib.nullcontext() if a.cpu_quota is None else cpu_quota_group(a.cpu_quota)
     with where:
-        rows = run(a.num_envs, a.seconds, a.repeats)
+        rows = run(a.num_envs, a.seconds, a.repeats, parse_wait_policy(a.wait_policy))
     quota = "no quota" if a.cpu_quota is None else f"CPU quota {a.cpu_quota:g}"
-    print(f"\nCartPole-v1 N={a.num_envs}, {quota}, cpus {sorted(os.sched_getaffinity(0))}, "
-          f"{a.repeats} interleaved repetitions × {a.seconds:g} s; trainer-shaped = step, 3 ms sleep, 0.5 ms CPU\n")
+    print(f"\nCartPole-v1 N={a.num_envs}, {quota}, wait_policy {a.wait_policy}, "
+          f"cpus {sorted(os.sched_getaffinity(0))}, {a.repeats} interleaved repetitions × {a.seconds:g} s; "
+          "trainer-shaped = step, 3 ms sleep, 0.5 ms CPU\n")
     print("| loop | system | median (min–max) | ÷ SyncVectorEnv (higher is better) | workers' CPU ÷ wall |")
     print("| --- | --- | --- | --- | --- |")
     print("\n".join(rows))

@@ -15,6 +15,13 @@ def test_trainer_shaped_loop_reports_the_workers_cpu_share(no_leaks):
     assert s["worker_cpu_share"] is None and s["steps_per_s"] > 0
 
 
+def test_wait_policy_option_reaches_the_pool():
+    assert deploy.parse_wait_policy("block/block") == ("block", "block")
+    assert deploy.parse_wait_policy("auto") == "auto"
+    r = deploy.measure("shmpool sync", 4, seconds=0.1, trainer=False, wait_policy=("block", "yield"))
+    assert "parent block, workers yield" in r["described"], r["described"]
+
+
 def test_cpu_quota_group_holds_the_process_and_goes_away():
     if os.geteuid() != 0:
         pytest.skip("making a cgroup needs root")
