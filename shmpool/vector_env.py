@@ -281,10 +281,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
         ``timeout`` (seconds): :class:`WaitTimeoutError` if the reset is not done by
         then; it stays pending, and ``reset_wait()`` can be called again."""
-        self._assert_is_running()
-        if self._state != AsyncState.WAITING_RESET:
-            raise NoAsyncCallError(
-                "Calling `reset_wait` without any prior call to `reset_async`.", AsyncState.WAITING_RESET.value)
+        self._assert_waiting(AsyncState.WAITING_RESET, "reset")
         return self._collect("reset_wait", timeout)
 
     def _check_reset(self, seed, options) -> list:
@@ -355,10 +352,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         :class:`WaitTimeoutError` (a ``multiprocessing.TimeoutError``, as
         ``AsyncVectorEnv`` raises) and, unlike ``AsyncVectorEnv``, leaves the step
         pending, so ``step_wait()`` can be called again."""
-        self._assert_is_running()
-        if self._state != AsyncState.WAITING_STEP:
-            raise NoAsyncCallError(
-                "Calling `step_wait` without any prior call to `step_async`.", AsyncState.WAITING_STEP.value)
+        self._assert_waiting(AsyncState.WAITING_STEP, "step")
         try:
             obs, rewards, terminated, truncated, infos = self._pool.step_wait(timeout)
         except TimeoutError:
@@ -405,12 +399,12 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``env.get_wrapper_attr(name)(*args, **kwargs)`` in every env (the attribute itself
         if it is not callable); one result per env, in env order."""
-        self._check_call()
+        self._assert_idle("call_async")
         return self._call_now(name, args, kwargs)
 
     def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
         """Start a call; ``call_wait()`` returns its results."""
-        self._check_call()
+        self._assert_idle("call_async")
         self._pending = BackgroundCall("call", self._call_now, name, args, kwargs)
         self._state = AsyncState.WAITING_CALL
 
@@ -419,18 +413,8 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
         ``timeout`` (seconds): :class:`WaitTimeoutError` if the call is not done by
         then; it stays pending, and ``call_wait()`` can be called again."""
-        self._assert_is_running()
-        if self._state != AsyncState.WAITING_CALL:
-            raise NoAsyncCallError(
-                "Calling `call_wait` without any prior call to `call_async`.", AsyncState.WAITING_CALL.value)
+        self._assert_waiting(AsyncState.WAITING_CALL, "call")
         return self._collect("call_wait", timeout)
-
-    def _check_call(self) -> None:
-        self._assert_is_running()
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `call_async` while waiting for a pending call to `{self._state.value}` to complete.",
-                str(self._state.value))
 
     def _call_now(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, ...]:
         if name in _NOT_CALLABLE:
@@ -510,6 +494,12 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             raise AlreadyPendingCallError(
                 f"Calling `{op}` while waiting for a pending call to `{self._state.value}` to complete.",
                 str(self._state.value))
+
+    def _assert_waiting(self, state: AsyncState, op: str) -> None:
+        """``<op>_wait``'s check, gymnasium's message word for word: ``<op>_async`` must be pending."""
+        self._assert_is_running()
+        if self._state != state:
+            raise NoAsyncCallError(f"Calling `{op}_wait` without any prior call to `{op}_async`.", state.value)
 
     def _out(self, obs):
         if not self.copy:
