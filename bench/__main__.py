@@ -24,6 +24,7 @@ COMMANDS = {
     "distributed": "bench.distributed",  # RayPool on a local Ray cluster vs one local Pool
     "fallback": "bench.fallback",    # what leaves that travel pickled (Text) cost against Box-only Dict obs
     "deploy": "bench.deploy",        # under a CPU quota, and the workers' CPU while a trainer is busy elsewhere
+    "sb3-ppo": "bench.sb3_ppo",      # SB3 PPO learn() wall time over DummyVecEnv, SubprocVecEnv, ShmVecEnv
 }
 
 
