@@ -1,7 +1,15 @@
 """shmpool: many RL environments in pinned worker processes, batched through shared memory."""
 from ._core import WaitPolicy
 from .batched import Batched, BatchEnv
-from .errors import EnvError, PoolClosedError, PoolResourceError, ShmpoolError, WorkerDiedError, WorkerRestartedError
+from .errors import (
+    EnvError,
+    PoolClosedError,
+    PoolResourceError,
+    ShmpoolError,
+    SpacesDifferError,
+    WorkerDiedError,
+    WorkerRestartedError,
+)
 from .pool import Pool
 from .topology import allowed_cpus, parse_cpu_list
 from .vector import VectorEnv, list_tasks, make, make_vec
@@ -28,6 +36,7 @@ __all__ = [
     "PoolClosedError",
     "PoolResourceError",
     "ShmpoolError",
+    "SpacesDifferError",
     "WaitPolicy",
     "VectorEnv",
     "WorkerDiedError",

@@ -3,7 +3,8 @@
 Nothing that the shared slots cannot hold reaches a worker.  Always, per leaf
 of the action space:
 
-- shape must be ``(rows, *space.shape)``; the dtype must cast to the space's
+- shape must be ``(rows, *space.shape)`` (without ``strict``, ``(rows,)`` too for a
+  one-element space); the dtype must cast to the space's
   dtype under numpy's ``same_kind`` rule (float64 policy outputs into a
   float32 Box are fine, floats into a Discrete are not);
 - integers must fit the space's dtype (no silent wrap-around).
@@ -60,6 +61,10 @@ class _Slot:
 
     def write(self, value, ids: np.ndarray | None, rows: int) -> None:
         a = value if type(value) is np.ndarray else np.asarray(value)
+        if not self.strict and a.shape == (rows,) and self.dst[0].size == 1:
+            # One number per env for a one-element action (Box(..., (1,))): gymnasium's vector
+            # envs hand each env its number, so it is that env's action.
+            a = a.reshape(rows, *self.shape)
         if a.shape != (rows, *self.shape):
             raise ValueError(
                 f"{self.what} have shape {a.shape}; expected {(rows, *self.shape)} "

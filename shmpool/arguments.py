@@ -16,7 +16,7 @@ import numpy as np
 POOL_KEYWORDS = frozenset({
     "num_workers", "batch_size", "cpus", "seed", "wait_policy", "step_timeout", "startup_timeout", "copy",
     "start_method", "wake", "autoreset_mode", "on_worker_error", "pin", "strict",
-    "observation_mode",
+    "observation_mode", "max_concurrency",
 })
 
 
@@ -97,6 +97,28 @@ def check_num_workers(value: Any, num_envs: int) -> int:
     if workers > num_envs:
         raise ValueError(f"num_workers={workers} is more than num_envs={num_envs}: every worker needs an env")
     return workers
+
+
+def check_max_concurrency(value: Any) -> int | None:
+    """``max_concurrency`` (AsyncVectorEnv's keyword): None or a positive int, refused with its errors."""
+    if value is None:
+        return None
+    if not isinstance(value, (int, np.integer)):
+        raise ValueError(f"`max_concurrency` must be an integer or None, got {type(value)}.")
+    if value < 1:
+        raise ValueError(f"`max_concurrency` must be a positive or None, got {value}.")
+    return int(value)
+
+
+def workers_within(num_workers: int, max_concurrency: int | None, chosen: bool) -> int:
+    """``num_workers`` under ``max_concurrency``: a worker steps one env at a time, so at most
+    ``num_workers`` envs run at once.  A default is capped; an explicit count above it is refused."""
+    if max_concurrency is None or num_workers <= max_concurrency:
+        return num_workers
+    if chosen:
+        raise ValueError(f"num_workers={num_workers} is more than max_concurrency={max_concurrency}: each worker "
+                         "steps one env at a time, so num_workers envs may run at once; give one of the two")
+    return max_concurrency
 
 
 def check_wake(wake: Any, have_futex: bool, on_worker_error: str, batched: bool) -> bool:

@@ -80,3 +80,15 @@ class PoolResourceError(ShmpoolError, OSError):
 
     def __str__(self) -> str:
         return self.strerror or super().__str__()
+
+
+class SpacesDifferError(ValueError):
+    """The envs' observation spaces differ more than ``observation_mode`` allows.
+    ``observation_spaces`` holds each env's space (a face judges them with its reference's errors)."""
+
+    def __init__(self, message: str, observation_spaces: tuple) -> None:
+        super().__init__(message)
+        self.observation_spaces = observation_spaces
+
+    def __reduce__(self):
+        return type(self), (str(self), self.observation_spaces)

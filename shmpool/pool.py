@@ -29,6 +29,7 @@ from .actions import ActionWriter
 from .arguments import (
     check_batch_size,
     check_env_ids,
+    check_max_concurrency,
     check_num_workers,
     check_on_worker_error,
     check_options_list,
@@ -39,10 +40,11 @@ from .arguments import (
     env_id_array,
     env_id_list,
     shard_sizes,
+    workers_within,
 )
 from .autoreset import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
 from .batched import BatchedEnvs, check_hosting
-from .errors import EnvError
+from .errors import EnvError, SpacesDifferError
 from .fallback import Lane, LatestValues, SlowActionSender, warn_slow
 from .infos import InfoReader
 from .region import Region
@@ -209,6 +211,10 @@ class Pool(LifecycleFacts):
         the scheduler puts them among the allowed cores (as EnvPool's threads do by
         default), which lets them move away from a core that another process (a busy
         neighbour, the trainer's spinning OpenMP threads) holds.
+    max_concurrency : int | None, default None
+        At most this many envs step (or reset) at the same time (``AsyncVectorEnv``'s
+        keyword).  A worker steps its envs one after another, so this caps the default
+        ``num_workers``; an explicit ``num_workers`` above it is a ValueError.
     **env_kwargs
         Passed to ``gymnasium.make`` with an id (e.g. ``frame_skip=5``).
 
@@ -256,6 +262,7 @@ class Pool(LifecycleFacts):
         pin: bool = True,
         strict: bool = True,
         observation_mode: str = "same",
+        max_concurrency: int | None = None,
         **env_kwargs: Any,
     ) -> None:
         self._life = Lifecycle()
@@ -266,8 +273,11 @@ class Pool(LifecycleFacts):
         self.num_envs = n = len(fns)
         self.cpus = resolve_cpus(cpus)
         self.cpu_quota = cpu_quota()   # cgroup CPU limit in cpus (docker --cpus), None if none
-        if num_workers is None:
+        chosen = num_workers is not None
+        if not chosen:
             num_workers = default_num_workers(self.cpus, self.cpu_quota, n)
+        self.max_concurrency = check_max_concurrency(max_concurrency)
+        num_workers = workers_within(num_workers, self.max_concurrency, chosen)
         self.num_workers = w = check_num_workers(num_workers, n)
         self.batch_size = check_batch_size(batch_size, n)
         self.step_timeout = check_step_timeout(step_timeout)
@@ -322,7 +332,7 @@ class Pool(LifecycleFacts):
         workers.spawn_all(fns, seeds)
         workers.guard(self)
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-        described = workers.agreed_spaces(deadline, different_bounds=self.observation_mode == "different")
+        described = workers.agreed_spaces(deadline)
         first = described[0]
         obs_space, act_space = first.observation_space, first.action_space
         check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
@@ -361,16 +371,20 @@ class Pool(LifecycleFacts):
         self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
 
     def _observation_spaces(self, described: list) -> tuple:
-        """Each env's observation space.  A worker whose envs' spaces differ in bounds only
-        lists them (the workers' spaces were compared already); ``"same"`` refuses that here."""
+        """Each env's observation space, judged against ``observation_mode``: ``"same"`` wants
+        them equal, ``"different"`` of one type, shape and dtype (bounds may differ)."""
         spaces: list = []
         for (a, b), d in zip(self._workers.bounds, described):
-            if d.observation_spaces is not None and self.observation_mode == "same":
-                i, space = next((a + j, s) for j, s in enumerate(d.observation_spaces) if s != d.observation_space)
-                raise ValueError(
-                    f"env {i} has observation space {space}; env {a} has {d.observation_space}: all envs of a pool "
-                    "must share their spaces (observation_mode='different' accepts spaces that differ in bounds only)")
             spaces += d.observation_spaces or [d.observation_space] * (b - a)
+        first, different = spaces[0], self.observation_mode == "different"
+        for i, space in enumerate(spaces):
+            # Identity first: a worker's unchanged spaces are one object, and Box equality is slow.
+            if space is first or space == first or (different and L.same_layout(space, first)):
+                continue
+            allowed = ("spaces of one type, shape and dtype" if different else
+                       "one space (observation_mode='different' accepts spaces that differ in bounds only)")
+            raise SpacesDifferError(f"env {i} has observation space {space}; env 0 has {first}: all envs of a pool "
+                                    f"must share their spaces: {allowed}", tuple(spaces))
         return tuple(spaces)
 
     # --- public API: sync ---------------------------------------------------------------

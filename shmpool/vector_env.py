@@ -28,7 +28,7 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 from .arguments import POOL_KEYWORDS, is_ray_pool
 from .autoreset import NEXT_STEP, as_gymnasium, parse_autoreset_mode
 from .background import BackgroundCall
-from .errors import EnvError, rebuild_error
+from .errors import EnvError, SpacesDifferError, rebuild_error
 from .pool import Pool
 from .resets import check_reset_mask, seed_list
 
@@ -172,8 +172,12 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             # The pool takes ids, callables and env kwargs itself.
             # The pool accepts spaces that differ in bounds; observation_mode is judged below, with
             # AsyncVectorEnv's errors.
-            pool = Pool(env_fns, num_envs, autoreset_mode=NEXT_STEP if autoreset_mode is None else autoreset_mode,
-                        strict=bool(strict), observation_mode="different", **pool_kwargs)
+            try:
+                pool = Pool(env_fns, num_envs,
+                            autoreset_mode=NEXT_STEP if autoreset_mode is None else autoreset_mode,
+                            strict=bool(strict), observation_mode="different", **pool_kwargs)
+            except SpacesDifferError as exc:
+                raise async_vector_env_error(observation_mode, exc) from None
         self._pool = pool
         self.copy = copy
         self.strict = getattr(pool, "strict", True)
@@ -182,6 +186,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         self.context = context
         self.daemon = daemon
         self.worker = worker
+        self.max_concurrency = getattr(pool, "max_concurrency", None)
         self.autoreset_mode: AutoresetMode = as_gymnasium(pool.autoreset_mode)
         self.num_envs = pool.num_envs
         self.single_observation_space = pool.single_observation_space
@@ -210,9 +215,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         if mode == "same":
             if any(s != first for s in distinct[1:]):
                 self._pool.close()
-                raise RuntimeError(
-                    "AsyncVectorEnv(..., observation_mode='same') however some of the sub-environments observation "
-                    "spaces are not equivalent. If this is intentional, use `observation_mode='different'` instead.")
+                raise RuntimeError(SAME_MODE_DIFFERS)
             return
         if mode == "different":
             self.single_observation_space = per_env[0]
@@ -225,9 +228,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
                 f"Expected both elements of observation_mode to be Spaces, got {type(batched)} and {type(single)}")
         if not all(is_space_dtype_shape_equiv(single, s) for s in distinct):
             self._pool.close()
-            raise RuntimeError(
-                "AsyncVectorEnv(..., observation_mode='different' or custom space) however the sub-environment's "
-                "observation spaces do not share a common shape and dtype.")
+            raise RuntimeError(CUSTOM_MODE_DIFFERS)
         self.observation_space, self.single_observation_space = batched, single
 
     # --- properties gymnasium's vector envs have --------------------------
@@ -521,6 +522,27 @@ def check_observation_mode(mode: Any) -> None:
         return
     raise ValueError("Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
                      f"observation space, actual got {mode}")
+
+
+# AsyncVectorEnv's errors for observation spaces that its observation_mode does not allow.
+SAME_MODE_DIFFERS = ("AsyncVectorEnv(..., observation_mode='same') however some of the sub-environments observation "
+                     "spaces are not equivalent. If this is intentional, use `observation_mode='different'` instead.")
+CUSTOM_MODE_DIFFERS = ("AsyncVectorEnv(..., observation_mode='different' or custom space) however the "
+                       "sub-environment's observation spaces do not share a common shape and dtype.")
+
+
+def async_vector_env_error(mode: str | tuple, exc: SpacesDifferError) -> Exception:
+    """The pool refused the envs' observation spaces: what ``AsyncVectorEnv`` raises for them
+    under ``mode`` (for ``"different"``, gymnasium's own ``batch_differing_spaces`` error)."""
+    if mode == "same":
+        return RuntimeError(SAME_MODE_DIFFERS)
+    if mode == "different":
+        try:
+            batch_differing_spaces(list(exc.observation_spaces))
+        except (ValueError, TypeError) as gymnasium_error:
+            return gymnasium_error
+        return exc   # spaces gymnasium batches but one shared-memory layout cannot hold
+    return RuntimeError(CUSTOM_MODE_DIFFERS)
 
 
 def check_async_keywords(daemon: Any, worker: Any) -> None:

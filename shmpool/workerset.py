@@ -21,7 +21,6 @@ from typing import Any
 import cloudpickle
 import psutil
 
-from . import layout as L
 from . import protocol as P
 from .errors import EnvError, PoolResourceError, WorkerDiedError
 from .pids import alive
@@ -169,15 +168,13 @@ class WorkerSet:
                 raise TimeoutError(
                     f"worker {k} (envs {a}..{b - 1}) did not finish building its envs within startup_timeout")
 
-    def agreed_spaces(self, deadline: float | None, different_bounds: bool = False) -> list[P.Spaces]:
-        """Every worker's ``Spaces`` message (start-up step one), once all agree with worker 0's
-        (``different_bounds``: observation spaces may differ in their bounds only)."""
+    def agreed_spaces(self, deadline: float | None) -> list[P.Spaces]:
+        """Every worker's ``Spaces`` message (start-up step one), once all action spaces agree with
+        worker 0's (observation spaces are judged by the pool, against its ``observation_mode``)."""
         described = [self.startup_message(k, P.Spaces, deadline) for k in range(len(self.bounds))]
         first = described[0]
         for k, d in enumerate(described[1:], 1):
-            same_obs = d.observation_space == first.observation_space or (
-                different_bounds and L.same_layout(d.observation_space, first.observation_space))
-            if not same_obs or d.action_space != first.action_space:
+            if d.action_space != first.action_space:
                 raise ValueError(
                     f"env {self.bounds[k][0]} (worker {k}) has spaces {d.observation_space}, {d.action_space}; env 0 "
                     f"has {first.observation_space}, {first.action_space}: all envs of a pool must share their spaces")

@@ -69,3 +69,12 @@ def test_vector_env_error_keeps_its_builtin_type_across_processes():
     assert "ValueError" in exc.remote_traceback and isinstance(exc.remote_exception, ValueError)
     again = pickle.loads(pickle.dumps(exc))
     assert type(again) is type(exc) and str(again) == str(exc) and again.env_id == exc.env_id
+
+
+def test_spaces_differ_error_round_trips_with_the_spaces():
+    from gymnasium import spaces
+
+    from shmpool import SpacesDifferError
+    err = pickle.loads(pickle.dumps(SpacesDifferError("env 1 differs", (spaces.Discrete(2), spaces.Discrete(3)))))
+    assert type(err) is SpacesDifferError and isinstance(err, ValueError) and str(err) == "env 1 differs"
+    assert err.observation_spaces == (spaces.Discrete(2), spaces.Discrete(3))

@@ -100,6 +100,18 @@ def test_box_actions_of_shape_0_reach_the_env_as_numpy_scalars(vec):
     assert infos["action"].tolist() == ["np.float32(0.25)", "np.float32(3.0)"]
 
 
+class ActionValueEnv(RecordingEnv):
+    def step(self, action):
+        return self._obs(), 0.0, False, False, {"value": float(np.ravel(action)[0])}
+
+
+def test_one_number_per_env_for_a_one_element_box(vec):
+    envs = vec([functools.partial(ActionValueEnv, act_space=spaces.Box(0.0, 1.0, (1,), np.float32))] * 3)
+    envs.reset(seed=0)
+    *_, infos = envs.step([0, 1, 2])
+    assert infos["value"].tolist() == [0.0, 1.0, 2.0]
+
+
 def test_nan_box_actions_reach_the_env(vec):
     envs = vec([recording(act_space=spaces.Box(-1.0, 1.0, (1,), np.float64))] * 2)
     envs.reset(seed=0)
@@ -228,6 +240,31 @@ def test_observation_mode_as_spaces(vec):
     assert obs.shape == (3, 2)
 
 
+BOX2, BOX3, DISCRETE = (spaces.Box(0.0, 1.0, (2,), np.float32), spaces.Box(0.0, 1.0, (3,), np.float32),
+                         spaces.Discrete(3))
+CUSTOM_MODE = (spaces.Box(0.0, 1.0, (3, 2), np.float32), BOX2)
+
+
+@pytest.mark.parametrize("order", ["within a worker", "across workers"])
+@pytest.mark.parametrize("other", [BOX3, DISCRETE], ids=["shape", "type"])
+@pytest.mark.parametrize("mode", ["same", "different", "custom"])
+def test_observation_spaces_of_other_layouts(vec, mode, other, order):
+    """Spaces no observation_mode can batch into one array: AsyncVectorEnv's error for each mode,
+    whichever worker holds the odd env."""
+    obs_spaces = [BOX2, other, BOX2] if order == "within a worker" else [BOX2, BOX2, other]
+    if mode == "different":
+        with pytest.raises((ValueError, TypeError)) as expected:
+            batch_differing_spaces(obs_spaces)
+        error, message = type(expected.value), str(expected.value)
+    elif mode == "same":
+        error, message = RuntimeError, shmpool.vector_env.SAME_MODE_DIFFERS
+    else:
+        error, message = RuntimeError, shmpool.vector_env.CUSTOM_MODE_DIFFERS
+    with pytest.raises(Exception) as info:
+        vec([recording(obs_space=s) for s in obs_spaces], observation_mode=CUSTOM_MODE if mode == "custom" else mode)
+    assert type(info.value) is error and str(info.value) == message
+
+
 @pytest.mark.parametrize("keywords", [
     dict(shared_memory=False),
     dict(shared_memory=True, context="fork", daemon=True, worker=None),
@@ -240,11 +277,58 @@ def test_async_vector_env_keywords_that_mean_something(vec, keywords):
     assert infos["action"].tolist() == ["np.int64(1)", "np.int64(3)"]
 
 
+class TimedStepEnv(RecordingEnv):
+    """Each step sleeps 50 ms and reports when it ran (CLOCK_MONOTONIC: one clock for every process)."""
+
+    def step(self, action):
+        start = time.monotonic()
+        time.sleep(0.05)
+        return self._obs(), 0.0, False, False, {"ran": (start, time.monotonic())}
+
+
+def most_at_once(intervals) -> int:
+    edges = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    running = peak = 0
+    for _, delta in edges:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_max_concurrency_bounds_the_envs_stepping_at_once(vec, limit):
+    envs = vec([TimedStepEnv] * 4, max_concurrency=limit)
+    assert envs.max_concurrency == limit
+    envs.reset(seed=0)
+    *_, infos = envs.step(np.array([0, 1, 2, 3]))
+    assert most_at_once(infos["ran"]) == limit   # reached, and never passed
+
+
+@pytest.mark.parametrize("value,message", [
+    (2.5, "`max_concurrency` must be an integer or None, got <class 'float'>."),
+    ("2", "`max_concurrency` must be an integer or None, got <class 'str'>."),
+    (2.0, "`max_concurrency` must be an integer or None, got <class 'float'>."),
+    (0, "`max_concurrency` must be a positive or None, got 0."),
+    (-10, "`max_concurrency` must be a positive or None, got -10."),
+])
+def test_max_concurrency_refused_values(vec, value, message):
+    with pytest.raises(ValueError) as info:
+        vec([recording()] * 2, max_concurrency=value)
+    assert str(info.value) == message
+
+
 # --- shmpool only ----------------------------------------------------------------------------
 
 
 class TestStrict:
     """``strict=True``: shmpool's checks, with their errors (AsyncVectorEnv has none of them)."""
+
+    def test_action_shape_is_exact(self, no_leaks):
+        one_element = functools.partial(ActionValueEnv, act_space=spaces.Box(0.0, 1.0, (1,), np.float32))
+        with shmpool.VectorEnv([one_element] * 3, strict=True) as envs:
+            envs.reset(seed=0)
+            with pytest.raises(ValueError, match=re.escape("actions have shape (3,); expected (3, 1)")):
+                envs.step([0, 1, 2])
 
     def test_actions_outside_the_space(self, no_leaks):
         with shmpool.VectorEnv([recording()] * 2, strict=True) as envs:
@@ -293,9 +377,14 @@ def test_pool_observation_mode(no_leaks, num_workers):
         shmpool.Pool(fns, num_workers=num_workers)
     with shmpool.Pool(fns, num_workers=num_workers, observation_mode="different") as pool:
         assert pool.observation_spaces == tuple(boxes) and pool.single_observation_space == boxes[0]
-    with pytest.raises(shmpool.EnvError, match="all envs of a pool must share their spaces"):
-        shmpool.Pool([recording(), recording(obs_space=spaces.Box(0.0, 1.0, (3,), np.float32))], num_workers=1,
-                     observation_mode="different")
+    for workers in (1, 2):   # the same error wherever the odd env runs
+        with pytest.raises(shmpool.SpacesDifferError) as info:
+            shmpool.Pool([recording(), recording(obs_space=spaces.Box(0.0, 1.0, (3,), np.float32))],
+                         num_workers=workers, observation_mode="different")
+        assert str(info.value) == (
+            "env 1 has observation space Box(0.0, 1.0, (3,), float32); env 0 has Box(-10.0, 10.0, (1,), float32): all "
+            "envs of a pool must share their spaces: spaces of one type, shape and dtype")
+        assert info.value.observation_spaces[1].shape == (3,)
 
 
 def test_context_is_the_start_method(no_leaks):
@@ -344,6 +433,14 @@ def test_close_ends_a_pending_reset(no_leaks):
 def test_async_vector_env_keywords_without_meaning_here(no_leaks, keywords, error, message):
     with pytest.raises(error, match=re.escape(message)):
         shmpool.VectorEnv([recording()] * 2, **keywords)
+
+
+def test_max_concurrency_caps_the_default_workers_and_refuses_more(no_leaks):
+    with shmpool.VectorEnv([recording()] * 4, max_concurrency=1) as envs:
+        assert envs.pool.num_workers == 1
+    with pytest.raises(ValueError, match=re.escape("num_workers=2 is more than max_concurrency=1: each worker steps "
+                                                   "one env at a time")):
+        shmpool.VectorEnv([recording()] * 4, max_concurrency=1, num_workers=2)
 
 
 def test_make_vec_async_style(no_leaks):

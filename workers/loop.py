@@ -144,15 +144,13 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
                     _close_quietly(env)
                 return
         first = envs[0]
-        differing = False   # observation spaces of one layout but other bounds: the pool decides
+        differing = False   # observation spaces that differ: the pool judges them (observation_mode)
         for k, env in enumerate(envs[1:], 1):
             # Identity first: Box equality runs allclose over low/high, seconds for large spaces x many envs.
             obs_space, act_space = env.observation_space, env.action_space
-            same_obs = obs_space is first.observation_space or obs_space == first.observation_space
-            same_act = act_space is first.action_space or act_space == first.action_space
-            if not same_obs and L.same_layout(obs_space, first.observation_space):
-                same_obs = differing = True
-            if not (same_obs and same_act):
+            if not (obs_space is first.observation_space or obs_space == first.observation_space):
+                differing = True
+            if not (act_space is first.action_space or act_space == first.action_space):
                 P.report(conn, P.Failure(start + k, "make", "ValueError",
                                          f"env {start + k} has observation/action spaces {obs_space}, "
                                          f"{act_space}; env {start} has {first.observation_space}, "
