@@ -2,9 +2,11 @@
 
     python -m bench sb3-ppo                          # CartPole-v1 N=8,32 and Ant-v5 N=8
     python -m bench sb3-ppo --tasks CartPole-v1 --num-envs 8 --timesteps 8192 --repeats 5
+    python -m bench sb3-ppo --torch-threads 1        # torch pinned to one thread
 
 Each repetition builds a fresh ``PPO("MlpPolicy", venv, seed=0, device="cpu")`` (not timed) and times
-``learn(total_timesteps)`` with torch at its default thread count; a callback also times the rollout
+``learn(total_timesteps)`` with torch at its default thread count (``--torch-threads N`` sets it, as
+rl-zoo's ``--num-threads`` does); a callback also times the rollout
 phases (policy forward + ``venv.step``), so the table shows how much of the wall time the vector env
 can move at all.  Systems alternate within a repetition.
 
@@ -135,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--timesteps", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch.set_num_threads(n) first (default: torch's own count, as a user's script has)")
     ap.add_argument("--json", type=Path, default=RESULTS / "sb3_ppo.json")
     a = ap.parse_args(argv)
     systems = [s.strip() for s in a.systems.split(",") if s.strip()]
@@ -146,13 +150,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         sizes = [int(x) for x in (a.num_envs or "8").split(",")]
         plan = [([t.strip() for t in a.tasks.split(",")], sizes)]
+    import torch
+    if a.torch_threads is not None:
+        torch.set_num_threads(a.torch_threads)
     groups = [g for tasks, sizes in plan for g in run(tasks, sizes, systems, a.repeats, a.timesteps)]
     table = ["| task | N | system | learn() wall s: median (min–max) | DummyVecEnv ÷ system | rollout s (share) "
              "| rollouts: DummyVecEnv ÷ system |", "| --- | --- | --- | --- | --- | --- | --- |", *rows(groups)]
-    print(f"\nSB3 PPO (rl-zoo hyperparameters), {a.repeats} interleaved repetitions, torch default threads\n")
+    print(f"\nSB3 PPO (rl-zoo hyperparameters), {a.repeats} interleaved repetitions, "
+          f"torch at {torch.get_num_threads()} threads\n")
     print("\n".join(table))
     a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps({"environment": environment(), "groups": groups}, indent=1))
+    a.json.write_text(json.dumps({"environment": environment(), "torch_threads": torch.get_num_threads(),
+                                  "groups": groups}, indent=1))
     print(f"\nwrote {a.json}")
     return 0
 
