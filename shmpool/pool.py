@@ -377,9 +377,14 @@ class Pool(LifecycleFacts):
         for (a, b), d in zip(self._workers.bounds, described):
             spaces += d.observation_spaces or [d.observation_space] * (b - a)
         first, different = spaces[0], self.observation_mode == "different"
+        # Each distinct object once: a worker's unchanged spaces are one object, and Box
+        # equality runs allclose over the bounds (slow for large spaces times many envs).
+        accepted = {id(first)}
         for i, space in enumerate(spaces):
-            # Identity first: a worker's unchanged spaces are one object, and Box equality is slow.
-            if space is first or space == first or (different and L.same_layout(space, first)):
+            if id(space) in accepted:
+                continue
+            if space == first or (different and L.same_layout(space, first)):
+                accepted.add(id(space))
                 continue
             allowed = ("spaces of one type, shape and dtype" if different else
                        "one space (observation_mode='different' accepts spaces that differ in bounds only)")
