@@ -18,7 +18,6 @@ at the end: the pool reads the quota and sizes itself (``repr`` below says what 
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
@@ -32,6 +31,8 @@ import numpy as np
 import psutil
 
 import shmpool
+
+from .cli import parser
 
 CGROUP = Path("/sys/fs/cgroup")
 GPU_WAIT_S = 0.003
@@ -148,9 +149,7 @@ def run(n: int, seconds: float, repeats: int, wait_policy: str | tuple[str, str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench deploy", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n", 1)[1])
+    ap = parser("python -m bench deploy", __doc__)
     ap.add_argument("--cpu-quota", type=float, help="run inside a cgroup with this many CPUs of quota (root)")
     ap.add_argument("--num-envs", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=2.0)

@@ -20,16 +20,15 @@ Ratios are of median wall times, ``DummyVecEnv ÷ system`` (higher is faster), i
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .cli import comma_list, parser, positive_ints
 from .envs import gym_env_fn
-from .report import environment
+from .report import environment, markdown_table, write_json
 
 DUMMY, SUBPROC, SHM = "DummyVecEnv", "SubprocVecEnv", "ShmVecEnv"
 SYSTEMS = (DUMMY, SUBPROC, SHM)
@@ -112,7 +111,11 @@ def run(tasks: Sequence[str], sizes: Sequence[int], systems: Sequence[str], repe
     return groups
 
 
-def rows(groups: Sequence[dict[str, Any]]) -> list[str]:
+HEADER = ("task", "N", "system", "learn() wall s: median (min–max)", "DummyVecEnv ÷ system", "rollout s (share)",
+          "rollouts: DummyVecEnv ÷ system")
+
+
+def rows(groups: Sequence[dict[str, Any]]) -> list[list[str]]:
     out = []
     for g in groups:
         runs = g["runs"]
@@ -122,18 +125,16 @@ def rows(groups: Sequence[dict[str, Any]]) -> list[str]:
             wall = [r["wall_s"] for r in rs]
             roll = [r["rollout_s"] for r in rs]
             mw, mr = statistics.median(wall), statistics.median(roll)
-            out.append(f"| {g['task']} | {g['num_envs']} | {s} | {mw:.2f} ({min(wall):.2f}–{max(wall):.2f}) | "
-                       f"{f'{base / mw:.2f}×' if base else '—'} | {mr:.2f} ({mr / mw:.0%}) | "
-                       f"{f'{base_roll / mr:.2f}×' if base_roll else '—'} |")
+            out.append([g["task"], str(g["num_envs"]), s, f"{mw:.2f} ({min(wall):.2f}–{max(wall):.2f})",
+                        f"{base / mw:.2f}×" if base else "—", f"{mr:.2f} ({mr / mw:.0%})",
+                        f"{base_roll / mr:.2f}×" if base_roll else "—"])
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench sb3-ppo", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n", 1)[1])
+    ap = parser("python -m bench sb3-ppo", __doc__)
     ap.add_argument("--tasks", default=None, help="comma-separated (default: CartPole-v1 at N=8,32 and Ant-v5 at N=8)")
-    ap.add_argument("--num-envs", default=None, help="comma-separated N (with --tasks)")
+    ap.add_argument("--num-envs", default="8", help="comma-separated N (with --tasks; default 8)")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--timesteps", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=3)
@@ -141,27 +142,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="torch.set_num_threads(n) first (default: torch's own count, as a user's script has)")
     ap.add_argument("--json", type=Path, default=RESULTS / "sb3_ppo.json")
     a = ap.parse_args(argv)
-    systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    systems = comma_list(a.systems)
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         ap.error(f"unknown systems {unknown}; systems: {', '.join(SYSTEMS)}")
     if a.tasks is None:
         plan = [(["CartPole-v1"], [8, 32]), (["Ant-v5"], [8])]
     else:
-        sizes = [int(x) for x in (a.num_envs or "8").split(",")]
-        plan = [([t.strip() for t in a.tasks.split(",")], sizes)]
+        plan = [(comma_list(a.tasks), positive_ints(ap, "--num-envs", a.num_envs))]
     import torch
     if a.torch_threads is not None:
         torch.set_num_threads(a.torch_threads)
     groups = [g for tasks, sizes in plan for g in run(tasks, sizes, systems, a.repeats, a.timesteps)]
-    table = ["| task | N | system | learn() wall s: median (min–max) | DummyVecEnv ÷ system | rollout s (share) "
-             "| rollouts: DummyVecEnv ÷ system |", "| --- | --- | --- | --- | --- | --- | --- |", *rows(groups)]
     print(f"\nSB3 PPO (rl-zoo hyperparameters), {a.repeats} interleaved repetitions, "
           f"torch at {torch.get_num_threads()} threads\n")
-    print("\n".join(table))
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps({"environment": environment(), "torch_threads": torch.get_num_threads(),
-                                  "groups": groups}, indent=1))
+    print(markdown_table(HEADER, rows(groups)))
+    write_json(a.json, {"environment": environment(), "torch_threads": torch.get_num_threads(), "groups": groups})
     print(f"\nwrote {a.json}")
     return 0
 
