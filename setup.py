@@ -1,5 +1,5 @@
-"""Builds the Cython extensions: the wire (shmpool._core) and the Atari frame kernel
-(shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
+"""Builds the Cython extensions: the wire (shmpool._core), async evenness (shmpool._evenness)
+and the Atari frame kernel (shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -9,6 +9,11 @@ extensions = [
         "shmpool._core",
         ["shmpool/_core.pyx"],
         include_dirs=["shmpool", numpy.get_include()],
+        extra_compile_args=["-O2"],
+    ),
+    Extension(
+        "shmpool._evenness",
+        ["shmpool/_evenness.pyx"],
         extra_compile_args=["-O2"],
     ),
     Extension(

@@ -48,7 +48,7 @@ def _worker_cpu(env) -> list[float]:
 
 
 def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, policy: str,
-            pin: bool = True) -> dict:
+            pin: bool = True, max_lead: str | None = "auto") -> dict:
     """One run: per-env step counts, spread, steps/s, per-worker CPU share (shmpool)."""
     if system == "envpool":
         import envpool
@@ -57,7 +57,7 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     else:
         import shmpool
         env = shmpool.make(task, env_type="gymnasium", num_envs=n, batch_size=b, seed=0, wait_policy=policy,
-                           pin=pin)
+                           pin=pin, max_lead=max_lead)
         space = env.single_action_space
     rng = np.random.default_rng(0)
     actions = np.stack([space.sample() for _ in range(b)]) if not hasattr(space, "n") else \
@@ -83,12 +83,18 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
             "min": int(counts.min()), "max": int(counts.max())}
 
 
+def _max_lead(text: str):
+    return None if text == "none" else text if text in ("auto", "-") else int(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", default=None, help="comma list of tasks (default: CartPole-v1, Pong-v5, Ant-v5)")
     ap.add_argument("--policies", default="auto", help="comma list of shmpool wait policies")
     ap.add_argument("--pins", default="pinned", help="comma list of 'pinned' (the default) and 'unpinned' "
                     "(Pool(pin=False): workers free to run on any allowed core)")
+    ap.add_argument("--max-leads", default="auto", help="comma list of shmpool max_lead values: 'auto' (the "
+                    "default: 8 for these pools), 'none' (pure completion order, as before max_lead) or an int")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-envpool", action="store_true")
@@ -99,8 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     pins = a.pins.split(",")
     if not set(pins) <= {"pinned", "unpinned"}:
         ap.error(f"--pins takes 'pinned' and/or 'unpinned', not {a.pins!r}")
-    systems = [("shmpool", p, pin) for p in a.policies.split(",") for pin in pins] + \
-        ([] if a.no_envpool else [("envpool", "-", "-")])
+    leads = a.max_leads.split(",")
+    systems = [("shmpool", p, pin, lead) for p in a.policies.split(",") for pin in pins for lead in leads] + \
+        ([] if a.no_envpool else [("envpool", "-", "-", "-")])
     results = []
     lines = ["| task | N / batch | system | spread (min-max) | steps/s | worker CPU share |",
              "| --- | --- | --- | --- | --- | --- |"]
@@ -108,15 +115,18 @@ def main(argv: list[str] | None = None) -> None:
         warmup, cycles = _cycles_for(task, a.quick)
         runs: dict = {s: [] for s in systems}
         for _ in range(a.reps):  # interleaved repetitions
-            for system, policy, pin in systems:
+            for key in systems:
+                system, policy, pin, lead = key
                 try:
-                    runs[(system, policy, pin)].append(
-                        measure(system, task, n, b, warmup, cycles, policy, pin == "pinned"))
+                    runs[key].append(measure(system, task, n, b, warmup, cycles, policy, pin == "pinned",
+                                             _max_lead(lead)))
                 except Exception as exc:  # a missing package: say so in the table
-                    runs[(system, policy, pin)].append({"error": f"{type(exc).__name__}: {exc}"})
-        for (system, policy, pin), rs in runs.items():
+                    runs[key].append({"error": f"{type(exc).__name__}: {exc}"})
+        for (system, policy, pin, lead), rs in runs.items():
             ok = [r for r in rs if "error" not in r]
-            name = system if system == "envpool" else f"shmpool {policy}" + (", unpinned" if pin == "unpinned" else "")
+            name = system if system == "envpool" else (
+                f"shmpool {policy}" + (", unpinned" if pin == "unpinned" else "")
+                + ("" if lead == "auto" else f", max_lead={lead}"))
             if not ok:
                 lines.append(f"| {task} | {n} / {b} | {name} | {rs[0]['error']} | | |")
                 continue
@@ -126,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
                          f"({min(spreads):.2f}-{max(spreads):.2f}) | {statistics.median(r['sps'] for r in ok):,.0f} | "
                          f"{' / '.join(f'{c:.2f}' for c in cpu) or '-'} |")
             results.append({"task": task, "num_envs": n, "batch_size": b, "system": system, "policy": policy,
-                            "pin": pin, "runs": ok})
+                            "pin": pin, "max_lead": lead, "runs": ok})
         print("\n".join(lines[-len(runs):]) if len(results) > len(runs) else "\n".join(lines), flush=True)
     table = "\n".join(lines)
     if a.out:

@@ -25,11 +25,13 @@ from gymnasium.vector import AutoresetMode
 from . import _core
 from . import layout as L
 from . import protocol as P
+from ._evenness import LeadLimit
 from .actions import ActionWriter
 from .arguments import (
     check_batch_size,
     check_env_ids,
     check_max_concurrency,
+    check_max_lead,
     check_num_workers,
     check_on_worker_error,
     check_options_list,
@@ -215,6 +217,17 @@ class Pool(LifecycleFacts):
         At most this many envs step (or reset) at the same time (``AsyncVectorEnv``'s
         keyword).  A worker steps its envs one after another, so this caps the default
         ``num_workers``; an explicit ``num_workers`` above it is a ValueError.
+    max_lead : int | "auto" | None, default "auto"
+        Async evenness (``batch_size < num_envs``): ``recv`` returns finished envs in
+        completion order, except that an env already ``max_lead`` steps ahead of the
+        least-advanced env still out waits until that one catches up, so the envs out
+        advance at the same rate to within ``max_lead`` steps (EnvPool's threads share
+        one queue and get this for free; here envs are bound to workers that need not
+        run at the same speed).  ``"auto"``: 8 when every env comes from one
+        constructor (an id, one callable, or one callable repeated), None for a list
+        of different constructors (envs of unequal cost must not be paced by the
+        slowest).  None: pure completion order.  Envs you keep (received, not sent
+        back) hold nothing back.
     **env_kwargs
         Passed to ``gymnasium.make`` with an id (e.g. ``frame_skip=5``).
 
@@ -222,6 +235,8 @@ class Pool(LifecycleFacts):
     ----------
     num_envs, num_workers, batch_size : int
         As resolved from the parameters.
+    max_lead : int | None
+        As resolved from the parameter.
     cpus : list[int]
         The cores the pool may use; ``worker_cpus`` the core of each worker.
     cpu_quota : float | None
@@ -263,6 +278,7 @@ class Pool(LifecycleFacts):
         strict: bool = True,
         observation_mode: str = "same",
         max_concurrency: int | None = None,
+        max_lead: int | str | None = "auto",
         **env_kwargs: Any,
     ) -> None:
         self._life = Lifecycle()
@@ -271,6 +287,7 @@ class Pool(LifecycleFacts):
         self._region: Region | None = None
         fns = env_constructors(env, num_envs, env_kwargs)
         self.num_envs = n = len(fns)
+        self.max_lead = check_max_lead(max_lead, alike=all(f is fns[0] for f in fns))
         self.cpus = resolve_cpus(cpus)
         self.cpu_quota = cpu_quota()   # cgroup CPU limit in cpus (docker --cpus), None if none
         chosen = num_workers is not None
@@ -369,6 +386,8 @@ class Pool(LifecycleFacts):
         self._step_target: int | None = None   # sync-counter value a pending step_async waits for
         self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
         self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
+        self._lead = LeadLimit(self.num_envs, self.max_lead)
+        self._taken = np.zeros(self.batch_size, dtype=np.uint32)
 
     def _observation_spaces(self, described: list) -> tuple:
         """Each env's observation space, judged against ``observation_mode``: ``"same"`` wants
@@ -502,7 +521,8 @@ class Pool(LifecycleFacts):
 
     @_public
     def recv(self):
-        """The first ``batch_size`` envs to finish, in completion order.
+        """The first ``batch_size`` envs to finish, in completion order (except that none
+        runs more than ``max_lead`` steps ahead of the least-advanced env out).
 
         Returns ``(obs, rewards, terminated, truncated, infos)`` with
         ``infos["env_id"]`` (int32) naming the env of each row."""
@@ -539,7 +559,7 @@ class Pool(LifecycleFacts):
         b = self.batch_size
         life.check_recv(b)
         out = self._batch_ids
-        got = self._take(self, out, b, "recv")
+        got = self._take_in_turn(out, b)
         ids = out[:got].astype(np.int32)
         self._in_flight[ids] = 0
         life.in_flight -= got
@@ -552,6 +572,29 @@ class Pool(LifecycleFacts):
             obs = self._obs_lane.assemble([a[ids] for a in v.obs], self._slow_obs.batch(ids.tolist()))
         infos["env_id"] = ids
         return obs, rewards, terminated, truncated, infos
+
+    def _take_in_turn(self, out, b: int) -> int:
+        """``recv``'s take: finished envs in completion order, except that none gets more
+        than ``max_lead`` steps ahead of the least-advanced env out (``shmpool._evenness``)."""
+        order, life = self._lead, self._life
+        if self.max_lead is None:
+            return self._take(self, out, b, "recv")
+        if b >= life.in_flight and not order.n_held:   # everything out comes back anyway
+            got = self._take(self, out, b, "recv")
+            order.received(out[:got])
+            return got
+        taken, in_flight = self._taken, self._in_flight
+        got = order.release(in_flight, out, 0, b)
+        while got < b:
+            at_workers = life.in_flight - order.n_held - got
+            want = min(b - got, at_workers)
+            if want <= 0:
+                raise RuntimeError(f"recv: {b - got} envs short with none at the workers (held "
+                                   f"{order.held_envs()}); this is a bug in shmpool")
+            n = self._take(self, taken, want, "recv")
+            got += order.admit(taken[:n], in_flight, out, got)
+            got += order.release(in_flight, out, got, b - got)
+        return got
 
     def _take_results(self, out, n: int, op: str, start: int = 0) -> int:
         """Fill ``out[start:n]`` with env ids the workers published, in completion order.
@@ -755,6 +798,8 @@ class Pool(LifecycleFacts):
         raise RuntimeError(f"env ids {busy.tolist()} are already in flight; recv() them first")
 
     def _dispatch(self, ids: np.ndarray, reset: bool) -> None:
+        if self.max_lead is not None:
+            self._lead.sent(ids)
         self._wire.dispatch(ids, self._owner, reset)
         self._life.in_flight += len(ids)
 
@@ -762,8 +807,10 @@ class Pool(LifecycleFacts):
         """Receive and drop everything in flight (reset/call need idle workers)."""
         n = self._life.in_flight
         if n:
+            held = self._lead.drop_held()
             out = np.zeros(n, dtype=np.uint32)
-            got = self._take(self, out, n, "drain")
+            out[:len(held)] = held
+            got = len(held) + self._take(self, out[len(held):], n - len(held), "drain")
             ids = out[:got].astype(np.int32)
             self._in_flight[ids] = 0
             self._life.in_flight -= got

@@ -17,3 +17,10 @@ def test_pins_option_rejects_unknown_words(capsys):
     with pytest.raises(SystemExit):
         fairness.main(["--pins", "sometimes", "--out", ""])
     assert "--pins takes 'pinned' and/or 'unpinned'" in capsys.readouterr().err
+
+
+def test_max_leads_option_adds_a_row_per_value(capsys, no_leaks):
+    fairness.main(["--tasks", "CartPole-v1", "--quick", "--reps", "1", "--no-envpool", "--max-leads", "auto,none",
+                   "--out", ""])
+    out = capsys.readouterr().out
+    assert out.count("| shmpool auto |") == 2 and out.count("| shmpool auto, max_lead=none |") == 2, out
