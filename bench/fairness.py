@@ -15,6 +15,7 @@ Columns: ``spread`` = max/min of the per-env step counts (1.00 = every env advan
 equally; the median over repetitions, min-max beside it), ``steps/s`` = env steps per second
 of the counted cycles, and for shmpool each worker's CPU share of the wall time (psutil).
 Targets (EnvPool reaches 1.00-1.02 here): spread ≤ 1.25 on CartPole, ≤ 1.10 on Pong-v5 and Ant-v5.
+``--max-leads auto,none`` adds rows without shmpool's lead limit (pure completion order) to see its cost.
 """
 from __future__ import annotations
 
