@@ -287,7 +287,9 @@ class Pool(LifecycleFacts):
         self._region: Region | None = None
         fns = env_constructors(env, num_envs, env_kwargs)
         self.num_envs = n = len(fns)
-        self.max_lead = check_max_lead(max_lead, alike=all(f is fns[0] for f in fns))
+        # A Batched env is one constructor sliced into shards: its envs are alike.
+        alike = isinstance(fns, BatchedEnvs) or all(f is fns[0] for f in fns)
+        self.max_lead = check_max_lead(max_lead, alike)
         self.cpus = resolve_cpus(cpus)
         self.cpu_quota = cpu_quota()   # cgroup CPU limit in cpus (docker --cpus), None if none
         chosen = num_workers is not None
