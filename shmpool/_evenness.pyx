@@ -27,7 +27,8 @@ cdef class LeadLimit:
 
     ``out`` below is a pool's ``in_flight`` bytes (one per env, 1 = sent and not
     received).  Held envs stay 1 there (the user cannot send them), so a pool must
-    not count them as owed by a worker (``is_held``).  ``max_lead`` None: never hold."""
+    not count them as owed by a worker (``is_held``).  ``max_lead``: a positive int, or
+    None to never hold, as ``shmpool.arguments.check_max_lead`` resolved it."""
     cdef int64_t[::1] steps
     cdef uint8_t[::1] held_mask
     cdef uint32_t[::1] held          # ring-free list: held[:n_held], completion order
@@ -38,9 +39,6 @@ cdef class LeadLimit:
     cdef Py_ssize_t num_envs
 
     def __init__(self, Py_ssize_t num_envs, max_lead=None):
-        if max_lead is not None and (not isinstance(max_lead, int) or isinstance(max_lead, bool)
-                                     or max_lead < 1):
-            raise ValueError(f"max_lead must be a positive int or None, got {max_lead!r}")
         self.max_lead = max_lead
         self.lead = _NONE_OUT if max_lead is None else max_lead
         self.num_envs = num_envs
@@ -94,6 +92,7 @@ cdef class LeadLimit:
         held.  Returns how many went to ``dest``."""
         cdef Py_ssize_t i, got = 0, n = taken.shape[0]
         cdef uint32_t e
+        cdef bint stale = False
         if n == 0:
             return 0
         for i in range(n):
@@ -103,13 +102,15 @@ cdef class LeadLimit:
         self._refresh(out)
         for i in range(n):
             e = taken[i]
-            if self._ahead(e):
-                self._refresh(out)   # envs received just before may have raised the floor
+            if stale and self._ahead(e):
+                self._refresh(out)   # an env received just before sat at the floor: it may have risen
+                stale = False
             if self._ahead(e):
                 self.held[self.n_held] = e
                 self.n_held += 1
                 self.held_mask[e] = 1
             else:
+                stale = stale or self.steps[e] == self.floor
                 out[e] = 0
                 self.steps[e] += 1
                 dest[start + got] = e
@@ -121,8 +122,10 @@ cdef class LeadLimit:
         oldest completion first.  Returns how many."""
         cdef Py_ssize_t i, j, got = 0
         cdef uint32_t e
+        cdef bint stale = True   # the floor may have risen since the last refresh
         while self.n_held and got < n:
-            self._refresh(out)
+            if stale:
+                self._refresh(out)
             for i in range(self.n_held):
                 if not self._ahead(self.held[i]):
                     break
@@ -133,6 +136,7 @@ cdef class LeadLimit:
                 self.held[j] = self.held[j + 1]
             self.n_held -= 1
             self.held_mask[e] = 0
+            stale = self.steps[e] == self.floor   # only the envs at the floor hold it down
             out[e] = 0
             self.steps[e] += 1
             dest[start + got] = e

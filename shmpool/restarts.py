@@ -82,8 +82,8 @@ class Restarts:
         workers.side[k].extend(messages[:used])
         a, b = workers.bounds[k]
         taken_over = set(published)
-        held = pool._lead   # finished, taken, held back by recv: not owed
-        owed = [e for e in range(a, b) if pool._in_flight[e] and e not in taken_over and not held.is_held(e)]
+        lead = pool._lead   # envs it holds back are finished and taken: not owed
+        owed = [e for e in range(a, b) if pool._in_flight[e] and e not in taken_over and not lead.is_held(e)]
         self._spawn_replacement(pool, k, op, cause)
         redo = owed + lost
         if redo:  # step requests: a restarted env answers one with its restart result
