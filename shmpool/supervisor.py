@@ -33,6 +33,9 @@ class Supervisor:
 
     def __init__(self, pool: Pool) -> None:
         self.pool = weakref.proxy(pool)   # the pool owns its supervisor: no reference cycle
+        # Side messages read before their env's turn: a worker sends them in its completion
+        # order, and recv hands out an env it held back (max_lead) after envs that finished later.
+        self.early: dict[int, P.Extra | P.Failure] = {}
 
     def collect(self, ids: np.ndarray | None, op: str) -> dict:
         """Infos of a finished batch, plus the side messages its status bytes announce."""
@@ -48,18 +51,18 @@ class Supervisor:
         size = len(status)
         # Every announced message is read before anything can raise: one left in a
         # pipe would be paired with the next step's results from then on.
-        for pos in np.flatnonzero(status):
+        announced = np.flatnonzero(status)
+        later = set() if ids is None else {int(e) for e in ids[announced]}
+        for pos in announced:
             env_id = int(pos if ids is None else ids[pos])
             k = int(self.pool._owner[env_id])
-            msg = self.pool._workers.side_message(k, functools.partial(self.between_slices, op), self.lost_in(op))
+            later.discard(env_id)
+            msg = self._side_message(k, env_id, op, later)
             if msg is None:  # its worker died between publishing and sending it
                 if status[pos] == P.STATUS_ERROR:
                     errors.append((k, P.Failure(env_id, op, "unknown", f"(worker {k} died before sending "
                                                 "the traceback and was replaced)")))
                 continue  # non-numeric infos of this result are lost
-            if msg.env_id != env_id:
-                raise P.ProtocolError(f"side channel out of order: expected env {env_id}, got "
-                                      f"{type(msg).__name__} of env {msg.env_id}")
             if type(msg) is P.Extra:
                 extras.append((int(pos), msg.infos))
                 if msg.slow_obs is not None:  # observation leaves that travel pickled (shmpool.fallback)
@@ -75,6 +78,24 @@ class Supervisor:
         for pos, extra in extras:
             add_info(infos, extra, pos, size)
         return infos
+
+    def _side_message(self, k: int, env_id: int, op: str, later: set[int]):
+        """Worker ``k``'s side message for ``env_id`` (None if it died before sending it).
+        Messages met first that belong to envs taken but not handed out yet (``later`` in this
+        batch, or held back by the pool's ``max_lead``) wait in ``early`` for their turn;
+        any other is a broken protocol."""
+        msg = self.early.pop(env_id, None)
+        while msg is None:
+            msg = self.pool._workers.side_message(k, functools.partial(self.between_slices, op), self.lost_in(op))
+            if msg is None or msg.env_id == env_id:
+                return msg
+            if msg.env_id in later or self.pool._lead.is_held(msg.env_id):
+                self.early[msg.env_id] = msg
+                msg = None
+                continue
+            raise P.ProtocolError(f"side channel out of order: expected env {env_id}, got "
+                                  f"{type(msg).__name__} of env {msg.env_id}")
+        return msg
 
     def wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None,
              on_restart: Callable[[list[int]], None] | None = None) -> None:

@@ -60,6 +60,18 @@ class Paced(gym.Wrapper):
         return self.env.step(action)
 
 
+class Named(Paced):
+    """A Paced env whose every step carries a string info: it travels in a side message."""
+
+    def __init__(self, delay, name):
+        super().__init__(delay)
+        self.name = name
+
+    def step(self, action):
+        obs, rew, term, trunc, info = super().step(action)
+        return obs, rew, term, trunc, {**info, "name": self.name}
+
+
 def uneven_pool(max_lead="auto", **kw):
     """Worker 0's envs are fast, worker 1's take 2 ms a step: different constructors."""
     fns = [functools.partial(Paced, 0.0)] * 4 + [functools.partial(Paced, 0.002)] * 4
@@ -91,6 +103,38 @@ def test_different_constructors_are_not_paced_by_the_slowest_by_default(no_leaks
         assert pool.max_lead is None
         run_cycles(pool, 200, counts)
     assert counts[:4].min() > 3 * counts[4:].max(), counts.tolist()
+
+
+def test_held_envs_get_their_own_side_infos(no_leaks):
+    """recv may hand a held env out after an env of the same worker that finished later:
+    each row still gets its own env's non-numeric infos (a worker's side messages come in
+    its completion order).  Envs kept back for a cycle now and then give the envs of one
+    worker different counts, which is when that happens."""
+    fns = [functools.partial(Named, 0.001 * (i % 4), f"env{i}") for i in range(8)]
+    rng = np.random.default_rng(0)
+    kept = np.zeros(0, dtype=np.int32)
+    held = 0
+    with shmpool.Pool(fns, num_workers=2, batch_size=2, max_lead=1) as pool:
+        pool.async_reset()
+        for _ in range(300):
+            *_, infos = pool.recv()
+            ids = infos["env_id"]
+            stepped = infos.get("_name", np.zeros(len(ids), dtype=bool))   # reset results carry no name
+            if stepped.any():
+                assert infos["name"][stepped].tolist() == [f"env{e}" for e in ids[stepped]]
+            held += pool._lead.n_held > 0
+            keep = rng.random(len(ids)) < 0.3
+            back = np.concatenate([ids[~keep], kept])
+            kept = ids[keep]
+            if len(back):
+                pool.send(np.zeros(len(back), dtype=np.int64), back)
+            if pool.in_flight < 2:
+                pool.send(np.zeros(len(kept), dtype=np.int64), kept)
+                kept = kept[:0]
+        pool.send(np.zeros(len(kept), dtype=np.int64), kept)
+        while pool.in_flight:
+            pool.recv()
+    assert held > 10   # envs were held back
 
 
 def test_held_envs_survive_a_worker_restart(no_leaks):
