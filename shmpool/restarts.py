@@ -65,21 +65,28 @@ class Restarts:
         pid, code = proc.pid, proc.exitcode
         if cause is None:
             cause = death(code)
-        # What it sent before dying: side messages of published results.
+        # What it sent before dying: side messages of results it published (it sends one only
+        # after publishing its result).
         messages = [m for m in workers.salvage(k) if isinstance(m, (P.Failure, P.Extra)) and m.env_id is not None]
         published = wire.reset_worker(k)
         status = pool._views.status
-        keep, lost, used = [], [], 0
+        keep, lost = [], []
         if pool._step_target is None:
+            untaken = set(published)
+            by_env = {}
+            for m in messages:
+                if m.env_id in untaken:
+                    by_env[m.env_id] = m
+                else:   # its result was taken already (held back, or later in this batch)
+                    pool._supervisor.early[m.env_id] = m
             for e in published:
                 if status[e] == P.STATUS_OK:
                     keep.append(e)
-                elif used < len(messages) and messages[used].env_id == e:
+                elif e in by_env:
                     keep.append(e)
-                    used += 1
+                    workers.side[k].append(by_env[e])
                 else:
                     lost.append(e)
-        workers.side[k].extend(messages[:used])
         a, b = workers.bounds[k]
         taken_over = set(published)
         lead = pool._lead   # envs it holds back are finished and taken: not owed

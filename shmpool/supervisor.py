@@ -87,7 +87,9 @@ class Supervisor:
         msg = self.early.pop(env_id, None)
         while msg is None:
             msg = self.pool._workers.side_message(k, functools.partial(self.between_slices, op), self.lost_in(op))
-            if msg is None or msg.env_id == env_id:
+            if msg is None:   # its worker died and was replaced: the restart room salvaged what it sent
+                return self.early.pop(env_id, None)
+            if msg.env_id == env_id:
                 return msg
             if msg.env_id in later or self.pool._lead.is_held(msg.env_id):
                 self.early[msg.env_id] = msg

@@ -3,6 +3,7 @@ import functools
 import os
 import re
 import signal
+import threading
 import time
 
 import gymnasium as gym
@@ -155,6 +156,37 @@ def test_held_envs_survive_a_worker_restart(no_leaks):
             counts[pool.recv()[-1]["env_id"]] += 1
         assert pool.restarts == 1
     assert counts.max() - counts.min() <= 2, counts.tolist()
+
+
+@pytest.mark.timeout(30)   # the old code waited for the lost messages forever
+def test_side_infos_of_held_envs_outlive_their_worker(no_leaks):
+    """A worker dies while recv holds back envs it finished: their side messages, still in
+    the dead worker's pipe, are salvaged for them (they were once dropped: recv then waited
+    for them on the replacement's pipe, or paired another env's message with them)."""
+    fns = ([functools.partial(Named, 0.0, f"env{i}") for i in range(4)]
+           + [functools.partial(Named, 0.06, f"env{i}") for i in range(4, 8)])   # > a wait slice
+    named_after_kill = set()
+    with shmpool.Pool(fns, num_workers=2, batch_size=2, max_lead=1, on_worker_error="restart") as pool:
+        pool.async_reset()
+        held = []
+        for _ in range(24):
+            *_, infos = pool.recv()
+            ids = infos["env_id"]
+            named = infos.get("_name", np.zeros(len(ids), dtype=bool))
+            if named.any():
+                assert infos["name"][named].tolist() == [f"env{e}" for e in ids[named]]
+                if held:
+                    named_after_kill.update(ids[named].tolist())
+            pool.send(np.zeros(len(ids), dtype=np.int64), ids)
+            if not held and pool._lead.n_held == 4:
+                # All of worker 0's envs wait in recv, their messages in its pipe; it dies while
+                # the next recv waits for worker 1's envs, which is replaced before they are out.
+                held = pool._lead.held_envs()
+                threading.Timer(0.005, os.kill, (pool.worker_pids[0], signal.SIGKILL)).start()
+        while pool.in_flight:
+            pool.recv()
+        assert held and pool.restarts == 1
+    assert set(held) <= named_after_kill   # the held envs came back with their own names
 
 
 def test_lead_limit_holds_an_env_ahead_until_the_laggard_returns():
