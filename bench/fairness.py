@@ -13,9 +13,15 @@ envs it returned), counting each env's steps through ``info["env_id"]``.
 
 Columns: ``spread`` = max/min of the per-env step counts (1.00 = every env advanced
 equally; the median over repetitions, min-max beside it), ``steps/s`` = env steps per second
-of the counted cycles, and for shmpool each worker's CPU share of the wall time (psutil).
+of the counted cycles, and for shmpool, per worker: its CPU share of the wall time (psutil;
+it includes the time a worker yields while it waits for commands) and its **run-queue**
+share, the time it was woken but not running (``/proc/<pid>/schedstat``: another task held
+its core, or an idle virtual core was still waking); the parent's CPU share and the core it
+was seen on most (sampled every 64 cycles) tell whose core the parent's work takes.
 Targets (EnvPool reaches 1.00-1.02 here): spread ≤ 1.25 on CartPole, ≤ 1.10 on Pong-v5 and Ant-v5.
 ``--max-leads auto,none`` adds rows without shmpool's lead limit (pure completion order) to see its cost.
+``--modes async,sync`` adds sync rows (``step`` on all N envs at once; spread is 1.00 by construction),
+whose per-worker columns show how long each worker is busy while the step waits for the slower one.
 """
 from __future__ import annotations
 
@@ -40,17 +46,41 @@ def _cycles_for(task: str, quick: bool) -> tuple[int, int]:
     return (50, 400) if heavy else (300, 3000)
 
 
-def _worker_cpu(env) -> list[float]:
-    """Each shmpool worker's user+system CPU seconds so far (EnvPool: none, its threads are in-process)."""
-    import psutil
+def _worker_pids(env) -> list[int]:
+    """The shmpool workers' pids (EnvPool: none, its threads are in-process)."""
     pool = getattr(env, "pool", None)
-    pids = pool.worker_pids if pool is not None else []
-    return [sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids]
+    return pool.worker_pids if pool is not None else []
+
+
+def _worker_cpu(env) -> list[float]:
+    """Each shmpool worker's user+system CPU seconds so far."""
+    import psutil
+    return [sum(psutil.Process(pid).cpu_times()[:2]) for pid in _worker_pids(env)]
+
+
+def _run_queue_wait(pid: int | str) -> float:
+    """Seconds ``pid`` spent runnable but not running (another task had its core): the
+    second field of /proc/<pid>/schedstat; NaN where the kernel keeps no schedstats."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def _sample_core(counts: dict[int, int]) -> None:
+    import psutil
+    core = psutil.Process().cpu_num()
+    counts[core] = counts.get(core, 0) + 1
 
 
 def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, policy: str,
-            pin: bool = True, max_lead: str | None = "auto") -> dict:
-    """One run: per-env step counts, spread, steps/s, per-worker CPU share (shmpool)."""
+            pin: bool = True, max_lead: str | None = "auto", mode: str = "async") -> dict:
+    """One run: per-env step counts, spread, steps/s, per-worker CPU and run-queue shares (shmpool).
+    ``mode="sync"`` steps all ``n`` envs per cycle (``step``) instead of ``recv``/``send`` of ``b``."""
+    import psutil
+    if mode == "sync":
+        b = n
     if system == "envpool":
         import envpool
         env = envpool.make(ENVPOOL_IDS[task], env_type="gymnasium", num_envs=n, batch_size=b, num_threads=2, seed=0)
@@ -64,23 +94,43 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     actions = np.stack([space.sample() for _ in range(b)]) if not hasattr(space, "n") else \
         rng.integers(0, space.n, size=b)
     counts = np.zeros(n, dtype=np.int64)
+    parent = psutil.Process()
+    cores: dict[int, int] = {}
+    every = np.arange(n)
     try:
-        env.async_reset()
+        if mode == "sync":
+            env.reset()
+
+            def cycle() -> np.ndarray:
+                env.step(actions)
+                return every
+        else:
+            env.async_reset()
+
+            def cycle() -> np.ndarray:
+                ids = np.asarray(env.recv()[-1]["env_id"])
+                env.send(actions, ids)
+                return ids
         for _ in range(warmup):
-            info = env.recv()[-1]
-            env.send(actions, info["env_id"])
-        cpu0, t0 = _worker_cpu(env), time.perf_counter()
-        for _ in range(cycles):
-            info = env.recv()[-1]
-            ids = np.asarray(info["env_id"])
-            counts[ids] += 1
-            env.send(actions, ids)
+            cycle()
+        pids = _worker_pids(env)
+        cpu0, wait0, own0 = _worker_cpu(env), [_run_queue_wait(p) for p in pids], sum(parent.cpu_times()[:2])
+        t0 = time.perf_counter()
+        for i in range(cycles):
+            counts[cycle()] += 1
+            if i % 64 == 0:
+                _sample_core(cores)
         wall = time.perf_counter() - t0
         cpu = [(c1 - c0) / wall for c0, c1 in zip(cpu0, _worker_cpu(env))]
+        runqueue = [(_run_queue_wait(p) - w0) / wall for p, w0 in zip(pids, wait0)]
+        own = (sum(parent.cpu_times()[:2]) - own0) / wall
     finally:
         env.close()
     return {"spread": float(counts.max() / max(counts.min(), 1)), "sps": float(cycles * b / wall),
-            "worker_cpu": cpu, "num_workers": env.pool.num_workers if system != "envpool" else None,
+            "worker_cpu": cpu, "worker_runqueue": runqueue, "parent_cpu": own,
+            "parent_core": max(cores, key=cores.get) if cores else None,
+            "worker_cores": None if system == "envpool" or not pin else list(env.pool.cpus),
+            "num_workers": env.pool.num_workers if system != "envpool" else None,
             "min": int(counts.min()), "max": int(counts.max())}
 
 
@@ -96,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
                     "(Pool(pin=False): workers free to run on any allowed core)")
     ap.add_argument("--max-leads", default="auto", help="comma list of shmpool max_lead values: 'auto' (the "
                     "default: 8 for these pools), 'none' (pure completion order, as before max_lead) or an int")
+    ap.add_argument("--modes", default="async", help="comma list of 'async' (recv/send of the batch, the "
+                    "default) and 'sync' (step on every env: per-worker busy time while a step waits)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-envpool", action="store_true")
@@ -107,38 +159,51 @@ def main(argv: list[str] | None = None) -> None:
     if not set(pins) <= {"pinned", "unpinned"}:
         ap.error(f"--pins takes 'pinned' and/or 'unpinned', not {a.pins!r}")
     leads = a.max_leads.split(",")
+    modes = a.modes.split(",")
+    if not set(modes) <= {"async", "sync"}:
+        ap.error(f"--modes takes 'async' and/or 'sync', not {a.modes!r}")
     systems = [("shmpool", p, pin, lead) for p in a.policies.split(",") for pin in pins for lead in leads] + \
         ([] if a.no_envpool else [("envpool", "-", "-", "-")])
     results = []
-    lines = ["| task | N / batch | system | spread (min-max) | steps/s | worker CPU share |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [("| task | N / batch | system | spread (min-max) | steps/s | worker CPU share | worker run-queue share "
+              "| parent CPU share, core |"), "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for task, n, b in rows:
         warmup, cycles = _cycles_for(task, a.quick)
-        runs: dict = {s: [] for s in systems}
-        for _ in range(a.reps):  # interleaved repetitions
-            for key in systems:
-                system, policy, pin, lead = key
-                try:
-                    runs[key].append(measure(system, task, n, b, warmup, cycles, policy, pin == "pinned",
-                                             _max_lead(lead)))
-                except Exception as exc:  # a missing package: say so in the table
-                    runs[key].append({"error": f"{type(exc).__name__}: {exc}"})
-        for (system, policy, pin, lead), rs in runs.items():
-            ok = [r for r in rs if "error" not in r]
-            name = system if system == "envpool" else (
-                f"shmpool {policy}" + (", unpinned" if pin == "unpinned" else "")
-                + ("" if lead == "auto" else f", max_lead={lead}"))
-            if not ok:
-                lines.append(f"| {task} | {n} / {b} | {name} | {rs[0]['error']} | | |")
-                continue
-            spreads = [r["spread"] for r in ok]
-            cpu = [statistics.median(c) for c in zip(*(r["worker_cpu"] for r in ok))]
-            lines.append(f"| {task} | {n} / {b} | {name} | {statistics.median(spreads):.2f} "
-                         f"({min(spreads):.2f}-{max(spreads):.2f}) | {statistics.median(r['sps'] for r in ok):,.0f} | "
-                         f"{' / '.join(f'{c:.2f}' for c in cpu) or '-'} |")
-            results.append({"task": task, "num_envs": n, "batch_size": b, "system": system, "policy": policy,
-                            "pin": pin, "max_lead": lead, "runs": ok})
-        print("\n".join(lines[-len(runs):]) if len(results) > len(runs) else "\n".join(lines), flush=True)
+        for mode in modes:
+            if mode == "sync" and any(r[0] == task and r[1] == n and r[2] < b for r in rows):
+                continue   # one sync row per (task, N)
+            shown = f"{n} / {b}" if mode == "async" else f"{n} / sync"
+            # max_lead plays no part in a sync step: one row per (policy, pin) there
+            runs: dict = {s: [] for s in systems if mode == "async" or s[3] in (leads[0], "-")}
+            for _ in range(a.reps):  # interleaved repetitions
+                for key in runs:
+                    system, policy, pin, lead = key
+                    try:
+                        runs[key].append(measure(system, task, n, b, warmup, cycles, policy, pin == "pinned",
+                                                 _max_lead(lead), mode))
+                    except Exception as exc:  # a missing package: say so in the table
+                        runs[key].append({"error": f"{type(exc).__name__}: {exc}"})
+            for (system, policy, pin, lead), rs in runs.items():
+                ok = [r for r in rs if "error" not in r]
+                name = system if system == "envpool" else (
+                    f"shmpool {policy}" + (", unpinned" if pin == "unpinned" else "")
+                    + ("" if lead == "auto" or mode == "sync" else f", max_lead={lead}"))
+                if not ok:
+                    lines.append(f"| {task} | {shown} | {name} | {rs[0]['error']} | | | | |")
+                    continue
+                spreads = [r["spread"] for r in ok]
+                cpu = [statistics.median(c) for c in zip(*(r["worker_cpu"] for r in ok))]
+                runqueue = [statistics.median(c) for c in zip(*(r["worker_runqueue"] for r in ok))]
+                parent = statistics.median(r["parent_cpu"] for r in ok)
+                core = statistics.mode(r["parent_core"] for r in ok)
+                lines.append(f"| {task} | {shown} | {name} | {statistics.median(spreads):.2f} "
+                             f"({min(spreads):.2f}-{max(spreads):.2f}) | "
+                             f"{statistics.median(r['sps'] for r in ok):,.0f} | "
+                             f"{' / '.join(f'{c:.2f}' for c in cpu) or '-'} | "
+                             f"{' / '.join(f'{c:.2f}' for c in runqueue) or '-'} | {parent:.2f}, cpu {core} |")
+                results.append({"task": task, "num_envs": n, "batch_size": b, "mode": mode, "system": system,
+                                "policy": policy, "pin": pin, "max_lead": lead, "runs": ok})
+            print("\n".join(lines[-len(runs):]) if len(results) > len(runs) else "\n".join(lines), flush=True)
     table = "\n".join(lines)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

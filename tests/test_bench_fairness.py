@@ -1,4 +1,5 @@
 """bench.fairness measures what its table says: per-env counts and each worker's CPU share."""
+import psutil
 import pytest
 
 from bench import fairness
@@ -11,12 +12,35 @@ def test_measure_reports_every_workers_cpu_share(pin, no_leaks):
     assert r["num_workers"] >= 1 and len(r["worker_cpu"]) == r["num_workers"], r   # was silently empty
     assert all(0.0 <= c <= 1.5 for c in r["worker_cpu"]), r
     assert r["spread"] == r["max"] / max(r["min"], 1) and r["max"] >= 3000 * 4 / 8
+    assert len(r["worker_runqueue"]) == r["num_workers"] and all(0.0 <= d <= 1.5 for d in r["worker_runqueue"]), r
+    assert 0.0 < r["parent_cpu"] <= 1.5 and r["parent_core"] in range(psutil.cpu_count()), r
+
+
+def test_sync_mode_steps_every_env_each_cycle(no_leaks):
+    r = fairness.measure("shmpool", "CartPole-v1", 8, 4, warmup=5, cycles=200, policy="auto", mode="sync")
+    assert r["min"] == r["max"] == 200 and r["spread"] == 1.0, r   # all 8 envs, not a batch of 4
+    assert r["sps"] > 0 and len(r["worker_cpu"]) == len(r["worker_runqueue"]) == r["num_workers"], r
+
+
+def test_run_queue_wait_reads_schedstat():
+    import os
+    me = fairness._run_queue_wait(os.getpid())
+    assert me >= 0.0 or me != me   # seconds, or NaN where the kernel keeps no schedstats
+    assert fairness._run_queue_wait(2**22 + 7) != fairness._run_queue_wait(2**22 + 7)   # no such pid: NaN
 
 
 def test_pins_option_rejects_unknown_words(capsys):
     with pytest.raises(SystemExit):
         fairness.main(["--pins", "sometimes", "--out", ""])
     assert "--pins takes 'pinned' and/or 'unpinned'" in capsys.readouterr().err
+
+
+def test_modes_option_adds_one_sync_row_per_task_and_size(capsys, no_leaks):
+    fairness.main(["--tasks", "CartPole-v1", "--quick", "--reps", "1", "--no-envpool", "--modes", "async,sync",
+                   "--out", ""])
+    out = capsys.readouterr().out
+    assert out.count("| CartPole-v1 | 12 / sync |") == 1 and out.count("| CartPole-v1 | 32 / sync |") == 1, out
+    assert out.count("| CartPole-v1 | 12 / 4 |") == 1 and out.count("| CartPole-v1 | 32 / 16 |") == 1, out
 
 
 def test_max_leads_option_adds_a_row_per_value(capsys, no_leaks):
