@@ -180,7 +180,7 @@ def test_side_infos_of_held_envs_outlive_their_worker(no_leaks):
             pool.send(np.zeros(len(ids), dtype=np.int64), ids)
             if not held and pool._lead.n_held == 4:
                 # All of worker 0's envs wait in recv, their messages in its pipe; it dies while
-                # the next recv waits for worker 1's envs, which is replaced before they are out.
+                # the next recv waits for worker 1's envs, so it is replaced before they are handed out.
                 held = pool._lead.held_envs()
                 threading.Timer(0.005, os.kill, (pool.worker_pids[0], signal.SIGKILL)).start()
         while pool.in_flight:
