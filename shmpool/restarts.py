@@ -71,11 +71,11 @@ class Restarts:
         published = wire.reset_worker(k)
         status = pool._views.status
         keep, lost = [], []
+        taken_over = set(published)   # the parent had not taken these yet
         if pool._step_target is None:
-            untaken = set(published)
             by_env = {}
             for m in messages:
-                if m.env_id in untaken:
+                if m.env_id in taken_over:
                     by_env[m.env_id] = m
                 else:   # its result was taken already (held back, or later in this batch)
                     pool._supervisor.early[m.env_id] = m
@@ -88,7 +88,6 @@ class Restarts:
                 else:
                     lost.append(e)
         a, b = workers.bounds[k]
-        taken_over = set(published)
         lead = pool._lead   # envs it holds back are finished and taken: not owed
         owed = [e for e in range(a, b) if pool._in_flight[e] and e not in taken_over and not lead.is_held(e)]
         self._spawn_replacement(pool, k, op, cause)
