@@ -21,17 +21,19 @@ was seen on most (sampled every 64 cycles) tell whose core the parent's work tak
 Targets (EnvPool reaches 1.00-1.02 here): spread ≤ 1.25 on CartPole, ≤ 1.10 on Pong-v5 and Ant-v5.
 ``--max-leads auto,none`` adds rows without shmpool's lead limit (pure completion order) to see its cost.
 ``--modes async,sync`` adds sync rows (``step`` on all N envs at once; spread is 1.00 by construction),
-whose per-worker columns show how long each worker is busy while the step waits for the slower one.
+whose per-worker columns show each worker's CPU and run-queue shares while a step waits for both.
 """
 from __future__ import annotations
 
-import argparse
+import collections
 import json
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
+
+from .cli import comma_list, parser
 
 DEFAULT_ROWS = [("CartPole-v1", 12, 4), ("CartPole-v1", 32, 16), ("Pong-v5", 8, 4), ("Pong-v5", 32, 16),
                 ("Ant-v5", 8, 4), ("Ant-v5", 32, 16)]
@@ -68,12 +70,6 @@ def _run_queue_wait(pid: int | str) -> float:
         return float("nan")
 
 
-def _sample_core(counts: dict[int, int]) -> None:
-    import psutil
-    core = psutil.Process().cpu_num()
-    counts[core] = counts.get(core, 0) + 1
-
-
 def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, policy: str,
             pin: bool = True, max_lead: str | None = "auto", mode: str = "async") -> dict:
     """One run: per-env step counts, spread, steps/s, per-worker CPU and run-queue shares (shmpool).
@@ -95,7 +91,7 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
         rng.integers(0, space.n, size=b)
     counts = np.zeros(n, dtype=np.int64)
     parent = psutil.Process()
-    cores: dict[int, int] = {}
+    cores: collections.Counter[int] = collections.Counter()   # the parent's core, sampled
     every = np.arange(n)
     try:
         if mode == "sync":
@@ -119,7 +115,7 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
         for i in range(cycles):
             counts[cycle()] += 1
             if i % 64 == 0:
-                _sample_core(cores)
+                cores[parent.cpu_num()] += 1
         wall = time.perf_counter() - t0
         cpu = [(c1 - c0) / wall for c0, c1 in zip(cpu0, _worker_cpu(env))]
         runqueue = [(_run_queue_wait(p) - w0) / wall for p, w0 in zip(pids, wait0)]
@@ -128,8 +124,8 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
         env.close()
     return {"spread": float(counts.max() / max(counts.min(), 1)), "sps": float(cycles * b / wall),
             "worker_cpu": cpu, "worker_runqueue": runqueue, "parent_cpu": own,
-            "parent_core": max(cores, key=cores.get) if cores else None,
-            "worker_cores": None if system == "envpool" or not pin else list(env.pool.cpus),
+            "parent_core": cores.most_common(1)[0][0] if cores else None,
+            "worker_cores": None if system == "envpool" or not pin else list(env.pool.worker_cpus),
             "num_workers": env.pool.num_workers if system != "envpool" else None,
             "min": int(counts.min()), "max": int(counts.max())}
 
@@ -139,7 +135,7 @@ def _max_lead(text: str):
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__.split("\n")[0])
+    ap = parser("python -m bench.fairness", __doc__)
     ap.add_argument("--tasks", default=None, help="comma list of tasks (default: CartPole-v1, Pong-v5, Ant-v5)")
     ap.add_argument("--policies", default="auto", help="comma list of shmpool wait policies")
     ap.add_argument("--pins", default="pinned", help="comma list of 'pinned' (the default) and 'unpinned' "
@@ -153,16 +149,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-envpool", action="store_true")
     ap.add_argument("--out", default="bench/results/fairness", help="path stem for .json and .md ('' = none)")
     a = ap.parse_args(argv)
-    tasks = None if a.tasks is None else a.tasks.split(",")
+    tasks = None if a.tasks is None else comma_list(a.tasks)
     rows = [r for r in DEFAULT_ROWS if tasks is None or r[0] in tasks]
-    pins = a.pins.split(",")
+    pins = comma_list(a.pins)
     if not set(pins) <= {"pinned", "unpinned"}:
         ap.error(f"--pins takes 'pinned' and/or 'unpinned', not {a.pins!r}")
-    leads = a.max_leads.split(",")
-    modes = a.modes.split(",")
+    leads = comma_list(a.max_leads)
+    modes = comma_list(a.modes)
     if not set(modes) <= {"async", "sync"}:
         ap.error(f"--modes takes 'async' and/or 'sync', not {a.modes!r}")
-    systems = [("shmpool", p, pin, lead) for p in a.policies.split(",") for pin in pins for lead in leads] + \
+    systems = [("shmpool", p, pin, lead) for p in comma_list(a.policies) for pin in pins for lead in leads] + \
         ([] if a.no_envpool else [("envpool", "-", "-", "-")])
     results = []
     lines = [("| task | N / batch | system | spread (min-max) | steps/s | worker CPU share | worker run-queue share "

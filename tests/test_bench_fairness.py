@@ -14,6 +14,7 @@ def test_measure_reports_every_workers_cpu_share(pin, no_leaks):
     assert r["spread"] == r["max"] / max(r["min"], 1) and r["max"] >= 3000 * 4 / 8
     assert len(r["worker_runqueue"]) == r["num_workers"] and all(0.0 <= d <= 1.5 for d in r["worker_runqueue"]), r
     assert 0.0 < r["parent_cpu"] <= 1.5 and r["parent_core"] in range(psutil.cpu_count()), r
+    assert r["worker_cores"] is None if not pin else len(r["worker_cores"]) == r["num_workers"], r
 
 
 def test_sync_mode_steps_every_env_each_cycle(no_leaks):
