@@ -38,10 +38,11 @@ if TYPE_CHECKING:
 SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC = "SyncVectorEnv", "AsyncVectorEnv", "shmpool sync", "shmpool async"
 SB3_DUMMY, SB3_SUBPROC, ENVPOOL = "SB3 DummyVecEnv", "SB3 SubprocVecEnv", "EnvPool"
 POOL_SYNC_UNPINNED = "shmpool sync unpinned"   # Pool(pin=False): bench train's, on request
+POOL_SYNC_PROCESSES = "shmpool sync processes"   # Pool(parent_shard=False): bench train's, on request
 SYSTEMS = (SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC)          # the env-only headline's
 ALL_SYSTEMS = (SYNC_VEC, ASYNC_VEC, SB3_DUMMY, SB3_SUBPROC, ENVPOOL, POOL_SYNC, POOL_ASYNC)   # bench train's
 GYM_VECTOR = (SYNC_VEC, ASYNC_VEC)
-SHMPOOL = (POOL_SYNC, POOL_ASYNC, POOL_SYNC_UNPINNED)
+SHMPOOL = (POOL_SYNC, POOL_ASYNC, POOL_SYNC_UNPINNED, POOL_SYNC_PROCESSES)
 ACTION_SEED = 0
 
 
@@ -67,6 +68,7 @@ def pool_info(pool: shmpool.Pool) -> dict[str, Any]:
         "batch_size": pool.batch_size,
         "wait_policy": pool.wait_policy.name,
         "worker_wait_policy": pool.worker_wait_policy.name,
+        "parent_shard": pool.parent_shard,
     }
 
 
@@ -224,12 +226,14 @@ class EnvPoolStepper:
 
 class ShmpoolStepper:
     """``shmpool.make(task, num_envs=N)``: sync ``step``, or async ``recv``/``send`` with ``batch_size = N/2``;
-    ``shmpool sync unpinned``: sync with ``pin=False`` (workers free to move among the allowed cores)."""
+    ``shmpool sync unpinned``: sync with ``pin=False`` (workers free to move among the allowed cores);
+    ``shmpool sync processes``: sync with ``parent_shard=False`` (every shard in a worker process)."""
 
     def __init__(self, system: str, task: str, n: int, seed: int) -> None:
         self.batch = max(1, n // 2) if system == POOL_ASYNC else n
         self.env = shmpool.make(task, num_envs=n, batch_size=self.batch, seed=seed,
-                                pin=system != POOL_SYNC_UNPINNED)
+                                pin=system != POOL_SYNC_UNPINNED,
+                                parent_shard=False if system == POOL_SYNC_PROCESSES else "auto")
         self.num_envs = n
         self.observation_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space

@@ -16,7 +16,7 @@ import numpy as np
 POOL_KEYWORDS = frozenset({
     "num_workers", "batch_size", "cpus", "seed", "wait_policy", "step_timeout", "startup_timeout", "copy",
     "start_method", "wake", "autoreset_mode", "on_worker_error", "pin", "strict",
-    "observation_mode", "max_concurrency", "max_lead",
+    "observation_mode", "max_concurrency", "max_lead", "parent_shard",
 })
 
 # max_lead="auto" for envs that are all alike: slack for resets and passing hiccups, while
@@ -81,6 +81,27 @@ def env_constructors(env: Any, num_envs: int | None, env_kwargs: dict) -> list[C
     if num_envs is not None and num_envs != len(fns):
         raise ValueError(f"num_envs={num_envs} but {len(fns)} env constructors were given")
     return fns
+
+
+def check_parent_shard(parent_shard: Any, crowded: bool, num_workers_given: bool, step_timeout: float | None,
+                       on_worker_error: str, async_batches: bool = False) -> bool:
+    """``parent_shard`` resolved: whether the pool's own process steps its last shard.
+
+    ``"auto"``: when the workers, one per usable core, leave no core (or quota) for the
+    parent (``crowded``), and nothing asked for worker processes: an explicit
+    ``num_workers``, a ``step_timeout`` (only a process can be stopped mid-step),
+    ``on_worker_error="restart"`` (only a process can die alone) or async batches
+    (``batch_size < num_envs``: envs should step while the trainer computes between
+    ``send`` and ``recv``, and the parent's shard steps only inside ``recv``)."""
+    if parent_shard == "auto":
+        return (crowded and not num_workers_given and step_timeout is None
+                and on_worker_error == "raise" and not async_batches)
+    if type(parent_shard) is not bool:
+        raise TypeError(f"parent_shard must be True, False or 'auto', got {parent_shard!r}")
+    if parent_shard and step_timeout is not None:
+        raise ValueError(f"parent_shard=True cannot honour step_timeout={step_timeout}: this process steps that "
+                         "shard itself, and nothing can stop it mid-step; use parent_shard=False")
+    return parent_shard
 
 
 def shard_sizes(num_envs: int, num_workers: int) -> list[int]:

@@ -35,6 +35,7 @@ from .arguments import (
     check_num_workers,
     check_on_worker_error,
     check_options_list,
+    check_parent_shard,
     check_seed,
     check_step_timeout,
     check_wake,
@@ -228,6 +229,19 @@ class Pool(LifecycleFacts):
         of different constructors (envs of unequal cost must not be paced by the
         slowest).  None: pure completion order.  Envs you keep (received, not sent
         back) hold nothing back.
+    parent_shard : bool | "auto", default "auto"
+        True: this process steps the last shard itself, where it would otherwise sleep
+        waiting for a worker, and only the other shards get worker processes (its
+        side messages and commands are the workers'; ``shmpool.workers.hosted``).  It
+        saves a process hop and a wake-up per step, and a core, at the price of
+        isolation: an env that crashes the interpreter takes this process with it, and
+        ``step_timeout`` cannot interrupt it (so the two do not go together).
+        ``"auto"``: True when the default worker layout leaves no core (or quota) for
+        this process (2 workers on 2 cores; any pool under a 1-CPU quota, which then runs
+        no worker process at all), unless ``num_workers``, ``step_timeout`` or
+        ``on_worker_error="restart"`` was given (each asks for processes), or
+        ``batch_size < num_envs`` (async use: envs should step while the trainer computes,
+        and this process steps its shard only inside ``recv``).
     **env_kwargs
         Passed to ``gymnasium.make`` with an id (e.g. ``frame_skip=5``).
 
@@ -252,7 +266,9 @@ class Pool(LifecycleFacts):
     in_flight : int
         Envs sent or async-reset and not received yet.
     worker_pids : list[int]
-        The workers' process ids.
+        The workers' process ids (this process's for a ``parent_shard``).
+    parent_shard : int | None
+        The worker index whose shard this process steps, None if every shard has a process.
     restarts, worker_restarts, restart_log
         Restart counts: total, per worker, and the latest 1,000 events.
     """
@@ -279,6 +295,7 @@ class Pool(LifecycleFacts):
         observation_mode: str = "same",
         max_concurrency: int | None = None,
         max_lead: int | str | None = "auto",
+        parent_shard: bool | str = "auto",
         **env_kwargs: Any,
     ) -> None:
         self._life = Lifecycle()
@@ -304,8 +321,13 @@ class Pool(LifecycleFacts):
         use_sems = check_wake(wake, _core.have_futex(), on_worker_error, isinstance(fns, BatchedEnvs))
         worker_cpus = [self.cpus[k % len(self.cpus)] for k in range(w)]
         allowed = allowed_cpus()
+        hosting = check_parent_shard(parent_shard, oversubscribed(worker_cpus, allowed, self.cpu_quota),
+                                     chosen, self.step_timeout, self.on_worker_error, self.batch_size < n)
+        self.parent_shard = w - 1 if hosting else None
+        if hosting:   # the last (never the largest) shard: the parent also gathers the results
+            worker_cpus = worker_cpus[:-1]
         crowded = oversubscribed(worker_cpus, allowed, self.cpu_quota)
-        self.wait_choice = choose_wait_policy(wait_policy, worker_cpus, allowed, self.cpu_quota)
+        self.wait_choice = choose_wait_policy(wait_policy, worker_cpus, allowed, self.cpu_quota, hosted=hosting)
         self.wait_policy, self.worker_wait_policy = self.wait_choice.parent, self.wait_choice.worker
         if crowded and "spin" in (self.wait_policy.name, self.worker_wait_policy.name):
             warnings.warn(
@@ -333,7 +355,7 @@ class Pool(LifecycleFacts):
         self._owner = np.repeat(np.arange(w, dtype=np.int32), sizes)
         self.pinned = bool(pin)
         self._workers = WorkerSet(mp.get_context(start_method), [(e - s, e) for s, e in zip(sizes, ends)],
-                                  worker_cpus, self.pinned)
+                                  worker_cpus + [None] * hosting, self.pinned, self.parent_shard)
         try:
             self._start(fns, seeds, use_sems, startup_timeout)
         except BaseException:
@@ -488,6 +510,7 @@ class Pool(LifecycleFacts):
     def _step_wait(self, timeout: float | None):
         life = self._life
         life.check_step_wait()
+        self._workers.serve_hosted()
         wire, policy = self._wire, self.wait_policy
         if not wire.wait_sync(self._step_target, policy,
                               SLICE_NS if timeout is None else min(SLICE_NS, int(timeout * 1e9))):
@@ -602,6 +625,7 @@ class Pool(LifecycleFacts):
         """Fill ``out[start:n]`` with env ids the workers published, in completion order.
         The one place that takes from the wire."""
         wire = self._wire
+        self._workers.serve_hosted()
         got = start + wire.take(out, start, n - start, self.wait_policy, SLICE_NS)
         if got < n:
             # Slow path: a restart may happen while waiting, and must not owe
@@ -736,7 +760,10 @@ class Pool(LifecycleFacts):
 
     def __repr__(self) -> str:
         quota = "" if self.cpu_quota is None else f", cpu quota {self.cpu_quota:g}"
-        where = f"on cpus {self._workers.cpus}" if self.pinned else f"unpinned on cpus {self.cpus}"
+        cpus = [c for c in self._workers.cpus if c is not None]
+        where = f"on cpus {cpus}" if self.pinned else f"unpinned on cpus {self.cpus}"
+        if self.parent_shard is not None:
+            where += f", worker {self.parent_shard}'s shard stepped in this process"
         return (f"Pool({self.num_envs} envs, {self.num_workers} workers {where}{quota}, "
                 f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), "
                 f"{self._life.state.value})")
@@ -746,8 +773,8 @@ class Pool(LifecycleFacts):
         return list(self._workers.pids)
 
     @property
-    def worker_cpus(self) -> list[int]:
-        """The core each worker is pinned to."""
+    def worker_cpus(self) -> list[int | None]:
+        """The core each worker is pinned to (None for a ``parent_shard``)."""
         return list(self._workers.cpus)
 
     @property

@@ -179,6 +179,7 @@ class Supervisor:
     def all_done(self, slice_ns: int) -> bool:
         """Every worker has handled its last command (one slice per worker at most)."""
         wire = self.pool._wire
+        self.pool._workers.serve_hosted()
         for k in range(self.pool.num_workers):
             if not wire.wait_done(k, wire.cmd_seq(k), self.pool.wait_policy, slice_ns):
                 return False
@@ -216,6 +217,7 @@ class Supervisor:
         WorkerRestartedError."""
         workers = list(range(self.pool.num_workers)) if workers is None else workers
         ws = self.pool._workers
+        ws.serve_hosted()
         lost = self.lost_in(op)
 
         def between(since: float) -> bool:

@@ -230,13 +230,16 @@ class WaitChoice:
 
 
 def choose_wait_policy(policy, worker_cpus: list[int], allowed: list[int], quota: float | None,
-                       trainer: TrainerThreads | None = None) -> WaitChoice:
-    """Resolve ``wait_policy`` for a pool's layout, and say why."""
+                       trainer: TrainerThreads | None = None, hosted: bool = False) -> WaitChoice:
+    """Resolve ``wait_policy`` for a pool's layout (``worker_cpus``: the worker processes'
+    cores; ``hosted``: the parent steps a shard too), and say why."""
     crowded = oversubscribed(worker_cpus, allowed, quota)
     parent, worker = resolve_wait_policy(policy, crowded)
     room = f"{len(worker_cpus)} workers + parent on {len(set(allowed))} cpus"
     if quota is not None:
         room += f" (quota {quota:g})"
+    if hosted:
+        room += ", the parent stepping a shard itself"
     if policy != "auto":
         return WaitChoice(parent, worker, f"as asked; {room}")
     trainer = trainer_threads() if trainer is None else trainer

@@ -25,6 +25,7 @@ from . import protocol as P
 from .errors import EnvError, PoolResourceError, WorkerDiedError
 from .pids import alive
 from .workers import loop
+from .workers.hosted import HostedWorker
 
 SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
 SLICE_S = SLICE_NS / 1e9
@@ -67,13 +68,18 @@ def kill_processes(procs: list, owner_pid: int) -> None:
 
 class WorkerSet:
     """Worker ``k`` owns envs ``bounds[k]`` and runs pinned to ``cpus[k]`` (``pinned``), or
-    wherever the scheduler puts it among the process's allowed cores (not ``pinned``)."""
+    wherever the scheduler puts it among the process's allowed cores (not ``pinned``).
 
-    def __init__(self, ctx, bounds: list[tuple[int, int]], cpus: list[int], pinned: bool = True) -> None:
+    Worker ``hosted`` (if given) is no process: the pool's own process builds and steps
+    that shard (``shmpool.workers.hosted``); its cpu is None and its pid the pool's."""
+
+    def __init__(self, ctx, bounds: list[tuple[int, int]], cpus: list[int | None], pinned: bool = True,
+                 hosted: int | None = None) -> None:
         self.ctx = ctx
         self.bounds = bounds
         self.cpus = cpus
         self.pinned = pinned
+        self.hosted = hosted
         self.procs: list = []
         self.pids: list[int] = []
         self.conns: list = []
@@ -97,7 +103,14 @@ class WorkerSet:
             self.procs.append(None)
             self.conns.append(None)
             self.pids.append(0)
-            self.spawn(k)
+            if k != self.hosted:
+                self.spawn(k)
+        if self.hosted is not None:
+            # Built after the processes are started, so their envs are built meanwhile.
+            k = self.hosted
+            a, b = self.bounds[k]
+            worker = HostedWorker(k, fns[a:b], a, seeds[a:b])
+            self.procs[k], self.conns[k], self.pids[k] = worker, worker.conn, worker.pid
 
     def spawn(self, k: int) -> None:
         """Start worker ``k`` (again: a replacement gets the same envs, cpu and constructors)."""
@@ -130,7 +143,7 @@ class WorkerSet:
         if self._finalizer is not None:
             self._finalizer.detach()
         if pool is not None:
-            self._finalizer = weakref.finalize(pool, kill_processes, list(self.procs), self._owner_pid)
+            self._finalizer = weakref.finalize(pool, kill_processes, self.processes(), self._owner_pid)
 
     def unguard(self) -> None:
         if self._finalizer is not None:
@@ -145,6 +158,16 @@ class WorkerSet:
         for proc in self.procs:
             if registry is not None:
                 registry.discard(proc)
+
+    def processes(self) -> list:
+        """The worker processes (every worker but a hosted one)."""
+        return [proc for k, proc in enumerate(self.procs) if k != self.hosted]
+
+    def serve_hosted(self) -> None:
+        """Serve the hosted shard's posted command, if any: called where the pool would
+        otherwise wait for its workers."""
+        if self.hosted is not None:
+            self.procs[self.hosted].serve_posted()
 
     def startup_message(self, k: int, expected: type, deadline: float | None):
         """Worker ``k``'s next start-up message, which must be of type ``expected``."""
@@ -184,6 +207,9 @@ class WorkerSet:
         """Start-up step two for ``workers``: the ``MapRegion`` message and the region's fd to
         each, then each one's ``Ready``."""
         for k in workers:
+            if k == self.hosted:
+                self.procs[k].bind(msg, region.map)   # the pool's own mapping
+                continue
             P.send(self.conns[k], msg)
             region.hand_over(self.conns[k], self.procs[k].pid)
         for k in workers:
@@ -276,7 +302,7 @@ class WorkerSet:
 
     def dead(self) -> list[int]:
         return [k for k, proc in enumerate(self.procs)
-                if proc is not None and (proc.exitcode is not None or not alive(proc.pid))]
+                if proc is not None and k != self.hosted and (proc.exitcode is not None or not alive(proc.pid))]
 
     def died(self, k: int, op: str) -> WorkerDiedError:
         """The error for worker ``k`` found dead during ``op`` (its last words when it left any)."""
@@ -321,6 +347,8 @@ class WorkerSet:
             for k, proc in enumerate(self.procs):
                 if proc.exitcode is None:
                     wire.post(k, P.CMD_EXIT)
+            if self.hosted is not None:
+                self.procs[self.hosted].exit()
             deadline = time.monotonic() + CLOSE_GRACE_S
             for k, conn in enumerate(self.conns):
                 # Read until the worker's Closed: a worker that has already exited may have

@@ -87,7 +87,7 @@ def gather_async(pool, n, actions, batch):
         assert ids.dtype == np.int32 and len(ids) == batch
         for row, env_id in enumerate(ids):
             results[int(env_id)] = (
-                _row(obs, row), rew[row], term[row], trunc[row],
+                env_row(obs, row), rew[row], term[row], trunc[row],
                 _info_row(infos, row))
         seen.extend(ids.tolist())
     assert sorted(seen) == list(range(n)), "every env must be received exactly once per send"
@@ -98,11 +98,11 @@ def _info_row(infos, i):
     return {k: _info_row(v, i) if isinstance(v, dict) else v[i] for k, v in infos.items() if k != "env_id"}
 
 
-def _row(obs, i):
+def env_row(obs, i):
     if isinstance(obs, dict):
-        return {k: _row(v, i) for k, v in obs.items()}
+        return {k: env_row(v, i) for k, v in obs.items()}
     if isinstance(obs, tuple):
-        return tuple(_row(v, i) for v in obs)
+        return tuple(env_row(v, i) for v in obs)
     return obs[i]
 
 
@@ -118,16 +118,16 @@ def test_send_recv_matches_sync_vector_env(name, env_fn, n, workers, batch, no_l
             obs, rew, term, trunc, infos = pool.recv()
             assert not rew.any() and not term.any() and not trunc.any()
             for row, env_id in enumerate(infos["env_id"]):
-                first[int(env_id)] = _row(obs, row)
+                first[int(env_id)] = env_row(obs, row)
         assert sorted(first) == list(range(n))
         for i in range(n):
-            tree_equal(_row(obs_r, i), first[i], f"reset obs of env {i}")
+            tree_equal(env_row(obs_r, i), first[i], f"reset obs of env {i}")
         for t, act in enumerate(actions_for(ref.single_action_space, n, 40)):
             r = ref.step(act)
             got = gather_async(pool, n, act, batch)
             for i in range(n):
                 o, rew, term, trunc, info = got[i]
-                tree_equal(_row(r[0], i), o, f"obs of env {i} at step {t}")
+                tree_equal(env_row(r[0], i), o, f"obs of env {i} at step {t}")
                 assert rew == r[1][i] and term == r[2][i] and trunc == r[3][i], f"env {i} step {t}"
                 for key, val in r[4].items():
                     if not key.startswith("_") and r[4]["_" + key][i]:
@@ -162,8 +162,8 @@ def test_seed_list_and_options_reach_each_env(no_leaks):
         ref = gym.vector.SyncVectorEnv([DictEnv] * 3)
         obs_p, info_p = pool.reset(seed=[5, None, 9], options={"note": "hi"})
         obs_r, info_r = ref.reset(seed=[5, None, 9], options={"note": "hi"})
-        tree_equal(_row(obs_p, 0), _row(obs_r, 0))
-        tree_equal(_row(obs_p, 2), _row(obs_r, 2))
+        tree_equal(env_row(obs_p, 0), env_row(obs_r, 0))
+        tree_equal(env_row(obs_p, 2), env_row(obs_r, 2))
         assert info_p["note"].tolist() == ["hi"] * 3
         assert info_p["_note"].all()
 

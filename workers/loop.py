@@ -121,82 +121,117 @@ def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, 
     except Exception as exc:
         _error(conn, None, "unpickle env constructors", exc)
         return
-    batch_env = None
+    built = build_envs(conn, fns, start)
+    if built is None:
+        return
+    msg = P.next_command(conn)
+    if type(msg) is not P.MapRegion:  # Abort: start-up failed in another worker
+        return
+    try:
+        region = receive_region(conn, msg.layout.size)
+    except PoolResourceError as exc:   # this worker's own fd or memory limit: the pool's error, not an env's
+        _error(conn, None, "map region", exc)
+        return
+    server = bind_server(conn, index, built, msg, region, seeds, watch)
+    if server is None:
+        return
+    try:
+        server.serve()
+    finally:
+        server.wire.release()
+
+
+class BuiltEnvs:
+    """A shard's envs, built and described (start-up step one): ``envs`` (one per env) or
+    ``batch_env`` (one batched env for the whole shard), and their spaces."""
+
+    def __init__(self, start: int, envs: list | None, batch_env, obs_space, act_space) -> None:
+        self.start = start
+        self.envs = envs
+        self.batch_env = batch_env
+        self.obs_space = obs_space
+        self.act_space = act_space
+
+    def close(self) -> None:
+        for env in self.envs or [self.batch_env]:
+            close_quietly(env)
+
+
+def build_envs(conn, fns, start: int) -> BuiltEnvs | None:
+    """Build the shard's envs from their constructors and report their ``Spaces``; None
+    (with a ``Failure`` reported) when a constructor raised or the action spaces differ."""
     if isinstance(fns, BatchedEnvs):
         # One batched env for the whole shard (shmpool.batched).
         try:
             batch_env = fns.build(start)
         except Exception as exc:
             _error(conn, start, "make", exc)
-            return
+            return None
         obs_space, act_space = batch_env.single_observation_space, batch_env.single_action_space
         P.report(conn, P.Spaces(obs_space, act_space, getattr(batch_env, "metadata", {}),
                                 getattr(batch_env, "render_mode", None), getattr(batch_env, "spec", None),
                                 hosting_info(batch_env)))
-    else:
-        envs = []
-        for k, fn in enumerate(fns):
-            try:
-                envs.append(fn())
-            except Exception as exc:
-                _error(conn, start + k, "make", exc)
-                for env in envs:
-                    _close_quietly(env)
-                return
-        first = envs[0]
-        differing = False   # observation spaces that differ: the pool judges them (observation_mode)
-        for k, env in enumerate(envs[1:], 1):
-            # Identity first: Box equality runs allclose over low/high, seconds for large spaces x many envs.
-            obs_space, act_space = env.observation_space, env.action_space
-            if not (obs_space is first.observation_space or obs_space == first.observation_space):
-                differing = True
-            if not (act_space is first.action_space or act_space == first.action_space):
-                P.report(conn, P.Failure(start + k, "make", "ValueError",
-                                         f"env {start + k} has observation/action spaces {obs_space}, "
-                                         f"{act_space}; env {start} has {first.observation_space}, "
-                                         f"{first.action_space}: all envs of a pool must share their spaces"))
-                for env in envs:
-                    _close_quietly(env)
-                return
-        obs_space, act_space = first.observation_space, first.action_space
-        P.report(conn, P.Spaces(obs_space, act_space, getattr(first, "metadata", {}),
-                                getattr(first, "render_mode", None), getattr(first, "spec", None),
-                                observation_spaces=[env.observation_space for env in envs] if differing else None))
-    msg = P.next_command(conn)
-    if type(msg) is not P.MapRegion:  # Abort: start-up failed in another worker
-        return
-    layout, policy, slice_ns, sem_names = msg.layout, msg.policy, msg.slice_ns, msg.semaphores
-    autoreset_mode = msg.autoreset_mode
-    try:
-        region = receive_region(conn, layout.size)
-    except PoolResourceError as exc:   # this worker's own fd or memory limit: the pool's error, not an env's
-        _error(conn, None, "map region", exc)
-        return
+        return BuiltEnvs(start, None, batch_env, obs_space, act_space)
+    envs = []
+    for k, fn in enumerate(fns):
+        try:
+            envs.append(fn())
+        except Exception as exc:
+            _error(conn, start + k, "make", exc)
+            for env in envs:
+                close_quietly(env)
+            return None
+    first = envs[0]
+    differing = False   # observation spaces that differ: the pool judges them (observation_mode)
+    for k, env in enumerate(envs[1:], 1):
+        # Identity first: Box equality runs allclose over low/high, seconds for large spaces x many envs.
+        obs_space, act_space = env.observation_space, env.action_space
+        if not (obs_space is first.observation_space or obs_space == first.observation_space):
+            differing = True
+        if not (act_space is first.action_space or act_space == first.action_space):
+            P.report(conn, P.Failure(start + k, "make", "ValueError",
+                                     f"env {start + k} has observation/action spaces {obs_space}, "
+                                     f"{act_space}; env {start} has {first.observation_space}, "
+                                     f"{first.action_space}: all envs of a pool must share their spaces"))
+            for env in envs:
+                close_quietly(env)
+            return None
+    obs_space, act_space = first.observation_space, first.action_space
+    P.report(conn, P.Spaces(obs_space, act_space, getattr(first, "metadata", {}),
+                            getattr(first, "render_mode", None), getattr(first, "spec", None),
+                            observation_spaces=[env.observation_space for env in envs] if differing else None))
+    return BuiltEnvs(start, envs, None, obs_space, act_space)
+
+
+def bind_server(conn, index: int, built: BuiltEnvs, msg: P.MapRegion, region, seeds: list,
+                watch: ParentWatch | None) -> Server | None:
+    """Start-up step two: bind the built envs to their rows of the mapped ``region`` and
+    report ``Ready``; the command loop that serves them, or None (a ``Failure`` reported)."""
+    layout = msg.layout
     sems = None
-    if sem_names is not None:
+    if msg.semaphores is not None:
         import posix_ipc
-        sems = [posix_ipc.Semaphore(n) for n in sem_names]
-    wire = _core.Wire(region, layout.shard_sizes, num_envs=layout.num_envs, sems=sems, slice_ns=slice_ns)
+        sems = [posix_ipc.Semaphore(n) for n in msg.semaphores]
+    wire = _core.Wire(region, layout.shard_sizes, num_envs=layout.num_envs, sems=sems, slice_ns=msg.slice_ns)
     wire.check_header()
     views = L.Views(layout, region)
-    if batch_env is not None:
+    start, obs_space, act_space = built.start, built.obs_space, built.act_space
+    if built.batch_env is not None:
         try:
-            shard = BatchShard(batch_env, start, views, region, obs_space, act_space, autoreset_mode, msg.strict)
+            shard = BatchShard(built.batch_env, start, views, region, obs_space, act_space, msg.autoreset_mode,
+                               msg.strict)
         except Exception as exc:
             _error(conn, start, "bind", exc)
-            _close_quietly(batch_env)
+            built.close()
             wire.release()
-            return
+            return None
     else:
-        shard = Shard(envs, start, views, region, obs_space, act_space, autoreset_mode, msg.strict)
+        shard = Shard(built.envs, start, views, region, obs_space, act_space, msg.autoreset_mode, msg.strict)
         if shard.act_lane is not None:
             shard.slow_actions = SlowActionInbox(conn, views.act_version)
     shard.pending_seeds = list(seeds)
     P.report(conn, P.Ready())
-    try:
-        Server(conn, index, wire, views, shard, policy, slice_ns, watch).serve()
-    finally:
-        wire.release()
+    return Server(conn, index, wire, views, shard, msg.policy, msg.slice_ns, watch)
 
 
 def restarted(shard: Shard, views) -> None:
@@ -256,7 +291,7 @@ def restarted(shard: Shard, views) -> None:
     shard.reset = reset
 
 
-def _close_quietly(env) -> None:
+def close_quietly(env) -> None:
     try:
         env.close()
     except Exception:
@@ -266,7 +301,7 @@ def _close_quietly(env) -> None:
 class Server:
     """The command loop of one worker."""
 
-    def __init__(self, conn, index, wire, views, shard: Shard, policy, slice_ns, watch: ParentWatch) -> None:
+    def __init__(self, conn, index, wire, views, shard: Shard, policy, slice_ns, watch: ParentWatch | None) -> None:
         self.conn = conn
         self.index = index
         self.wire = wire
@@ -275,53 +310,67 @@ class Server:
         self.policy = policy
         self.slice_ns = slice_ns
         self.watch = watch
+        self.seen = 0                   # sequence of the last command served
         self.outbox: list[bytes] = []   # side messages waiting for their results to be published
         if shard.obs_lane is not None:  # observation leaves that travel pickled (shmpool.fallback)
             self._finish_env = self._finish_slow_env
 
     def serve(self) -> None:
         wire, index = self.wire, self.index
-        seen = 0
         while True:
-            if not wire.wait_command(index, seen, self.policy, self.slice_ns):
+            if not wire.wait_command(index, self.seen, self.policy, self.slice_ns):
                 if not self.watch.alive():
                     os._exit(0)
                 continue
-            # Commands posted since ``seen`` may overwrite one another; only an
-            # async command can be overtaken (the parent steps or resets only
-            # with nothing in flight), and its requests are served anyway.
-            seq, cmd = wire.command(index)
-            if cmd == P.CMD_STEP:
-                self.step_shard()
-                # Shard counter first, done sequence second: once the parent
-                # reads done == posted for a worker, that worker's count is in
-                # the sync counter (a restart re-bases the counter on that).
-                wire.finish_shard()
-                wire.finish(index, seq)
-                self.flush()
-            elif cmd == P.CMD_ASYNC:
-                self.drain()
-                wire.finish(index, seq)
-            elif cmd == P.CMD_MESSAGE:
-                # A call may come while envs are in flight (their async command
-                # overwritten by this one): serve them first, recv() gets them.
-                self.drain()
-                # The message is in the pipe before its command is posted. The
-                # command word can be read as a newer post's while its sequence
-                # is still the older one's, so the same message command may be
-                # seen twice: only a message actually waiting is answered.
-                while self.conn.poll(0):
-                    msg = P.next_command(self.conn)
-                    if type(msg) is P.SlowActions:  # for steps that needed none (autoreset, restart)
-                        self.shard.slow_actions.absorb(msg)
-                        continue
-                    self.message(msg)
-                    break
-                wire.finish(index, seq)
-            elif cmd == P.CMD_EXIT:
-                self.exit(seq)
+            if not self.handle():
                 return
-            seen = seq
+
+    def serve_posted(self) -> None:
+        """Serve the command posted since the last one served, if any, without waiting
+        (a shard the pool's own process steps: ``shmpool.workers.hosted``)."""
+        if self.wire.cmd_seq(self.index) != self.seen:
+            self.handle()
+
+    def handle(self) -> bool:
+        """Carry out the newest command; False once it was ``CMD_EXIT``."""
+        wire, index = self.wire, self.index
+        # Commands posted since ``seen`` may overwrite one another; only an
+        # async command can be overtaken (the parent steps or resets only
+        # with nothing in flight), and its requests are served anyway.
+        seq, cmd = wire.command(index)
+        if cmd == P.CMD_STEP:
+            self.step_shard()
+            # Shard counter first, done sequence second: once the parent
+            # reads done == posted for a worker, that worker's count is in
+            # the sync counter (a restart re-bases the counter on that).
+            wire.finish_shard()
+            wire.finish(index, seq)
+            self.flush()
+        elif cmd == P.CMD_ASYNC:
+            self.drain()
+            wire.finish(index, seq)
+        elif cmd == P.CMD_MESSAGE:
+            # A call may come while envs are in flight (their async command
+            # overwritten by this one): serve them first, recv() gets them.
+            self.drain()
+            # The message is in the pipe before its command is posted. The
+            # command word can be read as a newer post's while its sequence
+            # is still the older one's, so the same message command may be
+            # seen twice: only a message actually waiting is answered.
+            while self.conn.poll(0):
+                msg = P.next_command(self.conn)
+                if type(msg) is P.SlowActions:  # for steps that needed none (autoreset, restart)
+                    self.shard.slow_actions.absorb(msg)
+                    continue
+                self.message(msg)
+                break
+            wire.finish(index, seq)
+        elif cmd == P.CMD_EXIT:
+            self.exit(seq)
+            self.seen = seq
+            return False
+        self.seen = seq
+        return True
 
     def flush(self) -> None:
         """Send the side messages of results already published.

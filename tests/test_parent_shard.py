@@ -1,0 +1,164 @@
+"""A shard stepped in the pool's own process (``parent_shard``): the same results as
+gymnasium's SyncVectorEnv, the same errors as a worker process's shard, nothing left behind."""
+import os
+
+import gymnasium as gym
+import numpy as np
+import psutil
+import pytest
+from envs import CounterEnv, DictEnv, FaultyEnv
+from test_trajectories import actions_for, env_row, gather_async, tree_equal
+
+import shmpool
+from shmpool import EnvError, PoolClosedError
+from shmpool.arguments import check_parent_shard
+
+CASES = [
+    ("CartPole-v1", lambda: gym.make("CartPole-v1")),
+    ("DictEnv", lambda: DictEnv()),
+]
+
+
+def worker_processes() -> int:
+    return sum(1 for c in psutil.Process().children() if "forkserver" not in " ".join(c.cmdline())
+               and "resource_tracker" not in " ".join(c.cmdline()))
+
+
+@pytest.mark.parametrize("name,env_fn", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("autoreset_mode", ["NextStep", "SameStep"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sync_steps_match_sync_vector_env(name, env_fn, autoreset_mode, workers, no_leaks):
+    mode = gym.vector.AutoresetMode(autoreset_mode)
+    ref = gym.vector.SyncVectorEnv([env_fn] * 5, autoreset_mode=mode)
+    with shmpool.Pool(env_fn, 5, num_workers=workers, parent_shard=True, autoreset_mode=mode) as pool:
+        assert pool.parent_shard == workers - 1
+        assert pool.worker_pids[-1] == os.getpid() and pool.worker_cpus[-1] is None
+        assert worker_processes() == workers - 1
+        tree_equal(ref.reset(seed=3), pool.reset(seed=3), "reset")
+        dones = 0
+        for t, act in enumerate(actions_for(ref.single_action_space, 5, 120)):
+            r, p = ref.step(act), pool.step(act)
+            tree_equal(r, p, f"step {t}")
+            dones += int(np.sum(r[2] | r[3]))
+        assert dones > 0, "the trajectory must cross an autoreset to test it"
+    ref.close()
+
+
+@pytest.mark.parametrize("name,env_fn", CASES, ids=[c[0] for c in CASES])
+def test_send_recv_matches_sync_vector_env(name, env_fn, no_leaks):
+    ref = gym.vector.SyncVectorEnv([env_fn] * 6)
+    with shmpool.Pool(env_fn, 6, num_workers=2, batch_size=2, seed=11, parent_shard=True) as pool:
+        ref.reset(seed=11)
+        pool.async_reset()
+        for _ in range(3):
+            pool.recv()
+        for t, act in enumerate(actions_for(ref.single_action_space, 6, 30)):
+            r = ref.step(act)
+            got = gather_async(pool, 6, act, 2)
+            for i in range(6):
+                tree_equal(env_row(r[0], i), got[i][0], f"obs of env {i} at step {t}")
+                assert (got[i][1], got[i][2], got[i][3]) == (r[1][i], r[2][i], r[3][i]), f"env {i} step {t}"
+    ref.close()
+
+
+def test_env_error_in_the_parent_shard_is_an_env_error_and_the_pool_stays_usable(no_leaks):
+    fns = [lambda: FaultyEnv()] * 3 + [lambda: FaultyEnv("step", at=2)]
+    with shmpool.Pool(fns, num_workers=2, parent_shard=True) as pool:
+        assert pool.shard_of(pool.parent_shard) == range(2, 4)
+        pool.reset()
+        pool.step(np.zeros(4, np.int64))
+        with pytest.raises(EnvError) as info:
+            pool.step(np.zeros(4, np.int64))
+        err = info.value
+        assert (err.env_id, err.worker, err.phase) == (3, 1, "step")
+        assert f"env 3 (worker 1, pid {os.getpid()}) raised in step: ValueError: injected failure in step" in str(err)
+        obs, _ = pool.reset()
+        assert obs.shape == (4, 4)
+
+
+def test_failing_constructor_in_the_parent_shard_names_the_env(no_leaks):
+    fns = [lambda: FaultyEnv()] * 3 + [lambda: FaultyEnv("make")]
+    with pytest.raises(EnvError, match=r"env 3 \(worker 1, pid \d+\) raised in make: ValueError: injected failure "
+                                       r"in make; the pool was not created"):
+        shmpool.Pool(fns, num_workers=2, parent_shard=True)
+
+
+def test_calls_side_infos_and_close_reach_the_parent_shard(no_leaks):
+    closed = []
+
+    class Closing(CounterEnv):
+        def close(self):
+            closed.append(self.n)
+
+    with shmpool.Pool(lambda: Closing(), 4, num_workers=2, parent_shard=True) as pool:
+        pool.reset()
+        _, _, _, _, infos = pool.step(np.zeros(4, np.int64))
+        assert list(infos["tag"]) == ["t1"] * 4 and infos["_tag"].all()   # strings: the side channel
+        pool.set_attr("delay", [0.0, 0.0, 0.0, 0.001])
+        assert pool.get_attr("delay") == (0.0, 0.0, 0.0, 0.001)
+        assert pool.call("_info") == ({"tag": "t1"},) * 4
+    # Only the hosted shard's envs close in this process (the others in their worker).
+    assert closed == [1, 1]
+
+
+def test_a_one_cpu_quota_runs_no_worker_process(monkeypatch, no_leaks):
+    monkeypatch.setattr(shmpool.pool, "cpu_quota", lambda: 1.0)
+    with shmpool.Pool("CartPole-v1", 6, seed=0) as pool:
+        assert pool.num_workers == 1 and pool.parent_shard == 0
+        assert pool.worker_pids == [os.getpid()] and worker_processes() == 0
+        assert "worker 0's shard stepped in this process" in repr(pool)
+        ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 6)
+        tree_equal(ref.reset(seed=0)[0], pool.reset()[0])
+        for act in actions_for(ref.single_action_space, 6, 50):
+            tree_equal(ref.step(act)[:4], pool.step(act)[:4])
+        ref.close()
+
+
+def test_ctrl_c_inside_a_parent_shard_env_closes_the_pool(no_leaks):
+    class Interrupting(CounterEnv):
+        def step(self, action):
+            if self.n == 1:
+                raise KeyboardInterrupt
+            return super().step(action)
+
+    pool = shmpool.Pool(lambda: Interrupting(tag=False), 4, num_workers=2, parent_shard=True)
+    pool.reset()
+    pool.step(np.zeros(4, np.int64))
+    with pytest.raises(KeyboardInterrupt) as info:
+        pool.step(np.zeros(4, np.int64))
+    assert any("the pool was closed and its workers killed" in n for n in info.value.__notes__)
+    with pytest.raises(PoolClosedError):
+        pool.step(np.zeros(4, np.int64))
+
+
+@pytest.mark.parametrize("crowded,given,timeout,on_error,async_batches,expected", [
+    (True, False, None, "raise", False, True),
+    (False, False, None, "raise", False, False),   # a core is left for the parent: every shard gets a process
+    (True, True, None, "raise", False, False),     # num_workers asks for processes
+    (True, False, 1.0, "raise", False, False),     # only a process can be stopped mid-step
+    (True, False, None, "restart", False, False),  # only a process can die alone
+    (True, False, None, "raise", True, False),     # async batches: envs should step while the trainer computes
+])
+def test_auto_hosts_a_shard_only_when_crowded_and_nothing_asks_for_processes(crowded, given, timeout, on_error,
+                                                                             async_batches, expected):
+    assert check_parent_shard("auto", crowded, given, timeout, on_error, async_batches) is expected
+
+
+def test_parent_shard_refuses_a_step_timeout_and_other_values():
+    with pytest.raises(ValueError, match=r"^parent_shard=True cannot honour step_timeout=2.0: this process steps "
+                                         r"that shard itself, and nothing can stop it mid-step; use "
+                                         r"parent_shard=False$"):
+        shmpool.Pool("CartPole-v1", 2, parent_shard=True, step_timeout=2.0)
+    with pytest.raises(TypeError, match=r"^parent_shard must be True, False or 'auto', got 1$"):
+        shmpool.Pool("CartPole-v1", 2, parent_shard=1)
+
+
+def test_auto_on_two_cores_steps_one_shard_here(no_leaks):
+    if len(os.sched_getaffinity(0)) != 2 or shmpool.pool.cpu_quota() is not None:
+        pytest.skip("the default layout is crowded only on exactly 2 cores without a quota")
+    with shmpool.Pool("CartPole-v1", 8) as pool:
+        assert pool.num_workers == 2 and pool.parent_shard == 1 and worker_processes() == 1
+    with shmpool.Pool("CartPole-v1", 8, num_workers=2) as pool:
+        assert pool.parent_shard is None and worker_processes() == 2
+    with shmpool.Pool("CartPole-v1", 8, batch_size=4) as pool:
+        assert pool.parent_shard is None and worker_processes() == 2

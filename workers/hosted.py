@@ -1,0 +1,124 @@
+"""A shard the pool's own process steps (``Pool(parent_shard=...)``).
+
+When the workers and the trainer's threads outnumber the cores, one more process
+hop costs more than it saves: the parent would post a step, sleep, and be woken
+(tens of microseconds per idle vCPU on a VM) while the core it sleeps on could
+have stepped envs.  A hosted shard runs the same ``Server`` a worker process runs,
+over the same region, but its commands are served by the parent at the points
+where it would otherwise wait (``HostedWorker.serve_posted``); its side messages
+go through an in-process pipe (``LocalPipe``) instead of a socket.  Everything
+else (start-up handshake, infos, failures, ``call``, close) is the worker's code.
+
+What it gives up: an env that crashes the interpreter takes the trainer with it,
+and ``step_timeout`` cannot interrupt it; ``Pool`` only hosts a shard when asked,
+or under ``"auto"`` when neither was asked for (see ``shmpool.topology``).
+"""
+from __future__ import annotations
+
+import collections
+import os
+
+from shmpool import protocol as P
+
+from .loop import BuiltEnvs, Server, bind_server, build_envs, close_quietly
+
+
+class LocalEnd:
+    """One end of an in-process pipe, with the ``Connection`` calls the side channel uses.
+
+    Nothing can arrive while its reader waits (the writer is the same thread), so
+    ``poll`` never sleeps and reading an empty pipe is a protocol error, not a wait."""
+
+    def __init__(self, inbox: collections.deque, outbox: collections.deque) -> None:
+        self._inbox = inbox
+        self._outbox = outbox
+        self.closed = False
+
+    def send_bytes(self, data) -> None:
+        if self.closed:
+            raise OSError("the in-process pipe is closed")
+        self._outbox.append(bytes(data))
+
+    def recv_bytes(self) -> bytes:
+        if self._inbox:
+            return self._inbox.popleft()
+        if self.closed:
+            raise EOFError("the in-process pipe is closed")
+        raise P.ProtocolError("read from an empty in-process pipe: nothing was sent")
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        return bool(self._inbox)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def local_pipe() -> tuple[LocalEnd, LocalEnd]:
+    """Two connected in-process ends: (the pool's, the hosted shard's)."""
+    to_parent: collections.deque = collections.deque()
+    to_shard: collections.deque = collections.deque()
+    return LocalEnd(to_parent, to_shard), LocalEnd(to_shard, to_parent)
+
+
+class HostedWorker:
+    """Shard ``index`` (envs ``start..``) built and stepped in the pool's own process.
+
+    It stands where a worker's ``Process`` stands in ``WorkerSet`` (``pid``,
+    ``exitcode``, ``kill``, ``join``, ``close``) and never dies on its own: its
+    failures are its envs' (``EnvError``) or the parent's own."""
+
+    hosted = True
+    exitcode = None
+
+    def __init__(self, index: int, fns, start: int, seeds: list) -> None:
+        self.index = index
+        self.pid = os.getpid()
+        self.conn, self._end = local_pipe()
+        self._seeds = list(seeds)
+        self._server: Server | None = None
+        # Start-up step one now: the Spaces (or a Failure) wait in the pipe for the pool.
+        self._built: BuiltEnvs | None = build_envs(self._end, fns, start)
+
+    def bind(self, msg: P.MapRegion, region) -> None:
+        """Start-up step two over the pool's own mapping of the region; ``Ready`` (or a
+        ``Failure``) waits in the pipe."""
+        self._server = bind_server(self._end, self.index, self._built, msg, region, self._seeds, None)
+        self._built = None
+
+    def serve_posted(self) -> None:
+        """Serve the command posted to this shard since the last one, if any."""
+        if self._server is not None:
+            self._server.serve_posted()
+
+    def kill(self) -> None:
+        """The fatal path: close the envs without asking, and let go of the region."""
+        server, built = self._server, self._built
+        self._drop()
+        if server is not None:
+            for env in server.shard.envs:
+                close_quietly(env)
+        elif built is not None:
+            built.close()
+
+    def exit(self) -> None:
+        """Serve a posted ``CMD_EXIT`` (the envs close; ``Closed`` waits in the pipe)."""
+        if self._server is not None:
+            self._server.serve_posted()
+        self._drop()
+
+    def _drop(self) -> None:
+        # Views of the region must go before the pool unmaps it.
+        server, self._server, self._built = self._server, None, None
+        if server is not None:
+            server.wire.release()
+        self._end.close()
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return True
+
