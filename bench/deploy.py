@@ -84,7 +84,8 @@ def _open(system: str, n: int, wait_policy: str | tuple[str, str] = "auto"):
         return env, [], system
     pool = shmpool.Pool("CartPole-v1", n, seed=0, wait_policy=wait_policy)
     pool.reset()
-    return pool, pool.worker_pids, repr(pool)
+    # Worker processes only: a shard this process steps (parent_shard) is the loop's own CPU.
+    return pool, [pid for pid in pool.worker_pids if pid != os.getpid()], repr(pool)
 
 
 def _worker_cpu(pids: list[int]) -> float:

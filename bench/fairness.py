@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -49,9 +50,10 @@ def _cycles_for(task: str, quick: bool) -> tuple[int, int]:
 
 
 def _worker_pids(env) -> list[int]:
-    """The shmpool workers' pids (EnvPool: none, its threads are in-process)."""
+    """The shmpool worker processes' pids (EnvPool: none, its threads are in-process; a shard
+    this process steps, ``parent_shard``, is counted in the parent's share)."""
     pool = getattr(env, "pool", None)
-    return pool.worker_pids if pool is not None else []
+    return [pid for pid in pool.worker_pids if pid != os.getpid()] if pool is not None else []
 
 
 def _worker_cpu(env) -> list[float]:

@@ -763,7 +763,8 @@ class Pool(LifecycleFacts):
         cpus = [c for c in self._workers.cpus if c is not None]
         where = f"on cpus {cpus}" if self.pinned else f"unpinned on cpus {self.cpus}"
         if self.parent_shard is not None:
-            where += f", worker {self.parent_shard}'s shard stepped in this process"
+            processes = f"{len(cpus)} in processes {where}" if cpus else "no worker process"
+            where = f"({processes}, worker {self.parent_shard}'s shard stepped in this process)"
         return (f"Pool({self.num_envs} envs, {self.num_workers} workers {where}{quota}, "
                 f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), "
                 f"{self._life.state.value})")

@@ -424,8 +424,11 @@ class Server:
         if shard.batched:  # the whole shard in one call of its batched env
             shard.run(shard.all_ids, False, self._finish_env, self._fail_env)
             return
-        step, status, masks = shard.step, self.views.status, self.views.info_mask
-        slow = shard.obs_lane is not None
+        step, slow = shard.step, shard.obs_lane is not None
+        # The common case (no infos, no error) for the whole shard in two slice writes:
+        # the exceptions below overwrite their env's status and mask.
+        self.views.status[shard.start:shard.stop] = P.STATUS_OK
+        self.views.info_mask[shard.start:shard.stop] = 0
         for i in range(shard.start, shard.stop):
             try:
                 info = step(i)
@@ -434,9 +437,6 @@ class Server:
                 continue
             if info or slow:
                 self._finish_env(i, info)
-            else:  # the common case, inlined
-                masks[i] = 0
-                status[i] = P.STATUS_OK
 
     def drain(self) -> None:
         """Serve the async request ring until it is empty, publishing each env."""
