@@ -1,6 +1,7 @@
 """A shard stepped in the pool's own process (``parent_shard``): the same results as
 gymnasium's SyncVectorEnv, the same errors as a worker process's shard, nothing left behind."""
 import os
+import signal
 
 import gymnasium as gym
 import numpy as np
@@ -162,3 +163,21 @@ def test_auto_on_two_cores_steps_one_shard_here(no_leaks):
         assert pool.parent_shard is None and worker_processes() == 2
     with shmpool.Pool("CartPole-v1", 8, batch_size=4) as pool:
         assert pool.parent_shard is None and worker_processes() == 2
+
+
+def test_restart_mode_replaces_a_worker_process_beside_the_parent_shard(no_leaks):
+    """The parent's shard cannot die alone, but the worker processes beside it are replaced
+    as in any pool: their envs report worker_restarted, the parent's envs step on."""
+    with shmpool.Pool(lambda: CounterEnv(tag=False), 4, num_workers=2, parent_shard=True,
+                      on_worker_error="restart") as pool:
+        pool.reset()
+        for _ in range(3):
+            pool.step(np.zeros(4, np.int64))
+        os.kill(pool.worker_pids[0], signal.SIGKILL)
+        obs, _, _, truncated, infos = pool.step(np.zeros(4, np.int64))
+        assert pool.worker_restarts == [1, 0]
+        assert truncated.tolist() == [True, True, False, False]
+        assert infos["_worker_restarted"].tolist() == [True, True, False, False]
+        assert obs[2:, 0].tolist() == [4.0, 4.0]   # the parent's shard kept counting
+        obs, _, _, truncated, _ = pool.step(np.zeros(4, np.int64))
+        assert obs[2:, 0].tolist() == [5.0, 5.0] and not truncated.any()
