@@ -11,7 +11,8 @@ per second:
 
 - ``SyncVectorEnv``: gymnasium's for-loop over the N envs, in this process;
 - ``AsyncVectorEnv``: gymnasium's one process per env (shared-memory observations);
-- ``shmpool sync``: ``Pool.step`` of all N envs, one pinned worker per allowed core;
+- ``shmpool sync``: ``Pool.step`` of all N envs, one shard per allowed core (on 2 cores: one
+  pinned worker process, and the last shard stepped by this process, ``parent_shard``);
 - ``shmpool async``: ``Pool(batch_size=N/2)``: ``recv`` returns the first N/2 envs to
   finish, their actions go straight back with ``send``; a row counts the env steps received.
 
@@ -22,8 +23,8 @@ per step; ``× ping-pong`` divides it by the C spin ping-pong (two pinned proces
 handing one shared word back and forth: the hardware's floor for one round trip).
 
 What to expect on a 2-core machine, idle: shmpool sync 1.6–1.9× ``SyncVectorEnv`` on
-CartPole (the ceiling is ~2.4×: two workers, each a bit faster per step than the
-for-loop) and 1.8–1.9× on Ant-v5; ``AsyncVectorEnv`` 4–8× slower than
+CartPole (the ceiling is ~2.4×: two shards stepped at once, each a bit faster per step
+than the for-loop) and 1.8–1.9× on Ant-v5; ``AsyncVectorEnv`` 4–8× slower than
 ``SyncVectorEnv`` on CartPole; a round trip of 6–10 µs, 30–50× the ping-pong (both ends
 run Python).  Other processes on the box move every ratio: shmpool's workers need
 both cores, ``SyncVectorEnv`` needs one, so a busy machine (see the load average in the
@@ -291,10 +292,11 @@ ROUND_TRIP_TITLE = ("Round trip, one empty env on one worker, parent and worker 
 ROUND_TRIP_HEADER = ("round trip", "µs per step: median (min–max)", "× ping-pong", "p50 µs", "p99 µs",
                      "p50 × ping-pong", "wait policy (parent / worker)")
 READING = """Reading it: `shmpool sync` steps all N envs per call, `shmpool async` uses batch_size = N/2 (each `recv`
-returns the first N/2 envs to finish, whose actions go straight back with `send`). Two workers on two
-cores, with this process sharing one of them, can reach about 2.4× SyncVectorEnv on CartPole at best;
-other processes running on the box take from shmpool's two workers first (SyncVectorEnv needs only one
-core), so on a busy machine sync ÷ SyncVectorEnv can fall below 1×. "× ping-pong" is how many C spin
+returns the first N/2 envs to finish, whose actions go straight back with `send`). Two shards on two
+cores (sync: one worker process, and this process stepping the other shard where it would wait) can
+reach about 2.4× SyncVectorEnv on CartPole at best; other processes running on the box take from
+shmpool's two cores first (SyncVectorEnv needs only one core), so on a busy machine sync ÷ SyncVectorEnv
+can fall below 1×. "× ping-pong" is how many C spin
 ping-pongs one pool step of an empty env costs: both ends of a pool step run Python (~2 µs in the
 parent, ~3.5 µs in the worker), so 30–50× is expected; the spin policy shows the floor of the wait itself."""
 

@@ -50,21 +50,25 @@ def _cycles_for(task: str, quick: bool) -> tuple[int, int]:
 
 
 def _worker_pids(env) -> list[int]:
-    """The shmpool worker processes' pids (EnvPool: none, its threads are in-process; a shard
-    this process steps, ``parent_shard``, is counted in the parent's share)."""
+    """The shmpool workers' pids (EnvPool: none, its threads are in-process)."""
     pool = getattr(env, "pool", None)
-    return [pid for pid in pool.worker_pids if pid != os.getpid()] if pool is not None else []
+    return pool.worker_pids if pool is not None else []
 
 
 def _worker_cpu(env) -> list[float]:
-    """Each shmpool worker's user+system CPU seconds so far."""
+    """Each shmpool worker's user+system CPU seconds so far; NaN for a shard this process
+    steps (``parent_shard``): its CPU is in the parent's share."""
     import psutil
-    return [sum(psutil.Process(pid).cpu_times()[:2]) for pid in _worker_pids(env)]
+    return [float("nan") if pid == os.getpid() else sum(psutil.Process(pid).cpu_times()[:2])
+            for pid in _worker_pids(env)]
 
 
 def _run_queue_wait(pid: int | str) -> float:
     """Seconds ``pid`` spent runnable but not running (another task had its core): the
-    second field of /proc/<pid>/schedstat; NaN where the kernel keeps no schedstats."""
+    second field of /proc/<pid>/schedstat; NaN where the kernel keeps no schedstats, and for
+    a shard this process steps (``parent_shard``)."""
+    if pid == os.getpid():
+        return float("nan")
     try:
         with open(f"/proc/{pid}/schedstat") as f:
             return int(f.read().split()[1]) / 1e9

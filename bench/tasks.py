@@ -361,6 +361,7 @@ def report(args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: li
     tp_rows, c_rows = rows(groups), cost_rows(costs)
     workers = sorted({r.info["num_workers"] for g in groups for r in g.records
                       if r.case == POOL_SYNC and "num_workers" in r.info})
+    hosted = any(r.info.get("parent_shard") is not None for g in groups for r in g.records if r.case == POOL_SYNC)
     lines = [
         f"## shmpool task benchmark — {env['date']}",
         "",
@@ -369,9 +370,10 @@ def report(args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: li
         f"envpool {env['envpool'] or 'unavailable'}, ale-py {env.get('ale_py') or 'unavailable'} · "
         f"{args.repeats} interleaved repetitions × {args.seconds:g} s (warm-up {args.warmup:g} s)",
         "",
-        f"shmpool workers {workers or '—'} (pinned, default wait policy); EnvPool num_threads = shmpool's "
-        "workers, default thread affinity; async: batch_size = N/2. Actions: one fixed array of random "
-        f"actions, uniform over the action space (seed {ACTION_SEED}), the same for every system — the "
+        f"shmpool workers {workers or '—'} (pinned, default wait policy"
+        f"{'; sync: the last shard stepped in this process (parent_shard)' if hosted else ''}); EnvPool "
+        "num_threads = shmpool's workers, default thread affinity; async: batch_size = N/2. Actions: one fixed "
+        f"array of random actions, uniform over the action space (seed {ACTION_SEED}), the same for every system — the "
         "action distribution changes MuJoCo's cost a lot (full-range random actions cause many contacts), "
         "so compare only runs with the same actions. Pong-v5: every system runs EnvPool's preprocessing "
         "(30 no-ops, 4 frames max-pooled, 84x84 INTER_AREA gray, 4-frame stack); gymnasium's rows are "
