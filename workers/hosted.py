@@ -6,12 +6,13 @@ hop costs more than it saves: the parent would post a step, sleep, and be woken
 have stepped envs.  A hosted shard runs the same ``Server`` a worker process runs,
 over the same region, but its commands are served by the parent at the points
 where it would otherwise wait (``HostedWorker.serve_posted``); its side messages
-go through an in-process pipe (``LocalPipe``) instead of a socket.  Everything
+go through an in-process pipe (``local_pipe``) instead of a socket.  Everything
 else (start-up handshake, infos, failures, ``call``, close) is the worker's code.
 
 What it gives up: an env that crashes the interpreter takes the trainer with it,
-and ``step_timeout`` cannot interrupt it; ``Pool`` only hosts a shard when asked,
-or under ``"auto"`` when neither was asked for (see ``shmpool.topology``).
+and ``step_timeout`` cannot interrupt it; ``Pool`` hosts a shard when asked, or under
+``"auto"`` when the layout is crowded and nothing asks for processes
+(``shmpool.arguments.check_parent_shard``).
 """
 from __future__ import annotations
 
@@ -67,8 +68,7 @@ class HostedWorker:
     ``exitcode``, ``kill``, ``join``, ``close``) and never dies on its own: its
     failures are its envs' (``EnvError``) or the parent's own."""
 
-    hosted = True
-    exitcode = None
+    exitcode = None   # never exits on its own
 
     def __init__(self, index: int, fns, start: int, seeds: list) -> None:
         self.index = index
@@ -118,7 +118,4 @@ class HostedWorker:
 
     def close(self) -> None:
         pass
-
-    def is_alive(self) -> bool:
-        return True
 
