@@ -302,6 +302,23 @@ def _task_config(task_id: str, spec: EnvSpec | None, env_kwargs: dict) -> tuple[
     return {"max_episode_steps": steps, "reward_threshold": spec.reward_threshold, **rest}, spec.reward_threshold
 
 
+def _pool_names(kwargs: dict, num_threads: int | None, offset: int | None) -> tuple[int | None, Any]:
+    """``num_workers`` and ``cpus`` (taken out of ``kwargs``): the Pool's names of EnvPool's
+    ``num_threads`` and ``thread_affinity_offset``; returns (num_threads, cpus or None)."""
+    num_workers = kwargs.pop("num_workers", None)
+    if num_workers is not None:
+        num_workers = check_count("num_workers", num_workers)
+        if num_threads and num_threads != num_workers:
+            raise ValueError(f"num_workers={num_workers} and num_threads={num_threads} both set the number of "
+                             "worker processes: give one")
+        num_threads = num_workers
+    cpus = kwargs.pop("cpus", None)
+    if cpus is not None and offset is not None:
+        raise ValueError(f"cpus={cpus!r} and thread_affinity_offset={offset} both choose the workers' cores: "
+                         "give one")
+    return num_threads, cpus
+
+
 def make(
     task_id: str,
     env_type: str = "gymnasium",
@@ -326,11 +343,12 @@ def make(
       ``recv()`` returns.
     - ``num_threads`` (``None``/0: one per allowed core, at most ``num_envs``): the number
       of worker processes; more than ``num_envs`` is accepted (EnvPool's extra threads
-      idle; here one worker per env).
+      idle; here one worker per env).  ``num_workers`` (the Pool's name) is the same.
     - ``seed`` (default 42, as EnvPool): env ``i`` is seeded ``seed + i`` (modulo 2**32, so
       ``-1`` works as in EnvPool) at its first reset; ``None``: unseeded.
     - ``thread_affinity_offset``: workers are pinned to the allowed cpus
-      ``allowed[offset:offset + num_threads]`` (``None``/-1: all allowed cpus).
+      ``allowed[offset:offset + num_threads]`` (``None``/-1: all allowed cpus); or ``cpus``,
+      the Pool's list of cores.
     - ``render_mode`` (``"rgb_array"``/``"human"``) and ``render_env_id``: EnvPool's
       ``render(env_ids)``.  ``gym_reset_return_info`` (``env_type="gym"`` only, default
       False): ``reset()`` returns ``(obs, info)``.
@@ -357,9 +375,10 @@ def make(
         raise ValueError("env_type='gymnasium' always returns an info dict from reset(); "
                          "gym_reset_return_info=False is for env_type='gym'")
     num_envs = check_count("num_envs", num_envs)
+    num_threads, cpus = _pool_names(kwargs, num_threads, thread_affinity_offset)
     workers = min(num_threads, num_envs) if num_threads else None   # EnvPool's 0 means "the default"
     pool_kwargs = dict(num_workers=workers, batch_size=batch_size or None, seed=_envpool_seed(seed),
-                       cpus=_affinity_cpus(thread_affinity_offset, workers))
+                       cpus=_affinity_cpus(thread_affinity_offset, workers) if cpus is None else cpus)
     _load_builtin_tasks()
     env_kwargs, vector_kwargs = _split_vector_kwargs(kwargs)
     # The envs render to arrays; "human" shows them in the trainer's process, as EnvPool does.

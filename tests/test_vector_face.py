@@ -589,3 +589,22 @@ def test_envpool_make(no_leaks):
         shmpool.vector.make("CartPole-v1", env_type="jax")
     with pytest.raises(ValueError, match="thread_affinity_offset=99"):
         shmpool.vector.make("CartPole-v1", thread_affinity_offset=99)
+
+
+def test_envpool_make_takes_the_pools_own_names_for_threads_and_cores(no_leaks):
+    """``num_workers`` and ``cpus`` are the Pool's names of EnvPool's ``num_threads`` and
+    ``thread_affinity_offset``: either name works, both at once must agree."""
+    allowed = shmpool.allowed_cpus()
+    with shmpool.vector.make("CartPole-v1", num_envs=4, num_workers=2, cpus=[allowed[-1]]) as env:
+        assert env.pool.num_workers == 2 and env.config["num_threads"] == 2
+        assert env.pool.worker_cpus == [allowed[-1], allowed[-1]]
+    with shmpool.vector.make("CartPole-v1", num_envs=4, num_threads=2, num_workers=2) as env:
+        assert env.pool.num_workers == 2
+    with pytest.raises(ValueError, match=r"^num_workers=1 and num_threads=2 both set the number of worker "
+                                         r"processes: give one$"):
+        shmpool.vector.make("CartPole-v1", num_envs=4, num_threads=2, num_workers=1)
+    with pytest.raises(ValueError, match=r"^cpus=\[0\] and thread_affinity_offset=0 both choose the workers' "
+                                         r"cores: give one$"):
+        shmpool.vector.make("CartPole-v1", num_envs=4, cpus=[0], thread_affinity_offset=0)
+    with pytest.raises(ValueError, match=r"^num_workers must be >= 1, got 0$"):
+        shmpool.vector.make("CartPole-v1", num_envs=4, num_workers=0)
