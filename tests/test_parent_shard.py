@@ -5,8 +5,8 @@ import signal
 
 import gymnasium as gym
 import numpy as np
-import psutil
 import pytest
+from conftest import our_children
 from envs import CounterEnv, DictEnv, FaultyEnv
 from test_trajectories import actions_for, env_row, gather_async, tree_equal
 
@@ -21,8 +21,7 @@ CASES = [
 
 
 def worker_processes() -> int:
-    return sum(1 for c in psutil.Process().children() if "forkserver" not in " ".join(c.cmdline())
-               and "resource_tracker" not in " ".join(c.cmdline()))
+    return len(our_children())
 
 
 @pytest.mark.parametrize("name,env_fn", CASES, ids=[c[0] for c in CASES])
