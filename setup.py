@@ -1,5 +1,6 @@
-"""Builds the Cython extensions: the wire (shmpool._core), async evenness (shmpool._evenness)
-and the Atari frame kernel (shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
+"""Builds the Cython extensions: the wire (shmpool._core), async evenness (shmpool._evenness),
+the EnvPool face's elapsed-step counts (shmpool._elapsed) and the Atari frame kernel
+(shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -14,6 +15,13 @@ extensions = [
     Extension(
         "shmpool._evenness",
         ["shmpool/_evenness.pyx"],
+        extra_compile_args=["-O2"],
+    ),
+    Extension(
+        "shmpool._elapsed",
+        ["shmpool/_elapsed.pyx"],
+        include_dirs=[numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O2"],
     ),
     Extension(

@@ -25,6 +25,7 @@ import gymnasium
 import numpy as np
 from gymnasium.spaces import Discrete, MultiDiscrete
 
+from ._elapsed import ElapsedSteps
 from .autoreset import SAME_STEP
 from .vector_env import VectorEnv
 
@@ -33,9 +34,10 @@ __all__ = ["ENV_TYPES", "EnvPoolEnv", "EnvPoolSpec", "base_config"]
 #: ``env_type`` values ``make`` builds; ``"dm"`` is refused (see ``make``).
 ENV_TYPES = ("gymnasium", "gym")
 RENDER_MODES = (None, "rgb_array", "human")
-# Info keys EnvPool's C++ specs declare as int32 / float32 (Atari's and every task's).
-_INT32_INFOS = ("env_id", "lives", "elapsed_step", "terminated")
-_FLOAT32_INFOS = ("reward",)
+# Info keys EnvPool's C++ specs declare as int32 / float32 (Atari's and every task's); env_id is
+# the face's own, always int32.
+_CAST_INFOS = {"lives": np.int32, "elapsed_step": np.int32, "terminated": np.int32, "reward": np.float32}
+_POOL_INFOS = {"env_id"}   # what the pool's recv adds to the envs' infos
 _XLA_REFUSAL = (
     "xla() is not available in shmpool: EnvPool's xla() registers XLA custom calls that hand "
     "actions to its C++ thread pool inside the trainer's process; shmpool's envs run in worker "
@@ -116,10 +118,8 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
         self._render_env_id = int(render_env_id)
         self._all_env_ids = np.arange(self.num_envs, dtype=np.int32)
         self._discrete = isinstance(self.single_action_space, (Discrete, MultiDiscrete))
-        # ``elapsed_step`` for envs that do not report it: steps since each env's reset, and
-        # whether its latest result ended an episode (its next result is then a reset).
-        self._elapsed = np.zeros(self.num_envs, dtype=np.int32)
-        self._ended = np.ones(self.num_envs, dtype=bool)
+        # ``elapsed_step`` for envs that do not report it.
+        self._elapsed = ElapsedSteps(self.num_envs, same_step=self._pool.autoreset_mode == SAME_STEP)
 
     # --- EnvPool's attributes --------------------------------------------------------
 
@@ -177,8 +177,7 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
         if ids is not None:
             obs = _rows(obs, ids)
             infos = _rows(infos, ids)
-        self._elapsed[reset_ids] = 0
-        self._ended[reset_ids] = False
+        self._elapsed.restart(ids)
         info = self._info(infos, reset_ids, None, None)
         if self.env_type == "gym" and not self._config.get("gym_reset_return_info", False):
             return obs
@@ -205,7 +204,7 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
     def async_reset(self) -> None:
         """Reset every env without waiting; the results arrive through ``recv()``."""
         super().async_reset()
-        self._ended[:] = True   # the next result of every env is its reset
+        self._elapsed.end_all()
 
     def _recv(self) -> tuple:
         obs, rew, term, trunc, infos = super().recv()
@@ -252,29 +251,20 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
         return obs, rew, term, trunc, info
 
     def _info(self, infos: dict, ids: np.ndarray, term: np.ndarray | None, trunc: np.ndarray | None) -> dict:
-        """EnvPool's info dict for the result rows ``ids``; updates the ``elapsed_step`` count."""
-        info = _strip_masks(infos)
-        # The parent runs this once per recv, on a core the workers share: few numpy calls.
-        elapsed = self._elapsed[ids]
-        if term is not None:
-            # A result right after an ended one is a reset (NEXT_STEP); SAME_STEP resets at once.
-            elapsed += 1
-            elapsed[self._ended[ids]] = 0
-            done = term | trunc
-            if self.autoreset_mode == SAME_STEP:
-                elapsed[done] = 0
-            self._elapsed[ids] = elapsed
-            self._ended[ids] = done
-        env_id = ids.astype(np.int32)          # the caller's own copy (ids may be the pool's)
+        """EnvPool's info dict for the result rows ``ids`` (int32); counts ``elapsed_step`` on
+        when ``term``/``trunc`` are given (a step's results), reads it otherwise (a reset's)."""
+        # The parent runs this once per step or recv, on a core the workers share: few numpy calls.
+        # Nothing but the pool's env_id (replaced below) is the common case.
+        info = {} if infos.keys() <= _POOL_INFOS else _strip_masks(infos)
+        if info:
+            for key in _CAST_INFOS.keys() & info.keys():
+                info[key] = np.asarray(info[key]).astype(_CAST_INFOS[key], copy=False)
+        elapsed = self._elapsed.rows(ids) if term is None else self._elapsed.advance(ids, term, trunc)
+        info.setdefault("elapsed_step", elapsed)   # an env's own count (the Atari recipe's) comes first
+        env_id = ids.copy()          # the caller's own copy (ids may be the pool's)
         info["env_id"] = env_id
-        info["players"] = {**info.get("players", {}), "env_id": env_id.copy()}
-        info.setdefault("elapsed_step", elapsed)
-        for key in _INT32_INFOS:
-            if key in info:
-                info[key] = np.asarray(info[key]).astype(np.int32, copy=False)
-        for key in _FLOAT32_INFOS:
-            if key in info:
-                info[key] = np.asarray(info[key]).astype(np.float32, copy=False)
+        players = info.get("players")
+        info["players"] = {"env_id": env_id.copy()} if players is None else {**players, "env_id": env_id.copy()}
         return info
 
     def __repr__(self) -> str:

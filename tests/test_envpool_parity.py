@@ -114,6 +114,28 @@ def test_positional_reset_of_some_envs(impl, no_leaks):
         env.close()
 
 
+@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP])
+def test_elapsed_step_counts_the_steps_of_the_observations_episode(mode, no_leaks):
+    """``info["elapsed_step"]`` against the reference count: the ``TimeLimit`` step counter of
+    gymnasium's own envs in a SyncVectorEnv of the same autoreset mode (NEXT_STEP is EnvPool's
+    order; SAME_STEP resets inside the ending step, so that step's row already counts 0)."""
+    kwargs = {"max_episode_steps": 3, "autoreset_mode": mode}
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1", max_episode_steps=3)] * 2,
+                                   autoreset_mode=mode)
+    with shmpool.make("CartPole-v1", env_type="gymnasium", num_envs=2, **kwargs) as env:
+        ref.reset(seed=0)
+        _, info = env.reset()
+        assert info["elapsed_step"].tolist() == list(ref.get_attr("_elapsed_steps")) == [0, 0]
+        seen = []
+        for _ in range(8):
+            _, _, term, trunc, info = env.step(_actions(env, 2))
+            ref.step(_actions(env, 2))
+            seen.append(int(info["elapsed_step"][0]))
+            assert info["elapsed_step"].tolist() == list(ref.get_attr("_elapsed_steps")), seen
+        assert min(seen) == 0 and max(seen) >= 2              # episodes did end and restart
+    ref.close()
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_float_actions_threads_and_seeds(impl, no_leaks):
     env = make(impl, "CartPole-v1", env_type="gymnasium", num_envs=2, num_threads=8)  # more threads than envs

@@ -177,3 +177,20 @@ def test_unbatch_info_inverts_add_info():
     assert type(zero["a"]) is int and type(zero["n"]["f"]) is float
     assert one == {"shared": 8}
     assert two == {"a": 2, "v": 3.0, "shared": 9} and type(two["v"]) is np.float32
+
+
+@pytest.mark.parametrize("same_step,expect", [(False, [1, 2, 3, 0, 1]), (True, [1, 2, 0, 1, 2])])
+def test_elapsed_steps_count_episodes_and_refuse_wrong_arrays(same_step, expect):
+    from shmpool._elapsed import ElapsedSteps
+    clock = ElapsedSteps(2, same_step=same_step)
+    clock.restart(None)
+    ids = np.array([1], dtype=np.int32)
+    ended = [False, False, True, False, False]
+    got = [int(clock.advance(ids, np.array([e]), np.array([False]))[0]) for e in ended]
+    assert got == expect and clock.count[0] == 0   # env 0 never stepped
+    with pytest.raises(TypeError, match="int32 ids and bool flags of the same length"):
+        clock.advance(ids.astype(np.int64), np.array([False]), np.array([False]))
+    with pytest.raises(TypeError, match="int32 ids and bool flags of the same length"):
+        clock.advance(ids, np.array([False, True]), np.array([False]))
+    with pytest.raises(IndexError, match="env id 2 is out of range for 2 envs"):
+        clock.advance(np.array([2], dtype=np.int32), np.array([False]), np.array([False]))
