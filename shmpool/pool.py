@@ -586,15 +586,17 @@ class Pool(LifecycleFacts):
         out = self._batch_ids
         got = self._take_in_turn(out, b)
         ids = out[:got].astype(np.int32)
-        self._in_flight[ids] = 0
+        # take/put rather than fancy indexing: half the cost for a batch of a few rows.
+        self._in_flight.put(ids, 0)
         life.in_flight -= got
         v = self._views
-        rewards, terminated, truncated = v.reward[ids], v.terminated[ids], v.truncated[ids]
+        rewards, terminated, truncated = v.reward.take(ids), v.terminated.take(ids), v.truncated.take(ids)
         infos = self._supervisor.collect(ids, "recv")
+        rows = [a.take(ids, axis=0) for a in v.obs]
         if self._obs_lane is None:
-            obs = L.assemble(self.single_observation_space, [a[ids] for a in v.obs])
+            obs = L.assemble(self.single_observation_space, rows)
         else:  # after collect: it brings the pickled leaves
-            obs = self._obs_lane.assemble([a[ids] for a in v.obs], self._slow_obs.batch(ids.tolist()))
+            obs = self._obs_lane.assemble(rows, self._slow_obs.batch(ids.tolist()))
         infos["env_id"] = ids
         return obs, rewards, terminated, truncated, infos
 
