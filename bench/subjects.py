@@ -39,10 +39,11 @@ SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC = "SyncVectorEnv", "AsyncVectorEnv", 
 SB3_DUMMY, SB3_SUBPROC, ENVPOOL = "SB3 DummyVecEnv", "SB3 SubprocVecEnv", "EnvPool"
 POOL_SYNC_UNPINNED = "shmpool sync unpinned"   # Pool(pin=False): bench train's, on request
 POOL_SYNC_PROCESSES = "shmpool sync processes"   # Pool(parent_shard=False): bench train's, on request
+POOL_ASYNC_PARENT = "shmpool async parent shard"   # async with parent_shard=True: bench train's, on request
 SYSTEMS = (SYNC_VEC, ASYNC_VEC, POOL_SYNC, POOL_ASYNC)          # the env-only headline's
 ALL_SYSTEMS = (SYNC_VEC, ASYNC_VEC, SB3_DUMMY, SB3_SUBPROC, ENVPOOL, POOL_SYNC, POOL_ASYNC)   # bench train's
 GYM_VECTOR = (SYNC_VEC, ASYNC_VEC)
-SHMPOOL = (POOL_SYNC, POOL_ASYNC, POOL_SYNC_UNPINNED, POOL_SYNC_PROCESSES)
+SHMPOOL = (POOL_SYNC, POOL_ASYNC, POOL_SYNC_UNPINNED, POOL_SYNC_PROCESSES, POOL_ASYNC_PARENT)
 ACTION_SEED = 0
 
 
@@ -227,13 +228,14 @@ class EnvPoolStepper:
 class ShmpoolStepper:
     """``shmpool.make(task, num_envs=N)``: sync ``step``, or async ``recv``/``send`` with ``batch_size = N/2``;
     ``shmpool sync unpinned``: sync with ``pin=False`` (workers free to move among the allowed cores);
-    ``shmpool sync processes``: sync with ``parent_shard=False`` (every shard in a worker process)."""
+    ``shmpool sync processes``: sync with ``parent_shard=False`` (every shard in a worker process);
+    ``shmpool async parent shard``: async with ``parent_shard=True`` (the last shard stepped inside ``recv``)."""
 
     def __init__(self, system: str, task: str, n: int, seed: int) -> None:
-        self.batch = max(1, n // 2) if system == POOL_ASYNC else n
+        self.batch = max(1, n // 2) if system in (POOL_ASYNC, POOL_ASYNC_PARENT) else n
+        parent_shard = {POOL_SYNC_PROCESSES: False, POOL_ASYNC_PARENT: True}.get(system, "auto")
         self.env = shmpool.make(task, num_envs=n, batch_size=self.batch, seed=seed,
-                                pin=system != POOL_SYNC_UNPINNED,
-                                parent_shard=False if system == POOL_SYNC_PROCESSES else "auto")
+                                pin=system != POOL_SYNC_UNPINNED, parent_shard=parent_shard)
         self.num_envs = n
         self.observation_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space

@@ -58,6 +58,7 @@ from .subjects import (
     ALL_SYSTEMS,
     ENVPOOL,
     GYM_VECTOR,
+    POOL_ASYNC_PARENT,
     POOL_SYNC,
     POOL_SYNC_PROCESSES,
     POOL_SYNC_UNPINNED,
@@ -68,7 +69,7 @@ from .subjects import (
     open_stepper,
 )
 
-SYSTEMS = (*ALL_SYSTEMS, POOL_SYNC_UNPINNED, POOL_SYNC_PROCESSES)   # the default runs ALL_SYSTEMS
+SYSTEMS = (*ALL_SYSTEMS, POOL_SYNC_UNPINNED, POOL_SYNC_PROCESSES, POOL_ASYNC_PARENT)   # the default runs ALL_SYSTEMS
 TASKS = ("CartPole-v1", "Pong-v5", "Ant-v5")
 DEFAULT_TASKS = ("CartPole-v1",)
 DEFAULT_NUM_ENVS = (8, 32)
@@ -305,7 +306,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", help=f"comma list of {', '.join(TASKS)} (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--num-envs", help="comma list of N (default 8,32)")
     p.add_argument("--systems", help=f"comma list of systems (default: {', '.join(ALL_SYSTEMS)}; "
-                                     f"also {POOL_SYNC_UNPINNED}, {POOL_SYNC_PROCESSES})")
+                                     f"also {POOL_SYNC_UNPINNED}, {POOL_SYNC_PROCESSES}, {POOL_ASYNC_PARENT})")
     p.add_argument("--rollout-steps", type=int,
                    help="loop steps between updates (default 1024 / batch, at least 8: ~1,024 transitions)")
     p.add_argument("--torch-threads", type=int, help="torch.set_num_threads (default: torch's own choice)")

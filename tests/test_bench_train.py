@@ -76,3 +76,14 @@ def test_busy_neighbour_burns_a_core_until_closed():
     assert proc.cpu_percent(interval=0.5) > 20  # burning, not sleeping (shared with other jobs on 2 cores)
     neighbour.close()
     assert not psutil.pid_exists(neighbour.proc.pid) or proc.status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("system,batch,hosted", [
+    (subjects.POOL_SYNC_PROCESSES, 4, None), (subjects.POOL_ASYNC, 2, None), (subjects.POOL_ASYNC_PARENT, 2, 1)])
+def test_opt_in_layouts_build_the_pool_they_name(system, batch, hosted):
+    env = subjects.open_stepper(system, "CartPole-v1", 4, seed=3)
+    try:
+        pool = env.env.pool
+        assert (env.batch, pool.batch_size, pool.parent_shard) == (batch, batch, hosted)
+    finally:
+        env.close()
