@@ -767,7 +767,8 @@ class Pool(LifecycleFacts):
         if self.parent_shard is not None:
             processes = f"{len(cpus)} in processes {where}" if cpus else "no worker process"
             where = f"({processes}, worker {self.parent_shard}'s shard stepped in this process)"
-        return (f"Pool({self.num_envs} envs, {self.num_workers} workers {where}{quota}, "
+        workers = "1 worker" if self.num_workers == 1 else f"{self.num_workers} workers"
+        return (f"Pool({self.num_envs} envs, {workers} {where}{quota}, "
                 f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), "
                 f"{self._life.state.value})")
 

@@ -235,7 +235,8 @@ def choose_wait_policy(policy, worker_cpus: list[int], allowed: list[int], quota
     cores; ``hosted``: the parent steps a shard too), and say why."""
     crowded = oversubscribed(worker_cpus, allowed, quota)
     parent, worker = resolve_wait_policy(policy, crowded)
-    room = f"{len(worker_cpus)} workers + parent on {len(set(allowed))} cpus"
+    n = len(worker_cpus)
+    room = f"{n} worker{'' if n == 1 else 's'} + parent on {len(set(allowed))} cpus"
     if quota is not None:
         room += f" (quota {quota:g})"
     if hosted:

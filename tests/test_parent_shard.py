@@ -106,7 +106,7 @@ def test_a_one_cpu_quota_runs_no_worker_process(monkeypatch, no_leaks):
     with shmpool.Pool("CartPole-v1", 6, seed=0) as pool:
         assert pool.num_workers == 1 and pool.parent_shard == 0
         assert pool.worker_pids == [os.getpid()] and worker_processes() == 0
-        assert "1 workers (no worker process, worker 0's shard stepped in this process)" in repr(pool)
+        assert "1 worker (no worker process, worker 0's shard stepped in this process)" in repr(pool)
         ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 6)
         tree_equal(ref.reset(seed=0)[0], pool.reset()[0])
         for act in actions_for(ref.single_action_space, 6, 50):

@@ -89,6 +89,6 @@ def test_auto_says_what_it_chose(no_leaks):
         choice = pool.wait_choice
         assert choice.parent is pool.wait_policy and choice.worker is pool.worker_wait_policy
         assert choice.worker.adaptive
-        assert "workers + parent on" in choice.reason and str(choice) in repr(pool)
+        assert "+ parent on" in choice.reason and str(choice) in repr(pool)
     with shmpool.Pool("CartPole-v1", 4, num_workers=2, wait_policy="yield") as pool:
         assert pool.wait_choice.reason.startswith("as asked") and not pool.worker_wait_policy.adaptive
