@@ -471,6 +471,12 @@ cdef class Wire:
         self.taken += <uint64_t>got
         return got
 
+    def take_ready(self, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n):
+        """``take`` without waiting: what is published now, at most ``n``."""
+        if out.shape[0] < start + n:
+            raise ValueError("out is too short")
+        return self._take_ready(out, start, n)
+
     def take(self, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n,
              WaitPolicy policy, int64_t timeout_ns):
         """Move up to ``n`` finished env ids into ``out[start:]``, in the order

@@ -626,9 +626,14 @@ class Pool(LifecycleFacts):
     def _take_results(self, out, n: int, op: str, start: int = 0) -> int:
         """Fill ``out[start:n]`` with env ids the workers published, in completion order.
         The one place that takes from the wire."""
-        wire = self._wire
-        self._workers.serve_hosted()
-        got = start + wire.take(out, start, n - start, self.wait_policy, SLICE_NS)
+        wire, workers = self._wire, self._workers
+        got = start
+        # The hosted shard's envs one at a time, taking what is ready between them: recv
+        # returns once its batch is full and the worker processes get new work sooner.
+        while got < n and workers.serve_hosted_some(1):
+            got += wire.take_ready(out, got, n - got)
+        if got < n:
+            got += wire.take(out, got, n - got, self.wait_policy, SLICE_NS)
         if got < n:
             # Slow path: a restart may happen while waiting, and must not owe
             # again an env already taken here.

@@ -169,6 +169,10 @@ class WorkerSet:
         if self.hosted is not None:
             self.procs[self.hosted].serve_posted()
 
+    def serve_hosted_some(self, limit: int) -> int:
+        """Step up to ``limit`` envs the hosted shard was sent; how many (0: none pending)."""
+        return 0 if self.hosted is None else self.procs[self.hosted].serve_some(limit)
+
     def startup_message(self, k: int, expected: type, deadline: float | None):
         """Worker ``k``'s next start-up message, which must be of type ``expected``."""
         conn = self.conns[k]

@@ -61,6 +61,26 @@ def test_send_recv_matches_sync_vector_env(name, env_fn, no_leaks):
     ref.close()
 
 
+def test_recv_steps_only_as_many_parent_shard_envs_as_its_batch_needs(no_leaks):
+    """The envs built in this process can be watched directly: recv steps them one at a time
+    and returns once its batch is full; the others sent wait for the next recv (a full drain
+    here would hold the worker processes' next work back behind this shard's whole backlog)."""
+    made = []
+
+    def counter():
+        made.append(CounterEnv(tag=False))
+        return made[-1]
+    with shmpool.Pool(counter, 4, num_workers=1, batch_size=2, parent_shard=True) as pool:
+        assert pool.parent_shard == 0 and len(made) == 4
+        pool.reset()
+        pool.send(np.zeros(4, dtype=np.int64))
+        obs, *_, infos = pool.recv()
+        assert sorted(env.n for env in made) == [0, 0, 1, 1] and obs[:, 0].tolist() == [1.0, 1.0]
+        first = infos["env_id"].tolist()
+        obs, *_, infos = pool.recv()
+        assert [env.n for env in made] == [1, 1, 1, 1] and sorted(first + infos["env_id"].tolist()) == [0, 1, 2, 3]
+
+
 def test_env_error_in_the_parent_shard_is_an_env_error_and_the_pool_stays_usable(no_leaks):
     fns = [lambda: FaultyEnv()] * 3 + [lambda: FaultyEnv("step", at=2)]
     with shmpool.Pool(fns, num_workers=2, parent_shard=True) as pool:

@@ -90,6 +90,10 @@ class HostedWorker:
         if self._server is not None:
             self._server.serve_posted()
 
+    def serve_some(self, limit: int) -> int:
+        """Serve up to ``limit`` of this shard's async requests (``Server.serve_some``)."""
+        return 0 if self._server is None else self._server.serve_some(limit)
+
     def kill(self) -> None:
         """The fatal path: close the envs without asking, and let go of the region."""
         server, built = self._server, self._built

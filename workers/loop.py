@@ -331,6 +331,21 @@ class Server:
         if self.wire.cmd_seq(self.index) != self.seen:
             self.handle()
 
+    def serve_some(self, limit: int) -> int:
+        """A hosted shard inside ``recv``: serve the posted command (an async one only up to
+        ``limit`` of its requests; the rest wait for the next call) and return how many envs
+        were served.  So ``recv`` returns once its batch is full, and the worker processes
+        get their next work sooner."""
+        wire, index = self.wire, self.index
+        if wire.cmd_seq(index) != self.seen:
+            seq, cmd = wire.command(index)
+            if cmd != P.CMD_ASYNC:
+                self.handle()
+                return 0
+            wire.finish(index, seq)
+            self.seen = seq
+        return self.drain(limit)
+
     def handle(self) -> bool:
         """Carry out the newest command; False once it was ``CMD_EXIT``."""
         wire, index = self.wire, self.index
@@ -438,8 +453,9 @@ class Server:
             if info or slow:
                 self._finish_env(i, info)
 
-    def drain(self) -> None:
-        """Serve the async request ring until it is empty, publishing each env."""
+    def drain(self, limit: int = -1) -> int:
+        """Serve the async request ring until it is empty (or ``limit`` envs were served),
+        publishing each env; returns how many were served (a batched shard: all, counted 1)."""
         wire, shard, index = self.wire, self.shard, self.index
         if shard.batched:
             # Every pending request first, then one call for them all, then publish each.
@@ -450,14 +466,16 @@ class Server:
                     reqs.append(req)
                     req = wire.pop_request(index)
                 if not reqs:
-                    return
+                    return 1
                 shard.serve_requests(reqs, self._finish_env, self._fail_env, wire.publish)
                 if self.outbox:
                     self.flush()
-        while True:
+        served = 0
+        while served != limit:
             req = wire.pop_request(index)
             if req < 0:
-                return
+                return served
+            served += 1
             i = req & P.REQ_ENV_MASK
             try:
                 info = shard.reset(i) if req & P.REQ_RESET else shard.step(i)
@@ -468,6 +486,7 @@ class Server:
             wire.publish(i)
             if self.outbox:
                 self.flush()
+        return served
 
     def message(self, msg: P.ToWorker) -> None:
         shard = self.shard
