@@ -3,6 +3,7 @@
     python -m bench.fairness                       # CartPole 12/4, 32/16; Pong-v5, Ant-v5 8/4, 32/16
     python -m bench.fairness --tasks CartPole-v1 --policies auto,block,yield,hybrid
     python -m bench.fairness --pins pinned,unpinned # also workers free to run on any allowed core
+    python -m bench.fairness --layouts auto,parent  # also the pool's process stepping one shard in recv
     python -m bench.fairness --quick               # a few seconds
 
 Each row builds the pool as a new user would (``shmpool.make(task, env_type="gymnasium",
@@ -20,6 +21,9 @@ its core, or an idle virtual core was still waking); the parent's CPU share and 
 was seen on most (sampled every 64 cycles) tell whose core the parent's work takes.
 Targets (EnvPool reaches 1.00-1.02 here): spread ≤ 1.25 on CartPole, ≤ 1.10 on Pong-v5 and Ant-v5.
 ``--max-leads auto,none`` adds rows without shmpool's lead limit (pure completion order) to see its cost.
+``--layouts auto,parent`` adds rows with ``parent_shard=True`` (the pool's own process steps one shard
+inside ``recv``; ``"auto"`` leaves that off for async pools): its CPU is in the parent column, its
+worker columns read NaN.
 ``--modes async,sync`` adds sync rows (``step`` on all N envs at once; spread is 1.00 by construction),
 whose per-worker columns show each worker's CPU and run-queue shares while a step waits for both.
 """
@@ -77,7 +81,8 @@ def _run_queue_wait(pid: int | str) -> float:
 
 
 def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, policy: str,
-            pin: bool = True, max_lead: str | None = "auto", mode: str = "async") -> dict:
+            pin: bool = True, max_lead: str | None = "auto", mode: str = "async",
+            parent_shard: bool | str = "auto") -> dict:
     """One run: per-env step counts, spread, steps/s, per-worker CPU and run-queue shares (shmpool).
     ``mode="sync"`` steps all ``n`` envs per cycle (``step``) instead of ``recv``/``send`` of ``b``."""
     import psutil
@@ -90,7 +95,7 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     else:
         import shmpool
         env = shmpool.make(task, env_type="gymnasium", num_envs=n, batch_size=b, seed=0, wait_policy=policy,
-                           pin=pin, max_lead=max_lead)
+                           pin=pin, max_lead=max_lead, parent_shard=parent_shard)
         space = env.single_action_space
     rng = np.random.default_rng(0)
     actions = np.stack([space.sample() for _ in range(b)]) if not hasattr(space, "n") else \
@@ -148,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
                     "(Pool(pin=False): workers free to run on any allowed core)")
     ap.add_argument("--max-leads", default="auto", help="comma list of shmpool max_lead values: 'auto' (the "
                     "default: 8 for these pools), 'none' (pure completion order, as before max_lead) or an int")
+    ap.add_argument("--layouts", default="auto", help="comma list of 'auto' (parent_shard='auto', the "
+                    "default) and 'parent' (parent_shard=True: the pool's process steps one shard)")
     ap.add_argument("--modes", default="async", help="comma list of 'async' (recv/send of the batch, the "
                     "default) and 'sync' (step on every env: per-worker busy time while a step waits)")
     ap.add_argument("--reps", type=int, default=3)
@@ -161,11 +168,14 @@ def main(argv: list[str] | None = None) -> None:
     if not set(pins) <= {"pinned", "unpinned"}:
         ap.error(f"--pins takes 'pinned' and/or 'unpinned', not {a.pins!r}")
     leads = comma_list(a.max_leads)
+    layouts = comma_list(a.layouts)
+    if not set(layouts) <= {"auto", "parent"}:
+        ap.error(f"--layouts takes 'auto' and/or 'parent', not {a.layouts!r}")
     modes = comma_list(a.modes)
     if not set(modes) <= {"async", "sync"}:
         ap.error(f"--modes takes 'async' and/or 'sync', not {a.modes!r}")
-    systems = [("shmpool", p, pin, lead) for p in comma_list(a.policies) for pin in pins for lead in leads] + \
-        ([] if a.no_envpool else [("envpool", "-", "-", "-")])
+    systems = [("shmpool", p, pin, lead, lay) for p in comma_list(a.policies) for pin in pins for lead in leads
+               for lay in layouts] + ([] if a.no_envpool else [("envpool", "-", "-", "-", "-")])
     results = []
     lines = [("| task | N / batch | system | spread (min-max) | steps/s | worker CPU share | worker run-queue share "
               "| parent CPU share, core |"), "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -179,17 +189,18 @@ def main(argv: list[str] | None = None) -> None:
             runs: dict = {s: [] for s in systems if mode == "async" or s[3] in (leads[0], "-")}
             for _ in range(a.reps):  # interleaved repetitions
                 for key in runs:
-                    system, policy, pin, lead = key
+                    system, policy, pin, lead, lay = key
                     try:
                         runs[key].append(measure(system, task, n, b, warmup, cycles, policy, pin == "pinned",
-                                                 _max_lead(lead), mode))
+                                                 _max_lead(lead), mode, True if lay == "parent" else "auto"))
                     except Exception as exc:  # a missing package: say so in the table
                         runs[key].append({"error": f"{type(exc).__name__}: {exc}"})
-            for (system, policy, pin, lead), rs in runs.items():
+            for (system, policy, pin, lead, lay), rs in runs.items():
                 ok = [r for r in rs if "error" not in r]
                 name = system if system == "envpool" else (
                     f"shmpool {policy}" + (", unpinned" if pin == "unpinned" else "")
-                    + ("" if lead == "auto" or mode == "sync" else f", max_lead={lead}"))
+                    + ("" if lead == "auto" or mode == "sync" else f", max_lead={lead}")
+                    + (", parent shard" if lay == "parent" else ""))
                 if not ok:
                     lines.append(f"| {task} | {shown} | {name} | {rs[0]['error']} | | | | |")
                     continue
@@ -204,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
                              f"{' / '.join(f'{c:.2f}' for c in cpu) or '-'} | "
                              f"{' / '.join(f'{c:.2f}' for c in runqueue) or '-'} | {parent:.2f}, cpu {core} |")
                 results.append({"task": task, "num_envs": n, "batch_size": b, "mode": mode, "system": system,
-                                "policy": policy, "pin": pin, "max_lead": lead, "runs": ok})
+                                "policy": policy, "pin": pin, "max_lead": lead, "layout": lay, "runs": ok})
             print("\n".join(lines[-len(runs):]) if len(results) > len(runs) else "\n".join(lines), flush=True)
     table = "\n".join(lines)
     if a.out:

@@ -49,3 +49,16 @@ def test_max_leads_option_adds_a_row_per_value(capsys, no_leaks):
                    "--out", ""])
     out = capsys.readouterr().out
     assert out.count("| shmpool auto |") == 2 and out.count("| shmpool auto, max_lead=none |") == 2, out
+
+
+def test_layouts_option_adds_parent_shard_rows_that_step_a_shard_in_the_parent(capsys, no_leaks):
+    fairness.main(["--tasks", "CartPole-v1", "--quick", "--reps", "1", "--no-envpool", "--layouts", "auto,parent",
+                   "--out", ""])
+    out = capsys.readouterr().out
+    assert out.count("| shmpool auto |") == 2 and out.count("| shmpool auto, parent shard |") == 2, out
+    r = fairness.measure("shmpool", "CartPole-v1", 8, 4, warmup=5, cycles=200, policy="auto", parent_shard=True)
+    assert r["num_workers"] == 2 and r["spread"] <= 1.25, r
+    assert r["worker_cpu"][1] != r["worker_cpu"][1], r   # the parent's shard: its CPU is the parent's (NaN)
+    with pytest.raises(SystemExit):
+        fairness.main(["--layouts", "sideways", "--out", ""])
+    assert "--layouts takes 'auto' and/or 'parent'" in capsys.readouterr().err
