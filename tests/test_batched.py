@@ -1,5 +1,7 @@
 """Natively batched envs in a worker (shmpool.batched) and BatchPong-v0."""
 import functools
+import os
+import signal
 
 import gymnasium as gym
 import numpy as np
@@ -7,6 +9,7 @@ import pytest
 from shmpool.workers.recipes.batch_pong import BatchPong, PongEnv
 
 import shmpool
+from shmpool import WorkerDiedError
 from shmpool.batched import Batched, BatchEnv
 
 
@@ -215,12 +218,15 @@ def test_sync_pool_matches_sync_vector_env_over_the_one_env_version(workers, no_
         np.testing.assert_array_equal(obs[0], fresh)
 
 
-def test_pool_seed_seeds_the_first_reset_and_async_subsets_match_one_env(no_leaks):
+@pytest.mark.parametrize("parent_shard", [False, True])   # True: a batched shard served inside recv
+def test_pool_seed_seeds_the_first_reset_and_async_subsets_match_one_env(parent_shard, no_leaks):
     n, b = 8, 3
     rng = np.random.default_rng(4)
     rows: dict[int, list] = {i: [] for i in range(n)}
     acts: dict[int, list] = {i: [] for i in range(n)}
-    with pong_pool(n, num_workers=2, batch_size=b, seed=50, max_episode_steps=40) as pool:
+    with pong_pool(n, num_workers=2, batch_size=b, seed=50, max_episode_steps=40,
+                   parent_shard=parent_shard) as pool:
+        assert pool.parent_shard == (1 if parent_shard else None)
         pool.async_reset()
         for _ in range(150):
             obs, rew, term, trunc, infos = pool.recv()
@@ -242,6 +248,19 @@ def test_pool_seed_seeds_the_first_reset_and_async_subsets_match_one_env(no_leak
             o, rr, tte, ttr, _ = ref.step(np.array([a]))
             np.testing.assert_array_equal(ob, o[0])
             assert (r, te, tr) == (rr[0], tte[0], ttr[0])
+
+
+@pytest.mark.timeout(30)
+def test_recv_reports_a_dead_worker_beside_a_batched_parent_shard(no_leaks):
+    """Once the parent's batched shard has nothing left to step, recv must wait on the wire (and
+    so check the workers) instead of asking that shard again and again."""
+    with pong_pool(4, num_workers=2, batch_size=2, parent_shard=True, max_lead=2) as pool:
+        pool.async_reset()
+        os.kill(pool.worker_pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerDiedError, match="worker 0"):
+            for _ in range(50):
+                ids = pool.recv()[-1]["env_id"]
+                pool.send(np.zeros(len(ids), dtype=np.int64), ids)
 
 
 def test_episode_end_infos_reach_recv(no_leaks):

@@ -455,10 +455,11 @@ class Server:
 
     def drain(self, limit: int = -1) -> int:
         """Serve the async request ring until it is empty (or ``limit`` envs were served),
-        publishing each env; returns how many were served (a batched shard: all, counted 1)."""
+        publishing each env; returns how many were served (a batched shard: all of them)."""
         wire, shard, index = self.wire, self.shard, self.index
         if shard.batched:
             # Every pending request first, then one call for them all, then publish each.
+            served = 0
             while True:
                 reqs = []
                 req = wire.pop_request(index)
@@ -466,7 +467,8 @@ class Server:
                     reqs.append(req)
                     req = wire.pop_request(index)
                 if not reqs:
-                    return 1
+                    return served
+                served += len(reqs)
                 shard.serve_requests(reqs, self._finish_env, self._fail_env, wire.publish)
                 if self.outbox:
                     self.flush()
