@@ -158,10 +158,14 @@ def test_wire_wait_times_out_and_serves_requests_in_order():
     reset = _core.REQ_RESET
     assert wire.pop_request(0) == 1 | reset and wire.pop_request(0) == 0 | reset and wire.pop_request(0) == -1
     wire.publish(1)
-    wire.publish(0)
     out = np.zeros(2, dtype=np.uint32)
-    assert wire.take(out, 0, 2, pol, 1_000_000) == 2 and out.tolist() == [1, 0]
+    assert wire.take_ready(out, 0, 2) == 1 and out[0] == 1   # what is there now, no wait for the rest
+    wire.publish(0)
+    assert wire.take(out, 1, 1, pol, 1_000_000) == 1 and out.tolist() == [1, 0]
     assert wire.take(out, 0, 1, pol, 1_000_000) == 0  # nothing more: one slice, then give up
+    assert wire.take_ready(out, 0, 2) == 0
+    with pytest.raises(ValueError, match="out is too short"):
+        wire.take_ready(out, 1, 2)
 
 
 def test_unbatch_info_inverts_add_info():
