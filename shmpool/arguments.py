@@ -84,18 +84,19 @@ def env_constructors(env: Any, num_envs: int | None, env_kwargs: dict) -> list[C
 
 
 def check_parent_shard(parent_shard: Any, crowded: bool, num_workers_given: bool, step_timeout: float | None,
-                       on_worker_error: str, async_batches: bool = False) -> bool:
+                       on_worker_error: str, async_batches: bool = False, trainer_leaves_a_core: bool = False) -> bool:
     """``parent_shard`` resolved: whether the pool's own process steps its last shard.
 
     ``"auto"``: when the workers, one per usable core, leave no core (or quota) for the
     parent (``crowded``), and nothing asked for worker processes: an explicit
     ``num_workers``, a ``step_timeout`` (only a process can be stopped mid-step),
-    ``on_worker_error="restart"`` (only a process can die alone) or async batches
-    (``batch_size < num_envs``: envs should step while the trainer computes between
-    ``send`` and ``recv``, and the parent's shard steps only inside ``recv``)."""
+    ``on_worker_error="restart"`` (only a process can die alone), or async batches
+    (``batch_size < num_envs``) beside a trainer whose torch/OpenMP threads leave a core
+    free: worker processes then step while the trainer computes between ``send`` and
+    ``recv``, and the parent's shard steps only inside ``recv``."""
     if parent_shard == "auto":
         return (crowded and not num_workers_given and step_timeout is None
-                and on_worker_error == "raise" and not async_batches)
+                and on_worker_error == "raise" and not (async_batches and trainer_leaves_a_core))
     if type(parent_shard) is not bool:
         raise TypeError(f"parent_shard must be True, False or 'auto', got {parent_shard!r}")
     if parent_shard and step_timeout is not None:

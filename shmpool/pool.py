@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import multiprocessing as mp
 import os
 import time
@@ -56,7 +57,15 @@ from .restarts import Restarts
 from .restarts import take as restarts_take
 from .state import Lifecycle, LifecycleFacts
 from .supervisor import Supervisor
-from .topology import allowed_cpus, choose_wait_policy, cpu_quota, default_num_workers, oversubscribed, resolve_cpus
+from .topology import (
+    allowed_cpus,
+    choose_wait_policy,
+    cpu_quota,
+    default_num_workers,
+    oversubscribed,
+    resolve_cpus,
+    trainer_threads,
+)
 from .workerset import SLICE_NS, WorkerSet
 
 _LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()   # for the fork hook below
@@ -240,8 +249,11 @@ class Pool(LifecycleFacts):
         this process (2 workers on 2 cores; any pool under a 1-CPU quota, which then runs
         no worker process at all), unless ``num_workers``, ``step_timeout`` or
         ``on_worker_error="restart"`` was given (each asks for processes), or
-        ``batch_size < num_envs`` (async use: envs should step while the trainer computes,
-        and this process steps its shard only inside ``recv``).
+        ``batch_size < num_envs`` while torch (or ``OMP_NUM_THREADS``) runs fewer threads
+        than there are usable cores: a core is then free while the trainer computes, worker
+        processes step during it, and this process steps its shard only inside ``recv``
+        (one env at a time, until the batch is full).  Set torch's threads before building
+        the pool: they are read then.
     **env_kwargs
         Passed to ``gymnasium.make`` with an id (e.g. ``frame_skip=5``).
 
@@ -321,8 +333,10 @@ class Pool(LifecycleFacts):
         use_sems = check_wake(wake, _core.have_futex(), on_worker_error, isinstance(fns, BatchedEnvs))
         worker_cpus = [self.cpus[k % len(self.cpus)] for k in range(w)]
         allowed = allowed_cpus()
+        cores = len(set(allowed)) if self.cpu_quota is None else min(len(set(allowed)), math.ceil(self.cpu_quota))
         hosting = check_parent_shard(parent_shard, oversubscribed(worker_cpus, allowed, self.cpu_quota),
-                                     chosen, self.step_timeout, self.on_worker_error, self.batch_size < n)
+                                     chosen, self.step_timeout, self.on_worker_error, self.batch_size < n,
+                                     trainer_threads().leaves_a_core(cores))
         self.parent_shard = w - 1 if hosting else None
         if hosting:   # the last (never the largest) shard: the parent also gathers the results
             worker_cpus = worker_cpus[:-1]

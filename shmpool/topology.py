@@ -180,6 +180,16 @@ class TrainerThreads:
             parts.append(f"OMP_WAIT_POLICY={self.omp_wait_policy}")
         return ", ".join(parts) or "no torch/OpenMP settings seen"
 
+    def leaves_a_core(self, cores: int) -> bool:
+        """True when torch (or OMP_NUM_THREADS) runs fewer threads than ``cores``: a core is
+        free while the trainer computes."""
+        if self.torch_threads is not None:
+            return self.torch_threads < cores
+        try:
+            return self.omp_num_threads is not None and int(self.omp_num_threads) < cores
+        except ValueError:   # "4,2" (nested levels) or junk: OpenMP's own parsing is not ours
+            return False
+
 
 def trainer_threads() -> TrainerThreads:
     """Read torch's thread count (only if torch is already imported: never import it) and OpenMP's settings."""

@@ -79,7 +79,7 @@ def test_busy_neighbour_burns_a_core_until_closed():
 
 
 @pytest.mark.parametrize("system,batch,hosted", [
-    (subjects.POOL_SYNC_PROCESSES, 4, None), (subjects.POOL_ASYNC, 2, None), (subjects.POOL_ASYNC_PARENT, 2, 1)])
+    (subjects.POOL_SYNC_PROCESSES, 4, None), (subjects.POOL_ASYNC_PARENT, 2, 1)])
 def test_opt_in_layouts_build_the_pool_they_name(system, batch, hosted):
     env = subjects.open_stepper(system, "CartPole-v1", 4, seed=3)
     try:

@@ -151,17 +151,27 @@ def test_ctrl_c_inside_a_parent_shard_env_closes_the_pool(no_leaks):
         pool.step(np.zeros(4, np.int64))
 
 
-@pytest.mark.parametrize("crowded,given,timeout,on_error,async_batches,expected", [
-    (True, False, None, "raise", False, True),
-    (False, False, None, "raise", False, False),   # a core is left for the parent: every shard gets a process
-    (True, True, None, "raise", False, False),     # num_workers asks for processes
-    (True, False, 1.0, "raise", False, False),     # only a process can be stopped mid-step
-    (True, False, None, "restart", False, False),  # only a process can die alone
-    (True, False, None, "raise", True, False),     # async batches: envs should step while the trainer computes
+@pytest.mark.parametrize("crowded,given,timeout,on_error,async_batches,free_core,expected", [
+    (True, False, None, "raise", False, False, True),
+    (False, False, None, "raise", False, False, False),   # a core is left for the parent: every shard a process
+    (True, True, None, "raise", False, False, False),     # num_workers asks for processes
+    (True, False, 1.0, "raise", False, False, False),     # only a process can be stopped mid-step
+    (True, False, None, "restart", False, False, False),  # only a process can die alone
+    (True, False, None, "raise", True, False, True),      # async, the trainer's threads take every core
+    (True, False, None, "raise", True, True, False),      # async beside a trainer that leaves a core free:
+    (True, False, None, "raise", False, True, True),      # processes step while it computes (sync: no matter)
 ])
 def test_auto_hosts_a_shard_only_when_crowded_and_nothing_asks_for_processes(crowded, given, timeout, on_error,
-                                                                             async_batches, expected):
-    assert check_parent_shard("auto", crowded, given, timeout, on_error, async_batches) is expected
+                                                                             async_batches, free_core, expected):
+    assert check_parent_shard("auto", crowded, given, timeout, on_error, async_batches, free_core) is expected
+
+
+@pytest.mark.parametrize("torch_threads,omp,cores,leaves", [
+    (None, None, 2, False), (1, None, 2, True), (2, None, 2, False), (2, "1", 2, False),   # torch's own count wins
+    (None, "1", 2, True), (None, "2", 2, False), (None, "4,2", 2, False), (4, None, 8, True)])
+def test_trainer_leaves_a_core_reads_torch_then_openmp(torch_threads, omp, cores, leaves):
+    from shmpool.topology import TrainerThreads
+    assert TrainerThreads(torch_threads, omp, None).leaves_a_core(cores) is leaves
 
 
 def test_parent_shard_refuses_a_step_timeout_and_other_values():
@@ -173,13 +183,19 @@ def test_parent_shard_refuses_a_step_timeout_and_other_values():
         shmpool.Pool("CartPole-v1", 2, parent_shard=1)
 
 
-def test_auto_on_two_cores_steps_one_shard_here(no_leaks):
+def test_auto_on_two_cores_steps_one_shard_here(monkeypatch, no_leaks):
+    from shmpool.topology import TrainerThreads
     if len(os.sched_getaffinity(0)) != 2 or shmpool.pool.cpu_quota() is not None:
         pytest.skip("the default layout is crowded only on exactly 2 cores without a quota")
     with shmpool.Pool("CartPole-v1", 8) as pool:
         assert pool.num_workers == 2 and pool.parent_shard == 1 and worker_processes() == 1
     with shmpool.Pool("CartPole-v1", 8, num_workers=2) as pool:
         assert pool.parent_shard is None and worker_processes() == 2
+    # Async: the parent's shard unless the trainer's threads leave a core for the worker processes.
+    monkeypatch.setattr(shmpool.pool, "trainer_threads", lambda: TrainerThreads(2, None, None))
+    with shmpool.Pool("CartPole-v1", 8, batch_size=4) as pool:
+        assert pool.parent_shard == 1 and worker_processes() == 1
+    monkeypatch.setattr(shmpool.pool, "trainer_threads", lambda: TrainerThreads(1, None, None))
     with shmpool.Pool("CartPole-v1", 8, batch_size=4) as pool:
         assert pool.parent_shard is None and worker_processes() == 2
 
