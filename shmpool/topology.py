@@ -173,7 +173,7 @@ class TrainerThreads:
     def describe(self) -> str:
         parts = []
         if self.torch_threads is not None:
-            parts.append(f"torch {self.torch_threads} threads")
+            parts.append(f"torch {self.torch_threads} thread{'' if self.torch_threads == 1 else 's'}")
         if self.omp_num_threads is not None:
             parts.append(f"OMP_NUM_THREADS={self.omp_num_threads}")
         if self.omp_wait_policy is not None:

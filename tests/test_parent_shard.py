@@ -216,3 +216,10 @@ def test_restart_mode_replaces_a_worker_process_beside_the_parent_shard(no_leaks
         assert obs[2:, 0].tolist() == [4.0, 4.0]   # the parent's shard kept counting
         obs, _, _, truncated, _ = pool.step(np.zeros(4, np.int64))
         assert obs[2:, 0].tolist() == [5.0, 5.0] and not truncated.any()
+
+
+def test_trainer_threads_say_what_was_seen():
+    from shmpool.topology import TrainerThreads
+    assert TrainerThreads(1, None, None).describe() == "torch 1 thread"
+    assert TrainerThreads(2, "1", "PASSIVE").describe() == "torch 2 threads, OMP_NUM_THREADS=1, OMP_WAIT_POLICY=PASSIVE"
+    assert TrainerThreads(None, None, None).describe() == "no torch/OpenMP settings seen"
