@@ -334,14 +334,16 @@ class Pool(LifecycleFacts):
         worker_cpus = [self.cpus[k % len(self.cpus)] for k in range(w)]
         allowed = allowed_cpus()
         cores = len(set(allowed)) if self.cpu_quota is None else min(len(set(allowed)), math.ceil(self.cpu_quota))
+        trainer = trainer_threads()   # read once: the layout and the wait choice see the same trainer
         hosting = check_parent_shard(parent_shard, oversubscribed(worker_cpus, allowed, self.cpu_quota),
                                      chosen, self.step_timeout, self.on_worker_error, self.batch_size < n,
-                                     trainer_threads().leaves_a_core(cores))
+                                     trainer.leaves_a_core(cores))
         self.parent_shard = w - 1 if hosting else None
         if hosting:   # the last (never the largest) shard: the parent also gathers the results
             worker_cpus = worker_cpus[:-1]
         crowded = oversubscribed(worker_cpus, allowed, self.cpu_quota)
-        self.wait_choice = choose_wait_policy(wait_policy, worker_cpus, allowed, self.cpu_quota, hosted=hosting)
+        self.wait_choice = choose_wait_policy(wait_policy, worker_cpus, allowed, self.cpu_quota, trainer,
+                                              hosted=hosting)
         self.wait_policy, self.worker_wait_policy = self.wait_choice.parent, self.wait_choice.worker
         if crowded and "spin" in (self.wait_policy.name, self.worker_wait_policy.name):
             warnings.warn(
