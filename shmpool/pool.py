@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import multiprocessing as mp
 import os
 import time
@@ -65,6 +64,7 @@ from .topology import (
     oversubscribed,
     resolve_cpus,
     trainer_threads,
+    usable_cores,
 )
 from .workerset import SLICE_NS, WorkerSet
 
@@ -333,11 +333,10 @@ class Pool(LifecycleFacts):
         use_sems = check_wake(wake, _core.have_futex(), on_worker_error, isinstance(fns, BatchedEnvs))
         worker_cpus = [self.cpus[k % len(self.cpus)] for k in range(w)]
         allowed = allowed_cpus()
-        cores = len(set(allowed)) if self.cpu_quota is None else min(len(set(allowed)), math.ceil(self.cpu_quota))
         trainer = trainer_threads()   # read once: the layout and the wait choice see the same trainer
         hosting = check_parent_shard(parent_shard, oversubscribed(worker_cpus, allowed, self.cpu_quota),
                                      chosen, self.step_timeout, self.on_worker_error, self.batch_size < n,
-                                     trainer.leaves_a_core(cores))
+                                     trainer.leaves_a_core(usable_cores(allowed, self.cpu_quota)))
         self.parent_shard = w - 1 if hosting else None
         if hosting:   # the last (never the largest) shard: the parent also gathers the results
             worker_cpus = worker_cpus[:-1]
