@@ -68,13 +68,16 @@ def column_dtype(value) -> np.dtype | None:
 
 
 class _Column:
-    __slots__ = ("bit", "dtype", "values")
+    __slots__ = ("bit", "dtype", "values", "types")
 
     def __init__(self, col: int, dtype: np.dtype, views: Views) -> None:
         self.bit = 1 << col
         self.dtype = dtype
         raw = views.info_values[col]
         self.values = np.ndarray(raw.shape[:1], dtype=dtype, buffer=raw, strides=(8,))
+        # The python types whose values ``column_dtype`` maps to this column's dtype (it
+        # depends on the type alone): a value of one of them is stored without asking again.
+        self.types: set[type] = set()
 
 
 class InfoWriter:
@@ -100,7 +103,15 @@ class InfoWriter:
         bits = 0
         extra = None
         in_slot = False
+        cols = self._cols
         for key, value in info.items():
+            col = cols.get(key)
+            # Every step of every env comes here: a known key's value goes straight to its column.
+            if col is not None:
+                bit = _store(col, env_id, value)
+                if bit:
+                    bits |= bit
+                    continue
             if value is IN_SLOT:
                 bits |= self._final_bit
                 in_slot = True
@@ -227,13 +238,18 @@ class InfoWriter:
 def _store(col: _Column | None, env_id: int, value) -> int:
     """``value`` into env ``env_id``'s row of ``col``: the column's bit, or 0 when there is no
     column or the value does not fit it (another dtype, out of range)."""
-    if col is not None and column_dtype(value) == col.dtype:
-        try:
-            col.values[env_id] = value
-            return col.bit
-        except OverflowError:
-            pass
-    return 0
+    if col is None:
+        return 0
+    kind = type(value)
+    if kind not in col.types:
+        if column_dtype(value) != col.dtype:
+            return 0
+        col.types.add(kind)
+    try:
+        col.values[env_id] = value
+        return col.bit
+    except OverflowError:
+        return 0
 
 
 def _column_part(key) -> bool:
@@ -262,11 +278,25 @@ class InfoReader:
         # col -> (name, column, path): path None for an env's own key, () for the final-obs
         # column, the key path inside final_info for a final-info column.
         self._cols: dict[int, tuple[str, _Column, tuple | None]] = {}
+        # A mask of columns -> their (name, column) when all are an env's own keys, else None.
+        self._plain: dict[int, list[tuple[str, _Column]] | None] = {}
 
     def read(self, env_ids: np.ndarray | None) -> dict:
         """Infos of ``env_ids`` (all envs in order when None) from shared memory."""
-        masks = self._views.info_mask if env_ids is None else self._views.info_mask[env_ids]
-        bits = int(np.bitwise_or.reduce(masks)) if len(masks) else 0
+        masks = self._views.info_mask if env_ids is None else self._views.info_mask.take(env_ids)
+        if not len(masks):
+            return {}
+        first = int(masks[0])
+        if (masks == masks[0]).all():
+            # The common case (every env set the same keys): nothing to mask or zero.
+            if not first:
+                return {}
+            plain = self._plain.get(first, False)
+            if plain is False:
+                plain = self._plain[first] = self._plain_columns(first)
+            if plain is not None:
+                return self._read_present(plain, env_ids, len(masks))
+        bits = int(np.bitwise_or.reduce(masks))
         infos: dict = {}
         ended = None
         col = 0
@@ -288,6 +318,31 @@ class InfoReader:
             col += 1
         if ended is not None:
             self._final_obs(infos, ended, env_ids)
+        return infos
+
+    def _plain_columns(self, bits: int) -> list[tuple[str, _Column]] | None:
+        """The (name, column) of every column in ``bits``, in column order; None when one of
+        them is the final-obs or a final-info column (those need ``read``'s general path)."""
+        plain = []
+        col = 0
+        while bits:
+            if bits & 1:
+                name, column, path = self._column(col)
+                if path is not None:
+                    return None
+                plain.append((name, column))
+            bits >>= 1
+            col += 1
+        return plain
+
+    @staticmethod
+    def _read_present(plain: list[tuple[str, _Column]], env_ids: np.ndarray | None, n: int) -> dict:
+        """``read`` when every env of the batch set exactly the columns of ``plain``."""
+        infos: dict = {}
+        every = np.ones(n, dtype=bool)
+        for name, column in plain:
+            infos[name] = column.values.copy() if env_ids is None else column.values.take(env_ids)
+            infos["_" + name] = every.copy()   # each key its own mask, as gymnasium's
         return infos
 
     def _final_obs(self, infos: dict, ended: np.ndarray, env_ids: np.ndarray | None) -> None:

@@ -95,6 +95,45 @@ def test_info_columns_round_trip_and_fall_back():
     assert sub["_nested"].tolist() == [True, False]
 
 
+def test_info_columns_keep_their_dtype_rules_after_the_first_value():
+    # The writer remembers which python types fit a column; later values must still be
+    # checked by type (a float32 is not a float64 column's) and by range (an int too big).
+    lay = L.Layout.build(2, [2], spaces.Discrete(2), spaces.Discrete(2))
+    buf = mmap.mmap(-1, lay.size)
+    views = L.Views(lay, buf)
+    writer, reader = InfoWriter(views, buf), InfoReader(views, buf)
+    assert writer.write(0, {"x": 1.5, "n": 7}) is None
+    assert writer.write(0, {"x": np.float64(2.5), "n": 8}) is None
+    assert writer.write(1, {"x": np.float32(3.5), "n": 2 ** 70}) == {"x": np.float32(3.5), "n": 2 ** 70}
+    infos = reader.read(None)
+    assert infos["x"].tolist() == [2.5, 0.0] and infos["_x"].tolist() == [True, False]
+    assert infos["n"].tolist() == [8, 0] and infos["_n"].tolist() == [True, False]
+
+
+def test_info_read_of_envs_with_the_same_keys_matches_the_general_read():
+    # Every env set the same keys (the common case): values, masks and key order as when
+    # they differ, and each key's mask its own array.
+    lay = L.Layout.build(4, [4], spaces.Discrete(2), spaces.Discrete(2))
+    buf = mmap.mmap(-1, lay.size)
+    views = L.Views(lay, buf)
+    writer, reader = InfoWriter(views, buf), InfoReader(views, buf)
+    for i in range(4):
+        writer.write(i, {"a": i * 1.5, "b": i, "c": bool(i % 2)})
+    same = reader.read(np.array([3, 1, 2]))
+    assert list(same) == ["a", "_a", "b", "_b", "c", "_c"]
+    assert same["a"].tolist() == [4.5, 1.5, 3.0] and same["b"].tolist() == [3, 1, 2]
+    assert same["c"].tolist() == [True, True, False] and same["c"].dtype == np.bool_
+    assert all(same[k].tolist() == [True] * 3 for k in ("_a", "_b", "_c"))
+    same["_a"][0] = False
+    assert same["_b"][0] and same["_c"][0]
+    assert reader.read(None)["b"].tolist() == [0, 1, 2, 3]
+    writer.write(2, {"a": 9.0})
+    mixed = reader.read(np.array([3, 1, 2]))
+    assert list(mixed) == ["a", "_a", "b", "_b", "c", "_c"]
+    assert mixed["b"].tolist() == [3, 1, 0] and mixed["_b"].tolist() == [True, True, False]
+    assert mixed["a"].tolist() == [4.5, 1.5, 9.0]
+
+
 def _ping(buf, rounds, q):
     q.put(_core.spin_pingpong(buf, 0, 1, rounds))
 
