@@ -3,7 +3,7 @@
     python -m bench.fairness                       # CartPole 12/4, 32/16; Pong-v5, Ant-v5 8/4, 32/16
     python -m bench.fairness --tasks CartPole-v1 --policies auto,block,yield,hybrid
     python -m bench.fairness --pins pinned,unpinned # also workers free to run on any allowed core
-    python -m bench.fairness --layouts auto,parent  # also the pool's process stepping one shard in recv
+    python -m bench.fairness --layouts auto,processes --max-leads auto,none   # beside the issue-day default
     python -m bench.fairness --quick               # a few seconds
 
 Each row builds the pool as a new user would (``shmpool.make(task, env_type="gymnasium",
@@ -21,9 +21,12 @@ its core, or an idle virtual core was still waking); the parent's CPU share and 
 was seen on most (sampled every 64 cycles) tell whose core the parent's work takes.
 Targets (EnvPool reaches 1.00-1.02 here): spread ≤ 1.25 on CartPole, ≤ 1.10 on Pong-v5 and Ant-v5.
 ``--max-leads auto,none`` adds rows without shmpool's lead limit (pure completion order) to see its cost.
-``--layouts auto,parent`` adds rows with ``parent_shard=True`` (the pool's own process steps one shard
-inside ``recv``; ``"auto"`` leaves that off for async pools): its CPU is in the parent column, its
-worker columns read NaN.
+``--layouts`` picks where the shards run: ``auto`` (``parent_shard="auto"``, the default: on a crowded
+machine, and unless torch's threads leave a core free, the pool's own process steps one shard inside
+``recv``), ``parent`` (``parent_shard=True``: always so) and ``processes`` (``parent_shard=False``: every
+shard a worker process, the default before the parent's shard). A shard the parent steps has its CPU in
+the parent column; its worker columns read NaN. ``--layouts auto,processes --max-leads auto,none`` puts
+today's default beside the default on the day evenness was asked for (processes, completion order).
 ``--modes async,sync`` adds sync rows (``step`` on all N envs at once; spread is 1.00 by construction),
 whose per-worker columns show each worker's CPU and run-queue shares while a step waits for both.
 """
@@ -43,6 +46,7 @@ from .cli import comma_list, parser
 DEFAULT_ROWS = [("CartPole-v1", 12, 4), ("CartPole-v1", 32, 16), ("Pong-v5", 8, 4), ("Pong-v5", 32, 16),
                 ("Ant-v5", 8, 4), ("Ant-v5", 32, 16)]
 ENVPOOL_IDS = {"CartPole-v1": "CartPole-v1", "Pong-v5": "Pong-v5", "Ant-v5": "Ant-v5"}
+_PARENT_SHARD = {"auto": "auto", "parent": True, "processes": False}   # --layouts -> Pool(parent_shard=)
 
 
 def _cycles_for(task: str, quick: bool) -> tuple[int, int]:
@@ -154,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-leads", default="auto", help="comma list of shmpool max_lead values: 'auto' (the "
                     "default: 8 for these pools), 'none' (pure completion order, as before max_lead) or an int")
     ap.add_argument("--layouts", default="auto", help="comma list of 'auto' (parent_shard='auto', the "
-                    "default) and 'parent' (parent_shard=True: the pool's process steps one shard)")
+                    "default), 'parent' (parent_shard=True: the pool's process steps one shard) and "
+                    "'processes' (parent_shard=False: every shard a worker process)")
     ap.add_argument("--modes", default="async", help="comma list of 'async' (recv/send of the batch, the "
                     "default) and 'sync' (step on every env: per-worker busy time while a step waits)")
     ap.add_argument("--reps", type=int, default=3)
@@ -169,8 +174,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--pins takes 'pinned' and/or 'unpinned', not {a.pins!r}")
     leads = comma_list(a.max_leads)
     layouts = comma_list(a.layouts)
-    if not set(layouts) <= {"auto", "parent"}:
-        ap.error(f"--layouts takes 'auto' and/or 'parent', not {a.layouts!r}")
+    if not set(layouts) <= set(_PARENT_SHARD):
+        ap.error(f"--layouts takes 'auto', 'parent' and/or 'processes', not {a.layouts!r}")
     modes = comma_list(a.modes)
     if not set(modes) <= {"async", "sync"}:
         ap.error(f"--modes takes 'async' and/or 'sync', not {a.modes!r}")
@@ -192,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
                     system, policy, pin, lead, lay = key
                     try:
                         runs[key].append(measure(system, task, n, b, warmup, cycles, policy, pin == "pinned",
-                                                 _max_lead(lead), mode, True if lay == "parent" else "auto"))
+                                                 _max_lead(lead), mode, _PARENT_SHARD.get(lay, "auto")))
                     except Exception as exc:  # a missing package: say so in the table
                         runs[key].append({"error": f"{type(exc).__name__}: {exc}"})
             for (system, policy, pin, lead, lay), rs in runs.items():
@@ -200,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
                 name = system if system == "envpool" else (
                     f"shmpool {policy}" + (", unpinned" if pin == "unpinned" else "")
                     + ("" if lead == "auto" or mode == "sync" else f", max_lead={lead}")
-                    + (", parent shard" if lay == "parent" else ""))
+                    + {"auto": "", "parent": ", parent shard", "processes": ", processes"}[lay])
                 if not ok:
                     lines.append(f"| {task} | {shown} | {name} | {rs[0]['error']} | | | | |")
                     continue

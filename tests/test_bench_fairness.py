@@ -52,14 +52,20 @@ def test_max_leads_option_adds_a_row_per_value(capsys, no_leaks):
     assert out.count("| shmpool auto |") == 2 and out.count("| shmpool auto, max_lead=none |") == 2, out
 
 
-def test_layouts_option_adds_parent_shard_rows_that_step_a_shard_in_the_parent(capsys, no_leaks):
-    fairness.main(["--tasks", "CartPole-v1", "--quick", "--reps", "1", "--no-envpool", "--layouts", "auto,parent",
+def test_layouts_option_adds_rows_with_a_parent_shard_and_with_processes_only(capsys, no_leaks):
+    fairness.main(["--tasks", "CartPole-v1", "--quick", "--reps", "1", "--layouts", "auto,parent,processes",
                    "--out", ""])
     out = capsys.readouterr().out
+    envpool_rows = [line for line in out.splitlines() if line.startswith("| CartPole-v1 | 12 / 4 | envpool |")]
+    assert len(envpool_rows) == 1 and "Error" not in envpool_rows[0], out   # EnvPool has no layout
     assert out.count("| shmpool auto |") == 2 and out.count("| shmpool auto, parent shard |") == 2, out
+    assert out.count("| shmpool auto, processes |") == 2, out
+    # processes: both worker columns are real processes' CPU shares (no NaN for a parent's shard)
+    row = next(line for line in out.splitlines() if "| shmpool auto, processes |" in line)
+    assert "nan" not in row, row
     r = fairness.measure("shmpool", "CartPole-v1", 8, 4, warmup=5, cycles=200, policy="auto", parent_shard=True)
     assert r["num_workers"] == 2 and r["spread"] <= 1.25, r
     assert r["worker_cpu"][1] != r["worker_cpu"][1], r   # the parent's shard: its CPU is the parent's (NaN)
     with pytest.raises(SystemExit):
         fairness.main(["--layouts", "sideways", "--out", ""])
-    assert "--layouts takes 'auto' and/or 'parent'" in capsys.readouterr().err
+    assert "--layouts takes 'auto', 'parent' and/or 'processes', not 'sideways'" in capsys.readouterr().err
