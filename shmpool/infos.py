@@ -286,17 +286,16 @@ class InfoReader:
         masks = self._views.info_mask if env_ids is None else self._views.info_mask.take(env_ids)
         if not len(masks):
             return {}
-        first = int(masks[0])
-        if (masks == masks[0]).all():
+        bits = int(np.bitwise_or.reduce(masks))
+        if not bits:
+            return {}
+        if bits == int(np.bitwise_and.reduce(masks)):
             # The common case (every env set the same keys): nothing to mask or zero.
-            if not first:
-                return {}
-            plain = self._plain.get(first, False)
+            plain = self._plain.get(bits, False)
             if plain is False:
-                plain = self._plain[first] = self._plain_columns(first)
+                plain = self._plain[bits] = self._plain_columns(bits)
             if plain is not None:
                 return self._read_present(plain, env_ids, len(masks))
-        bits = int(np.bitwise_or.reduce(masks))
         infos: dict = {}
         ended = None
         col = 0

@@ -234,17 +234,28 @@ class ShmVecEnv(VecEnv):
         ended = infos.get("_final_obs")
         final = infos.get("final_info")
         top = {k: v for k, v in infos.items() if k not in _FINAL_KEYS}
-        out = []
-        for i in range(n):
-            info = unbatch_info(top, i) if top else {}
-            if ended is not None and ended[i]:
-                self.reset_infos[i] = info
-                info = unbatch_info(final, i) if final is not None and infos["_final_info"][i] else {}
-                info["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
-                info["terminal_observation"] = infos["final_obs"][i]
-            else:
-                info["TimeLimit.truncated"] = False
-            out.append(info)
+        # The common case (no env reported anything but the final_* of ended episodes) builds
+        # the n dicts in one comprehension: at N=32 the per-env loop was most of CartPole's cost.
+        ended_ids = [] if ended is None else np.flatnonzero(ended).tolist()
+        if top:
+            just_reset = set(ended_ids)
+            out = []
+            for i in range(n):
+                info = unbatch_info(top, i)
+                if i in just_reset:
+                    self.reset_infos[i] = info   # an ended env's own info is its reset info
+                else:
+                    info["TimeLimit.truncated"] = False
+                out.append(info)
+        else:
+            out = [{"TimeLimit.truncated": False} for _ in range(n)]
+            for i in ended_ids:
+                self.reset_infos[i] = {}
+        for i in ended_ids:
+            info = unbatch_info(final, i) if final is not None and infos["_final_info"][i] else {}
+            info["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+            info["terminal_observation"] = infos["final_obs"][i]
+            out[i] = info
         return out
 
     def close(self) -> None:
