@@ -24,6 +24,7 @@ class Sample:
     count: int
     seconds: float
     latency_us: dict[str, float] | None = None  # per-call percentiles, from latency_loop
+    parts_s: dict[str, float] | None = None     # seconds of ``seconds`` spent in named parts of the work
 
     @property
     def rate(self) -> float:
@@ -75,6 +76,8 @@ class Record:
             out.update(count=s.count, seconds=s.seconds, rate=s.rate, us_per_unit=s.us_per_unit)
             if s.latency_us is not None:
                 out["latency_us"] = s.latency_us
+            if s.parts_s is not None:
+                out["parts_s"] = s.parts_s
         if self.info:
             out["info"] = self.info
         if self.error is not None:

@@ -174,6 +174,7 @@ class Trainer:
         self.next_done = torch.zeros(b)
         self.steps = 0     # env steps so far
         self.updates = 0
+        self.env_seconds = 0.0   # wall time inside env.step so far: the env's share of the loop
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(obs) if self.agent.image else torch.as_tensor(obs, dtype=torch.float32)
@@ -193,7 +194,10 @@ class Trainer:
             with torch.no_grad():
                 action, self.logprobs[t], self.values[t] = agent.act(self.next_obs, self.gen)
             self.actions[t] = action
-            obs, reward, done = env.step(self._to_env(action))
+            actions = self._to_env(action)
+            started = time.perf_counter()
+            obs, reward, done = env.step(actions)
+            self.env_seconds += time.perf_counter() - started
             self.rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
             self.next_obs = self._tensor(obs)
             self.next_done = torch.as_tensor(done, dtype=torch.float32)

@@ -50,7 +50,7 @@ from typing import Any
 import gymnasium as gym
 
 from . import cli
-from ._timing import Case, Record, Sample, run_interleaved
+from ._timing import Case, Record, Sample, run_interleaved, summarize
 from .envs import gym_env_fn
 from .ppo import PPOConfig, Trainer, default_rollout_steps
 from .report import RESULTS, Group, Target, environment, fmt_ratio, fmt_summary, markdown_table, write_json
@@ -94,8 +94,9 @@ class TrainingRun:
     def measure(self, seconds: float, warmup: float) -> Sample:
         if warmup > 0:
             self.trainer.run(warmup)
+        in_env = self.trainer.env_seconds
         steps, elapsed = self.trainer.run(seconds)
-        return Sample(steps, elapsed)
+        return Sample(steps, elapsed, parts_s={"env.step": self.trainer.env_seconds - in_env})
 
     def close(self) -> None:
         self.env.close()
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> tuple[list[Group], dict[str, str]]:
 # --- the report ------------------------------------------------------------------------------------
 
 HEADER = ("task", "N", "system", "env steps/s: median (min–max)", "÷ SyncVectorEnv", "÷ best gymnasium vector env",
-          "max/min over reps")
+          "max/min over reps", "share of the loop in env.step")
 
 
 def best_gym(g: Group) -> str | None:
@@ -182,10 +183,12 @@ def rows(groups: Sequence[Group]) -> list[list[str]]:
         best = best_gym(g)
         for case in g.cases:
             sp = spread(g, case.name)
+            share = summarize(g.records, case.name, lambda s: s.parts_s["env.step"] / s.seconds)
             out.append([g.task, str(g.num_envs), case.name, fmt_summary(g.rate(case.name)),
                         fmt_ratio(g.ratio(case.name, SYNC_VEC)),
                         fmt_ratio(g.ratio(case.name, best)) if best else "—",
-                        "—" if sp is None else f"{sp:.2f}"])
+                        "—" if sp is None else f"{sp:.2f}",
+                        "—" if share is None else f"{share.median:.0%}"])
     return out
 
 
@@ -237,7 +240,8 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Gro
         f"(warm-up {args.warmup:g} s)" + (" · **one core busy elsewhere**" if args.busy_neighbour else ""),
         "",
         "Env steps/s of the PPO-shaped loop (policy forward every step, PPO update every rollout), "
-        "median (min–max); ratios of medians in the same run:",
+        "median (min–max); ratios of medians in the same run; the last column is the median share of the "
+        "loop's wall time spent inside the vector env's step (the rest: the policy, the update, the loop):",
         "",
         markdown_table(HEADER, rows(groups)),
     ]

@@ -66,6 +66,10 @@ def test_quick_run_reports_every_system_it_ran(capsys):
     assert "| CartPole-v1 | 8 | SyncVectorEnv |" in out
     assert "| CartPole-v1 | 8 | shmpool sync |" in out
     assert "÷ best gymnasium vector env" in out
+    # the last column: the share of the loop's wall time inside env.step, a percentage of it
+    row = next(line for line in out.splitlines() if line.startswith("| CartPole-v1 | 8 | shmpool sync |"))
+    share = row.strip(" |").split(" | ")[-1]
+    assert share.endswith("%") and 0 < int(share[:-1]) < 100, row
 
 
 def test_busy_neighbour_burns_a_core_until_closed():
