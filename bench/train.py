@@ -236,7 +236,8 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Gro
         f"## Trainer in the loop — {env['date']}",
         "",
         f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · torch {env['torch']} "
-        f"({env['torch_threads']} threads) · {args.repeats} interleaved repetitions × {args.seconds:g} s "
+        f"({env['torch_threads']} threads{''.join(f', {k}={v}' for k, v in sorted(env['omp_env'].items()))}) · "
+        f"{args.repeats} interleaved repetitions × {args.seconds:g} s "
         f"(warm-up {args.warmup:g} s)" + (" · **one core busy elsewhere**" if args.busy_neighbour else ""),
         "",
         "Env steps/s of the PPO-shaped loop (policy forward every step, PPO update every rollout), "
@@ -344,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     env = {**environment(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-           "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "MKL_", "KMP_"))}}
+           "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "MKL_", "KMP_"))}}
     groups, skipped = run(args)
     goals = targets(groups, args.busy_neighbour)
     text = markdown(args, env, groups, skipped, goals)

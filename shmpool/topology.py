@@ -162,6 +162,9 @@ def default_num_workers(cpus: list[int], quota: float | None, num_envs: int) -> 
 
 # --- the trainer's threads --------------------------------------------------
 
+SPIN_SETTINGS = ("GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
 @dataclass(frozen=True)
 class TrainerThreads:
     """What the trainer in this process runs beside the pool."""
@@ -169,6 +172,9 @@ class TrainerThreads:
     torch_threads: int | None      # torch.get_num_threads(), if torch is imported
     omp_num_threads: str | None    # OMP_NUM_THREADS as set
     omp_wait_policy: str | None    # OMP_WAIT_POLICY as set
+    # How long OpenMP threads spin after each parallel region before they sleep (libgomp's
+    # GOMP_SPINCOUNT, Intel OpenMP's KMP_BLOCKTIME), as set: docs/performance.md says why it matters.
+    spin_settings: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> str:
         parts = []
@@ -178,6 +184,7 @@ class TrainerThreads:
             parts.append(f"OMP_NUM_THREADS={self.omp_num_threads}")
         if self.omp_wait_policy is not None:
             parts.append(f"OMP_WAIT_POLICY={self.omp_wait_policy}")
+        parts += [f"{name}={value}" for name, value in self.spin_settings]
         return ", ".join(parts) or "no torch/OpenMP settings seen"
 
     def leaves_a_core(self, cores: int) -> bool:
@@ -200,7 +207,8 @@ def trainer_threads() -> TrainerThreads:
             n = int(torch.get_num_threads())
         except Exception:  # a half-imported or stub torch
             n = None
-    return TrainerThreads(n, os.environ.get("OMP_NUM_THREADS"), os.environ.get("OMP_WAIT_POLICY"))
+    spin = tuple((name, os.environ[name]) for name in SPIN_SETTINGS if name in os.environ)
+    return TrainerThreads(n, os.environ.get("OMP_NUM_THREADS"), os.environ.get("OMP_WAIT_POLICY"), spin)
 
 
 # Spin/yield budgets in ns.  Measured on the 2-vCPU KVM guest: waking a

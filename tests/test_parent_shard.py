@@ -218,8 +218,13 @@ def test_restart_mode_replaces_a_worker_process_beside_the_parent_shard(no_leaks
         assert obs[2:, 0].tolist() == [5.0, 5.0] and not truncated.any()
 
 
-def test_trainer_threads_say_what_was_seen():
-    from shmpool.topology import TrainerThreads
+def test_trainer_threads_say_what_was_seen(monkeypatch):
+    from shmpool.topology import TrainerThreads, trainer_threads
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    monkeypatch.delenv("KMP_BLOCKTIME", raising=False)
+    assert trainer_threads().spin_settings == (("GOMP_SPINCOUNT", "10000"),)
     assert TrainerThreads(1, None, None).describe() == "torch 1 thread"
     assert TrainerThreads(2, "1", "PASSIVE").describe() == "torch 2 threads, OMP_NUM_THREADS=1, OMP_WAIT_POLICY=PASSIVE"
     assert TrainerThreads(None, None, None).describe() == "no torch/OpenMP settings seen"
+    assert (TrainerThreads(2, None, None, (("GOMP_SPINCOUNT", "10000"),)).describe()
+            == "torch 2 threads, GOMP_SPINCOUNT=10000")
