@@ -38,6 +38,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,7 +47,17 @@ from .cli import comma_list, parser
 DEFAULT_ROWS = [("CartPole-v1", 12, 4), ("CartPole-v1", 32, 16), ("Pong-v5", 8, 4), ("Pong-v5", 32, 16),
                 ("Ant-v5", 8, 4), ("Ant-v5", 32, 16)]
 ENVPOOL_IDS = {"CartPole-v1": "CartPole-v1", "Pong-v5": "Pong-v5", "Ant-v5": "Ant-v5"}
-_PARENT_SHARD = {"auto": "auto", "parent": True, "processes": False}   # --layouts -> Pool(parent_shard=)
+
+
+class _Layout(NamedTuple):
+    """One ``--layouts`` value: what it passes as ``Pool(parent_shard=)`` and what its rows add to the name."""
+
+    parent_shard: bool | str
+    label: str
+
+
+_LAYOUTS = {"auto": _Layout("auto", ""), "parent": _Layout(True, ", parent shard"),
+            "processes": _Layout(False, ", processes")}
 
 
 def _cycles_for(task: str, quick: bool) -> tuple[int, int]:
@@ -174,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--pins takes 'pinned' and/or 'unpinned', not {a.pins!r}")
     leads = comma_list(a.max_leads)
     layouts = comma_list(a.layouts)
-    if not set(layouts) <= set(_PARENT_SHARD):
+    if not set(layouts) <= set(_LAYOUTS):
         ap.error(f"--layouts takes 'auto', 'parent' and/or 'processes', not {a.layouts!r}")
     modes = comma_list(a.modes)
     if not set(modes) <= {"async", "sync"}:
@@ -195,9 +206,10 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(a.reps):  # interleaved repetitions
                 for key in runs:
                     system, policy, pin, lead, lay = key
+                    layout = _LAYOUTS.get(lay, _LAYOUTS["auto"])   # EnvPool's rows ("-") have none
                     try:
                         runs[key].append(measure(system, task, n, b, warmup, cycles, policy, pin == "pinned",
-                                                 _max_lead(lead), mode, _PARENT_SHARD.get(lay, "auto")))
+                                                 _max_lead(lead), mode, layout.parent_shard))
                     except Exception as exc:  # a missing package: say so in the table
                         runs[key].append({"error": f"{type(exc).__name__}: {exc}"})
             for (system, policy, pin, lead, lay), rs in runs.items():
@@ -205,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
                 name = system if system == "envpool" else (
                     f"shmpool {policy}" + (", unpinned" if pin == "unpinned" else "")
                     + ("" if lead == "auto" or mode == "sync" else f", max_lead={lead}")
-                    + {"auto": "", "parent": ", parent shard", "processes": ", processes"}[lay])
+                    + _LAYOUTS[lay].label)
                 if not ok:
                     lines.append(f"| {task} | {shown} | {name} | {rs[0]['error']} | | | | |")
                     continue
