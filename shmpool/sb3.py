@@ -34,7 +34,7 @@ import functools
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -100,17 +100,22 @@ def _copy_obs(obs: Any) -> Any:
     return np.array(obs)
 
 
-@contextlib.contextmanager
-def _env_exceptions() -> Iterator[None]:
+def _raise_env_exception(exc: EnvError) -> NoReturn:
     """An env's exception re-raised as itself (DummyVecEnv lets it through), chained to the
     pool's ``EnvError`` (which names the env and holds the worker's traceback); the
     ``EnvError`` itself when the exception could not be unpickled."""
+    if exc.remote_exception is not None:
+        raise exc.remote_exception from exc
+    raise exc
+
+
+@contextlib.contextmanager
+def _env_exceptions() -> Iterator[None]:
+    """``_raise_env_exception`` around a block."""
     try:
         yield
     except EnvError as exc:
-        if exc.remote_exception is not None:
-            raise exc.remote_exception from exc
-        raise
+        _raise_env_exception(exc)
 
 
 # --- the VecEnv ----------------------------------------------------------------
@@ -220,8 +225,10 @@ class ShmVecEnv(VecEnv):
     def step_wait(self) -> VecEnvStepReturn:
         """``(obs, rewards float32 (n,), dones bool (n,), infos list of n dicts)``."""
         self._pending = False
-        with _env_exceptions():
+        try:   # _env_exceptions, inline: the context manager costs 2 µs a step
             obs, rewards, terminated, truncated, infos = self._pool.step_wait()
+        except EnvError as exc:
+            _raise_env_exception(exc)
         dones = terminated | truncated
         return _copy_obs(obs), rewards.astype(np.float32), dones, self._sb3_infos(infos, terminated, truncated)
 
@@ -236,7 +243,7 @@ class ShmVecEnv(VecEnv):
         top = {k: v for k, v in infos.items() if k not in _FINAL_KEYS}
         # The common case (no env reported anything but the final_* of ended episodes) builds
         # the n dicts in one comprehension: at N=32 the per-env loop was most of CartPole's cost.
-        ended_ids = [] if ended is None else np.flatnonzero(ended).tolist()
+        ended_ids = [] if ended is None else ended.nonzero()[0].tolist()
         if top:
             just_reset = set(ended_ids)
             out = []

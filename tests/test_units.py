@@ -9,7 +9,7 @@ from gymnasium import spaces
 from shmpool import Pool, _core, parse_cpu_list
 from shmpool import layout as L
 from shmpool.arguments import POOL_KEYWORDS, shard_sizes
-from shmpool.infos import InfoReader, InfoWriter, add_info
+from shmpool.infos import IN_SLOT, InfoReader, InfoWriter, add_info
 from shmpool.topology import oversubscribed, resolve_wait_policy
 
 
@@ -133,6 +133,31 @@ def test_info_read_of_envs_with_the_same_keys_matches_the_general_read():
     assert mixed["b"].tolist() == [3, 1, 0] and mixed["_b"].tolist() == [True, True, False]
     assert mixed["a"].tolist() == [4.5, 1.5, 9.0]
 
+
+
+def test_info_read_of_final_observations_alone_matches_the_first_read():
+    # SAME_STEP's common case (episodes ended, no env reported an info) has a path of its own
+    # once the reader knows the final-obs column; it must give what the general path gave.
+    space = spaces.Box(-1, 1, (3,), np.float32)
+    lay = L.Layout.build(4, [4], space, spaces.Discrete(2), final_obs=True)
+    buf = mmap.mmap(-1, lay.size)
+    views = L.Views(lay, buf)
+    writer, reader = InfoWriter(views, buf), InfoReader(views, buf, space)
+    writer.reserve_final_obs()
+    for i in range(4):
+        views.final_obs[0][i] = i + 0.5
+        writer.write(i, {"final_obs": IN_SLOT, "final_info": {}} if i in (1, 3) else {})
+    first, again = reader.read(np.array([3, 0, 1])), reader.read(np.array([3, 0, 1]))
+    assert reader._final_obs_bit   # the second read took the final-obs path
+    for infos in (first, again):
+        assert list(infos) == ["final_obs", "_final_obs", "final_info", "_final_info"]
+        assert infos["_final_obs"].tolist() == [True, False, True] == infos["_final_info"].tolist()
+        assert infos["final_obs"][1] is None and infos["final_info"] == {}
+        assert infos["final_obs"][0].tolist() == [3.5] * 3 and infos["final_obs"][2].tolist() == [1.5] * 3
+        assert infos["final_obs"][0].base is None   # a copy: the next step overwrites the slot
+    assert again["_final_obs"] is not again["_final_info"]
+    whole = reader.read(None)
+    assert whole["_final_obs"].tolist() == [False, True, False, True]
 
 def _ping(buf, rounds, q):
     q.put(_core.spin_pingpong(buf, 0, 1, rounds))
