@@ -134,7 +134,6 @@ def test_info_read_of_envs_with_the_same_keys_matches_the_general_read():
     assert mixed["a"].tolist() == [4.5, 1.5, 9.0]
 
 
-
 def test_info_read_of_final_observations_alone_matches_the_first_read():
     # SAME_STEP's common case (episodes ended, no env reported an info) has a path of its own
     # once the reader knows the final-obs column; it must give what the general path gave.
