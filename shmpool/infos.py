@@ -100,6 +100,8 @@ class InfoWriter:
         if not info:
             self._mask[env_id] = 0
             return None
+        if not isinstance(info, dict):
+            raise TypeError(f"info must be a dict, got {type(info).__name__}")
         bits = 0
         extra = None
         in_slot = False
@@ -186,7 +188,7 @@ class InfoWriter:
     def _register(self, key, value) -> _Column | None:
         dtype = column_dtype(value)
         # "final_obs" never: gymnasium keeps it an object array of per-env values whatever they are.
-        if dtype is None or not isinstance(key, str) or key.startswith("_") or key == "final_obs":
+        if dtype is None or not _column_name(key) or key == "final_obs":
             return None
         return self._claim(key, dtype)
 
@@ -242,7 +244,10 @@ def _store(col: _Column | None, env_id: int, value) -> int:
         return 0
     kind = type(value)
     if kind not in col.types:
-        if column_dtype(value) != col.dtype:
+        # Only a value gymnasium would batch with exactly this dtype: anything else (None, a
+        # string, another number type) goes aside whole, never cast into the column.
+        dtype = column_dtype(value)
+        if dtype is None or dtype != col.dtype:
             return 0
         col.types.add(kind)
     try:
@@ -252,9 +257,21 @@ def _store(col: _Column | None, env_id: int, value) -> int:
         return 0
 
 
+def _column_name(key) -> bool:
+    """Whether an env's info key can name a column: a str that is not a mask's name, and whose
+    name survives the registry (utf-8, and no NUL, which pads the names there)."""
+    if type(key) is not str or key.startswith("_") or "\x00" in key:
+        return False
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:   # a lone surrogate: gymnasium keeps it as it is, so must we
+        return False
+    return True
+
+
 def _column_part(key) -> bool:
     """Whether a key can be part of a final-info column's name."""
-    return isinstance(key, str) and not key.startswith("_") and SEP not in key
+    return _column_name(key) and SEP not in key
 
 
 def read_entry(views: Views, col: int) -> tuple[str, np.dtype]:
@@ -419,6 +436,47 @@ def add_info(infos: dict, info: dict, index: int, size: int) -> dict:
         mask[index] = True
         infos[key], infos[f"_{key}"] = array, mask
     return infos
+
+
+def collides(infos: dict, extra: dict) -> bool:
+    """Whether an env's side-channel ``extra`` holds a key that shared-memory ``infos`` already
+    batched (a value that changed type, or did not fit its column): nested dicts are followed,
+    ``final_obs`` is an object array that takes anything."""
+    for key, value in extra.items():
+        have = infos.get(key)
+        if have is None or key == "final_obs":
+            continue
+        if type(have) is dict and type(value) is dict:
+            if collides(have, value):
+                return True
+            continue
+        return True
+    return False
+
+
+def merge_in_env_order(infos: dict, extras: list[tuple[int, dict]], size: int) -> dict:
+    """gymnasium's batched infos of ``size`` envs, rebuilt env by env in order, from the
+    shared-memory ``infos`` and each position's side-channel ``extras``: the first env to hold
+    a key decides its array (``add_info``), as in ``VectorEnv._add_info``."""
+    aside = dict(extras)
+    out: dict = {}
+    for i in range(size):
+        own = unbatch_info(infos, i)
+        more = aside.get(i)
+        if more:
+            own = _merged(own, more)
+        if own:
+            add_info(out, own, i, size)
+    return out
+
+
+def _merged(own: dict, more: dict) -> dict:
+    """One env's info from its two halves (columns, side channel); dicts in both are merged."""
+    out = dict(own)
+    for key, value in more.items():
+        have = out.get(key)
+        out[key] = _merged(have, value) if type(have) is dict and type(value) is dict else value
+    return out
 
 
 # Batch dtypes gymnasium gives python bool/int/float infos: their elements go back to

@@ -18,7 +18,6 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import cloudpickle
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
@@ -55,7 +54,7 @@ from .resets import check_reset_mask, seed_list
 from .restarts import Restarts
 from .restarts import take as restarts_take
 from .state import Lifecycle, LifecycleFacts
-from .supervisor import Supervisor
+from .supervisor import Supervisor, pack_each
 from .topology import (
     allowed_cpus,
     choose_wait_policy,
@@ -469,18 +468,24 @@ class Pool(LifecycleFacts):
         elif options is not None and "reset_mask" in options:
             options = dict(options)
             mask = check_reset_mask(options.pop("reset_mask"), self.num_envs)
+        # Packed before anything is sent: options that cannot travel change nothing anywhere.
+        if isinstance(options, list):
+            packed = pack_each(options, range(self.num_envs), lambda i: f"reset: the options for env {i}")
+        else:
+            packed = pack_each([options], [0], lambda i: "reset: the options")[0]
         life.check_idle()
         self._drain_in_flight()
+        call = next(self._supervisor.calls)
 
         def send_reset(k: int) -> None:
             a, b = self._workers.bounds[k]
-            shard_options = options[a:b] if isinstance(options, list) else options
+            shard_options = packed[a:b] if isinstance(packed, list) else packed
             shard_mask = None if mask is None else mask[a:b].tolist()
-            self._supervisor.message(k, P.Reset(seeds[a:b], shard_options, shard_mask), "reset")
+            self._supervisor.message(k, P.Reset(call, seeds[a:b], shard_options, shard_mask), "reset")
 
         for k in range(self.num_workers):
             send_reset(k)
-        self._supervisor.replies("reset", retry=send_reset)  # a reset is safe to repeat on a replacement worker
+        self._supervisor.replies("reset", call, retry=send_reset)  # safe to repeat on a replacement worker
         life.ready()
         infos = self._supervisor.collect(None, "reset")
         return self._out_obs(), infos
@@ -677,9 +682,8 @@ class Pool(LifecycleFacts):
     def apply(self, fn: Callable[..., Any], *args, env_ids=None, **kwargs) -> tuple:
         """``fn(env, *args, **kwargs)`` run inside the workers for every env (or ``env_ids``);
         ``fn`` is cloudpickled, its results come back pickled, in env (or ``env_ids``) order."""
-        blob = cloudpickle.dumps(fn)
         return self._per_env(P.APPLY, getattr(fn, "__name__", "fn"), env_ids,
-                             lambda n: [(blob, args, kwargs)] * n)
+                             lambda n: [(fn, args, kwargs)] * n)
 
     def get_attr(self, name: str, env_ids=None) -> tuple:
         """``env.get_wrapper_attr(name)`` of every env or of ``env_ids`` (methods are returned, not called)."""

@@ -9,6 +9,12 @@ seeds or options, ``call``/``get_attr``/``set_attr``/``apply`` and closing.  Its
 messages are the frozen dataclasses below, pickled (start-up spaces cloudpickled,
 since a space may be defined in ``__main__``); nothing reads a message by position.
 
+Every message is plain data, so it always encodes and decodes: what an env or the caller
+gives (call arguments, answers, reset options, non-numeric infos) rides inside as a blob of
+its own (``pack``/``unpack``), so a value one side cannot rebuild is that env's error, not a
+broken channel.  Message commands carry a call number and their answers repeat it, so an
+answer left over from an abandoned call is dropped, never taken for the next call's.
+
 Parent to worker: :class:`MapRegion` (then the region's fd), :class:`Abort`,
 :class:`Reset`, :class:`Restart`, :class:`EnvCall`, :class:`SlowActions` (actions of leaves that
 cannot live in shared memory, sent after their step is dispatched: ``shmpool.fallback``).
@@ -71,17 +77,22 @@ class Abort:
 
 @dataclass(frozen=True, slots=True)
 class Reset:
-    """Reset the worker's envs (local order): one seed each, options shared or one each
-    (a list), ``mask`` the envs to reset (None: all)."""
+    """Call ``call``: reset the worker's envs (local order): one seed each, ``options`` one
+    ``pack``ed blob shared by all or a list of one blob each, ``mask`` the envs to reset
+    (None: all)."""
 
+    call: int
     seeds: list
-    options: Any
+    options: bytes | list[bytes]
     mask: list[bool] | None
 
 
 @dataclass(frozen=True, slots=True)
 class Restart:
-    """This worker replaces a dead one: reset unseeded and mark each env's next result restarted."""
+    """Call ``call``: this worker replaces a dead one: reset unseeded and mark each env's next
+    result restarted."""
+
+    call: int
 
 
 CALL, GET_ATTR, SET_ATTR, APPLY = "call", "get_attr", "set_attr", "apply"
@@ -89,14 +100,15 @@ CALL, GET_ATTR, SET_ATTR, APPLY = "call", "get_attr", "set_attr", "apply"
 
 @dataclass(frozen=True, slots=True)
 class EnvCall:
-    """``op`` (CALL, GET_ATTR, SET_ATTR, APPLY) of attribute ``name`` on local envs ``envs``,
-    one payload each: CALL ``(args, kwargs)``, SET_ATTR the value, APPLY
-    ``(cloudpickled fn, args, kwargs)``, GET_ATTR None."""
+    """Call ``call``: ``op`` (CALL, GET_ATTR, SET_ATTR, APPLY) of attribute ``name`` on local
+    envs ``envs``, one cloudpickled payload each (see ``pack``): CALL ``(args, kwargs)``,
+    SET_ATTR the value, APPLY ``(fn, args, kwargs)``, GET_ATTR None."""
 
+    call: int
     op: str
     name: str
     envs: list[int]
-    payloads: list
+    payloads: list[bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,24 +185,34 @@ class Failure:
 
 @dataclass(frozen=True, slots=True)
 class CallFailed(Failure):
-    """The answer to a message command (Reset, Restart, EnvCall) that failed."""
+    """The answer to message command ``call`` (Reset, Restart, EnvCall) that failed."""
+
+    call: int = 0
+
+    @classmethod
+    def of_call(cls, call: int, env_id: int | None, phase: str, exc: BaseException) -> CallFailed:
+        f = Failure.of(env_id, phase, exc)
+        return cls(f.env_id, f.phase, f.remote_type, f.traceback, f.exception, call)
 
 
 @dataclass(frozen=True, slots=True)
 class Extra:
     """Non-numeric infos of env ``env_id``'s published result (status STATUS_EXTRA), and the
-    values of its observation leaves that travel pickled (``shmpool.fallback``), if any."""
+    values of its observation leaves that travel pickled (``shmpool.fallback``), if any: each
+    a pickled blob (``pack``), so that a value the parent cannot rebuild is that env's error
+    and never a message the parent cannot read."""
 
     env_id: int
-    infos: dict
-    slow_obs: tuple | None = None
+    infos: bytes
+    slow_obs: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """The answer to a message command: None, or one value per env asked."""
+    """The answer to message command ``call``: None, or one pickled value per env asked (``pack``)."""
 
-    value: Any
+    call: int
+    values: list[bytes] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,21 +237,45 @@ def decode_from_parent(data: bytes) -> ToWorker:
 
 
 def encode_for_parent(msg: ToParent) -> bytes:
-    """Pickled; spaces cloudpickled (classes from ``__main__``); infos that cannot be
-    pickled are replaced by a string saying so, rather than losing the result."""
+    """Pickled; spaces cloudpickled (classes from ``__main__``).  Every other message is
+    plain data (values ride inside as ``pack``ed blobs), so it always encodes."""
     if type(msg) is Spaces:
         return cloudpickle.dumps(msg)
-    try:
-        return pickle.dumps(msg, _PICKLE)
-    except Exception as exc:
-        if type(msg) is not Extra:
-            raise
-        return pickle.dumps(Extra(msg.env_id, {k: f"<unpicklable {type(v).__name__}: {exc}>"
-                                               for k, v in msg.infos.items()}, msg.slow_obs), _PICKLE)
+    return pickle.dumps(msg, _PICKLE)
 
 
 def decode_from_worker(data: bytes) -> ToParent:
     return _checked(pickle.loads(data), (Spaces, Ready, Failure, Extra, Reply, Closed))
+
+
+def pack(value: Any) -> bytes:
+    """A value that rides inside a message as its own blob: pickled, or cloudpickled when plain
+    pickle refuses it (lambdas, classes of ``__main__``, as SB3's and gymnasium's workers send
+    them).  Raises what cloudpickle raises when neither can."""
+    try:
+        return pickle.dumps(value, _PICKLE)
+    except Exception:
+        return cloudpickle.dumps(value, _PICKLE)
+
+
+def unpack(blob: bytes) -> Any:
+    """The value of a ``pack``ed blob (raises whatever rebuilding it raises)."""
+    return pickle.loads(blob)
+
+
+def first_unpicklable(items: dict) -> tuple[Any, BaseException] | None:
+    """The first key of ``items`` that cannot be packed, or whose value cannot, with the error;
+    None when every one can (names the culprit when a whole dict was refused)."""
+    for key, value in items.items():
+        try:
+            pack(key)
+        except Exception as exc:
+            return key, exc
+        try:
+            pack(value)
+        except Exception as exc:
+            return key, exc
+    return None
 
 
 def _checked(msg: Any, types: tuple[type, ...]):

@@ -10,7 +10,7 @@ def seed_list(seed: int | Sequence[int | None] | None, num_envs: int) -> list:
     """One seed per env: None for all, ``seed + i`` for an int, or the list itself."""
     if seed is None:
         return [None] * num_envs
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+    if isinstance(seed, (int, np.integer)):   # bool too: gymnasium's vector envs take True as 1
         return [int(seed) + i for i in range(num_envs)]
     seeds = list(seed)
     if len(seeds) != num_envs:

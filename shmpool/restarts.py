@@ -117,7 +117,7 @@ class Restarts:
                 raise ValueError(f"the replacement's envs have spaces {d.observation_space}, {d.action_space}; "
                                  f"the pool has {pool.single_observation_space}, {pool.single_action_space}")
             workers.map_region([k], pool._map_msg, region, deadline)
-            P.send(conn, P.Restart())
+            P.send(conn, P.Restart(0))   # a new pipe: no earlier call's answer can be in it
             region.wire.post(k, P.CMD_MESSAGE)
             while True:
                 if conn.poll(SLICE_S):

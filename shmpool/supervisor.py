@@ -11,6 +11,7 @@ anything except through the pool's fatal path.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 import weakref
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import numpy as np
 
 from . import protocol as P
 from .errors import EnvError, PoolClosedError, WorkerRestartedError
-from .infos import add_info
+from .infos import add_info, collides, merge_in_env_order
 from .state import CLOSED_DURING_CALL
 from .workerset import SLICE_NS
 
@@ -36,6 +37,7 @@ class Supervisor:
         # Side messages read before their env's turn: a worker sends them in its completion
         # order, and recv hands out an env it held back (max_lead) after envs that finished later.
         self.early: dict[int, P.Extra | P.Failure] = {}
+        self.calls = itertools.count(1)   # message commands' numbers: an answer names the call it answers
 
     def collect(self, ids: np.ndarray | None, op: str) -> dict:
         """Infos of a finished batch, plus the side messages its status bytes announce."""
@@ -64,9 +66,15 @@ class Supervisor:
                                                 "the traceback and was replaced)")))
                 continue  # non-numeric infos of this result are lost
             if type(msg) is P.Extra:
-                extras.append((int(pos), msg.infos))
-                if msg.slow_obs is not None:  # observation leaves that travel pickled (shmpool.fallback)
-                    self.pool._slow_obs.store(env_id, msg.slow_obs)
+                try:
+                    extra = P.unpack(msg.infos)
+                    slow = None if msg.slow_obs is None else P.unpack(msg.slow_obs)
+                except Exception as exc:
+                    errors.append((k, unreadable(env_id, op, "infos", exc)))
+                    continue
+                extras.append((int(pos), extra))
+                if slow is not None:  # observation leaves that travel pickled (shmpool.fallback)
+                    self.pool._slow_obs.store(env_id, slow)
             else:
                 errors.append((k, msg))
         if errors:
@@ -75,6 +83,10 @@ class Supervisor:
             self.pool._life.needs_reset(f"env {msg.env_id} raised {msg.remote_type} in {msg.phase}; "
                                         "call reset() before stepping again")
             raise self.pool._workers.env_error(k, msg, then=f"call reset() before stepping again{others}")
+        if any(collides(infos, extra) for _, extra in extras):
+            # A key some envs put in its column and others aside (its value changed type):
+            # gymnasium's batching depends on the env order, so it is replayed in that order.
+            return merge_in_env_order(infos, extras, size)
         for pos, extra in extras:
             add_info(infos, extra, pos, size)
         return infos
@@ -193,28 +205,43 @@ class Supervisor:
     def ask_envs(self, op: str, name: str, ids: list[int], items: list) -> tuple:
         """``EnvCall(op, name)`` for env ``ids[i]`` with ``items[i]``; only the workers that own
         them are asked.  Their answers, in the order of ``ids``.  Envs in flight from send()
-        stay in flight: the workers serve them before the message, and recv() still returns them."""
+        stay in flight: the workers serve them before the message, and recv() still returns them.
+
+        Every payload is pickled before anything is sent: one that cannot be is a ``TypeError``
+        naming the env, and no env was asked."""
+        what = f"{op} {name!r}"
+        part = "value" if op == P.SET_ATTR else "arguments"
+        blobs = pack_each(items, ids, lambda env_id: f"{what}: the {part} for env {env_id}")
         by_worker: dict[int, list[int]] = {}
         for pos, env_id in enumerate(ids):
             by_worker.setdefault(int(self.pool._owner[env_id]), []).append(pos)
-        what = f"{op} {name!r}"
+        call = next(self.calls)
         for k, positions in by_worker.items():
             start = self.pool._workers.bounds[k][0]
-            self.message(k, P.EnvCall(op, name, [ids[p] - start for p in positions], [items[p] for p in positions]),
-                         what)
+            self.message(k, P.EnvCall(call, op, name, [ids[p] - start for p in positions],
+                                      [blobs[p] for p in positions]), what)
         out: list = [None] * len(ids)
-        for k, answer in zip(by_worker, self.replies(what, list(by_worker))):
-            for pos, value in zip(by_worker[k], answer):
-                out[pos] = value
+        errors = []
+        for k, answer in zip(by_worker, self.replies(what, call, list(by_worker))):
+            for pos, blob in zip(by_worker[k], answer or ()):
+                try:
+                    out[pos] = P.unpack(blob)
+                except Exception as exc:
+                    errors.append((k, unreadable(ids[pos], what, "answer", exc)))
+        if errors:
+            k, failure = errors[0]
+            raise self.pool._workers.env_error(k, failure)
         return tuple(out)
 
-    def replies(self, op: str, workers: list[int] | None = None, retry: Callable[[int], None] | None = None) -> list:
-        """The answers of ``workers`` (all by default) to the message just posted, in that order.
+    def replies(self, op: str, call: int, workers: list[int] | None = None,
+                retry: Callable[[int], None] | None = None) -> list:
+        """The answers of ``workers`` (all by default) to message command ``call``, in that
+        order: each a ``Reply``'s packed values (None when it has none).
 
-        All answers are read before a failure is raised, so none is left in a pipe.
-        A worker replaced while it owed an answer is asked again through ``retry(k)``
-        once when given (the message is safe to repeat), else the call raises
-        WorkerRestartedError."""
+        All answers are read before a failure is raised, so none is left in a pipe (and an
+        answer to an earlier call that was left is dropped: it names its call).  A worker
+        replaced while it owed an answer is asked again through ``retry(k)`` once when given
+        (the message is safe to repeat), else the call raises WorkerRestartedError."""
         workers = list(range(self.pool.num_workers)) if workers is None else workers
         ws = self.pool._workers
         ws.serve_hosted()
@@ -229,16 +256,16 @@ class Supervisor:
         answers = []
         try:
             for k, gen in zip(workers, generations):
-                answer = ws.reply(k, gen, between, lost)
+                answer = ws.reply(k, gen, call, between, lost)
                 if answer is None and retry is not None:
                     retry(k)
-                    answer = ws.reply(k, ws.generation[k], between, lost)
+                    answer = ws.reply(k, ws.generation[k], call, between, lost)
                 if answer is None:
                     answer = self.pool._restarts.owed_error(self.pool, k, op)
                 elif type(answer) is P.CallFailed:
                     answer = ws.env_error(k, answer)
                 else:
-                    answer = answer.value
+                    answer = answer.values
                 answers.append(answer)
         except KeyboardInterrupt:
             self.pool._kill_workers_now()
@@ -247,3 +274,27 @@ class Supervisor:
             if isinstance(a, (EnvError, WorkerRestartedError)):
                 raise a
         return answers
+
+
+def pack_each(items: list, ids: list[int], describe: Callable[[int], str]) -> list[bytes]:
+    """``items`` (one per env of ``ids``) packed for the side channel, an object shared by many
+    envs once; ``TypeError`` naming the env (``describe(env_id)``) when one cannot be."""
+    blobs: list[bytes] = []
+    memo: dict[int, bytes] = {}   # id of an item -> its blob (items stay referenced meanwhile)
+    for env_id, item in zip(ids, items):
+        blob = memo.get(id(item))
+        if blob is None:
+            try:
+                blob = P.pack(item)
+            except Exception as exc:
+                raise TypeError(f"{describe(env_id)} cannot be pickled: {exc}") from exc
+            memo[id(item)] = blob
+        blobs.append(blob)
+    return blobs
+
+
+def unreadable(env_id: int, op: str, what: str, exc: BaseException) -> P.Failure:
+    """The failure of env ``env_id`` whose ``what`` (its infos, its answer) arrived but cannot be
+    rebuilt in this process (a class it cannot import, a ``__reduce__`` that raises)."""
+    line = f"{type(exc).__name__}: its {what} cannot be read in this process: {exc}"
+    return P.Failure(env_id, op, type(exc).__name__, line)

@@ -250,10 +250,12 @@ class WorkerSet:
             lost(k)
             P.send(self.conns[k], msg)
 
-    def reply(self, k: int, generation: int, between: Callable[[float], None], lost: Callable[[int], None]):
-        """Worker ``k``'s answer to a message: the reply's value, a CallFailed, or None if
-        it was replaced since ``generation``.  Side messages met on the way are queued;
-        ``between(start)`` runs between slices (liveness, timeouts)."""
+    def reply(self, k: int, generation: int, call: int, between: Callable[[float], None],
+              lost: Callable[[int], None]):
+        """Worker ``k``'s answer to message command ``call``: a ``Reply``, a ``CallFailed``, or
+        None if it was replaced since ``generation``.  Side messages met on the way are queued;
+        an answer to another (abandoned) call is dropped; ``between(start)`` runs between
+        slices (liveness, timeouts)."""
         start = time.monotonic()
         while True:
             if self.generation[k] != generation:
@@ -266,7 +268,9 @@ class WorkerSet:
                     lost(k)
                     continue
                 if type(msg) is P.Reply or type(msg) is P.CallFailed:
-                    return msg
+                    if msg.call == call:
+                        return msg
+                    continue
                 self.side[k].append(msg)
                 continue
             if between(start):
@@ -305,8 +309,9 @@ class WorkerSet:
     # --- liveness ----------------------------------------------------------------------
 
     def dead(self) -> list[int]:
+        # A hosted shard has this process's pid: it is dead only when it says so (exitcode).
         return [k for k, proc in enumerate(self.procs)
-                if proc is not None and k != self.hosted and (proc.exitcode is not None or not alive(proc.pid))]
+                if proc is not None and (proc.exitcode is not None or (k != self.hosted and not alive(proc.pid)))]
 
     def died(self, k: int, op: str) -> WorkerDiedError:
         """The error for worker ``k`` found dead during ``op`` (its last words when it left any)."""

@@ -88,11 +88,37 @@ class HostedWorker:
     def serve_posted(self) -> None:
         """Serve the command posted to this shard since the last one, if any."""
         if self._server is not None:
-            self._server.serve_posted()
+            try:
+                self._server.serve_posted()
+            except KeyboardInterrupt:   # the pool's entry closes everything on Ctrl-C
+                raise
+            except BaseException as exc:
+                self._die(exc)
 
     def serve_some(self, limit: int) -> int:
         """Serve up to ``limit`` of this shard's async requests (``Server.serve_some``)."""
-        return 0 if self._server is None else self._server.serve_some(limit)
+        if self._server is None:
+            return 0
+        try:
+            return self._server.serve_some(limit)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            self._die(exc)
+            return 0
+
+    def _die(self, exc: BaseException) -> None:
+        """What escapes the worker's own error handling (``SystemExit`` or ``GeneratorExit`` from
+        an env, a bug) ends a worker process; here it ends this shard the same way: its last
+        words in the pipe, an exit code, and the pool's liveness check finds it dead (the pool
+        raises ``WorkerDiedError`` and closes), so nothing is stepped twice or half-served."""
+        try:
+            P.report(self._end, P.Failure.of(None, "worker loop", exc))
+        except Exception:
+            pass
+        code = getattr(exc, "code", None)
+        self.exitcode = code if type(code) is int and code else 1
+        self.kill()
 
     def kill(self) -> None:
         """The fatal path: close the envs without asking, and let go of the region."""

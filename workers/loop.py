@@ -291,6 +291,18 @@ def restarted(shard: Shard, views) -> None:
     shard.reset = reset
 
 
+def _pack_infos(extra: dict) -> bytes:
+    """An env's non-numeric infos as one blob; what cannot be pickled is named (``TypeError``)."""
+    try:
+        return P.pack(extra)
+    except Exception:
+        culprit = P.first_unpicklable(extra)
+        if culprit is None:
+            raise
+        key, exc = culprit
+        raise TypeError(f"info key {key!r} cannot be pickled: {exc}") from exc
+
+
 def close_quietly(env) -> None:
     try:
         env.close()
@@ -312,6 +324,7 @@ class Server:
         self.watch = watch
         self.seen = 0                   # sequence of the last command served
         self.outbox: list[bytes] = []   # side messages waiting for their results to be published
+        self.phase = "step"             # what a failing info write is reported as
         if shard.obs_lane is not None:  # observation leaves that travel pickled (shmpool.fallback)
             self._finish_env = self._finish_slow_env
 
@@ -399,35 +412,43 @@ class Server:
         self.outbox.clear()
 
     def _finish_env(self, i: int, info) -> None:
-        """Write the info and status of env ``i`` (results are already in place)."""
-        if info:
-            extra = self.shard.infos.write(i, info)
+        """Write the info and status of env ``i`` (results are already in place).  An info that
+        cannot be written or sent fails the env (its ``EnvError`` names the key), never the worker."""
+        try:
+            extra = self.shard.infos.write(i, info) if info else None
             if extra:
                 # Pickled now: the env may reuse these objects once stepped again.
-                self.outbox.append(P.encode_for_parent(P.Extra(i, extra)))
+                self.outbox.append(P.encode_for_parent(P.Extra(i, _pack_infos(extra))))
                 self.views.status[i] = P.STATUS_EXTRA
                 return
-        else:
+        except Exception as exc:
+            self._fail_env(i, self.phase, exc)
+            return
+        if not info:
             self.views.info_mask[i] = 0
         self.views.status[i] = P.STATUS_OK
 
     def _finish_slow_env(self, i: int, info) -> None:
         """``_finish_env`` when observation leaves travel pickled: every result that wrote
         an observation sends them in its Extra (``shmpool.fallback``)."""
-        extra = self.shard.infos.write(i, info) if info else None
-        if not info:
-            self.views.info_mask[i] = 0
-        slow = self.shard.take_slow_obs(i)
-        if extra is None and slow is None:
-            self.views.status[i] = P.STATUS_OK
-            return
         try:
-            data = P.encode_for_parent(P.Extra(i, extra or {}, slow))
-        except Exception as exc:  # the observation itself cannot be pickled
-            self._fail_env(i, "observation", exc)
-            return
-        self.outbox.append(data)
-        self.views.status[i] = P.STATUS_EXTRA
+            extra = self.shard.infos.write(i, info) if info else None
+            if not info:
+                self.views.info_mask[i] = 0
+            slow = self.shard.take_slow_obs(i)
+            if extra is None and slow is None:
+                self.views.status[i] = P.STATUS_OK
+                return
+            infos = _pack_infos(extra or {})
+            try:
+                slow_blob = None if slow is None else P.pack(slow)
+            except Exception as exc:  # the observation itself cannot be pickled
+                self._fail_env(i, "observation", exc)
+                return
+            self.outbox.append(P.encode_for_parent(P.Extra(i, infos, slow_blob)))
+            self.views.status[i] = P.STATUS_EXTRA
+        except Exception as exc:
+            self._fail_env(i, self.phase, exc)
 
     def _fail_env(self, i: int, phase: str, exc: BaseException) -> None:
         self.outbox.append(P.encode_for_parent(P.Failure.of(i, phase, exc)))
@@ -436,6 +457,7 @@ class Server:
 
     def step_shard(self) -> None:
         shard = self.shard
+        self.phase = "step"
         if shard.batched:  # the whole shard in one call of its batched env
             shard.run(shard.all_ids, False, self._finish_env, self._fail_env)
             return
@@ -479,10 +501,11 @@ class Server:
                 return served
             served += 1
             i = req & P.REQ_ENV_MASK
+            phase = self.phase = "reset" if req & P.REQ_RESET else "step"
             try:
                 info = shard.reset(i) if req & P.REQ_RESET else shard.step(i)
             except Exception as exc:
-                self._fail_env(i, "reset" if req & P.REQ_RESET else "step", exc)
+                self._fail_env(i, phase, exc)
             else:
                 self._finish_env(i, info)
             wire.publish(i)
@@ -491,55 +514,80 @@ class Server:
         return served
 
     def message(self, msg: P.ToWorker) -> None:
-        shard = self.shard
+        """Carry out a message command and answer it (``Reply`` or ``CallFailed``, with its call number)."""
+        shard, call = self.shard, msg.call
         phase = type(msg).__name__.lower()
         try:
             if type(msg) is P.Reset:
                 self.reset(msg)
-                value = None
+                values = None
             elif type(msg) is P.Restart:
-                value = restarted(shard, self.views)
+                restarted(shard, self.views)
+                values = None
             elif type(msg) is P.EnvCall:
                 phase = f"{msg.op} {msg.name!r}"
-                value = []
-                for k, item in zip(msg.envs, msg.payloads):
+                values = []
+                for k, blob in zip(msg.envs, msg.payloads):
                     try:
-                        result = self.env_call(shard.envs[k], msg.op, msg.name, item)
+                        result = self.env_call(shard.envs[k], msg.op, msg.name, P.unpack(blob))
                     except Exception as exc:
-                        self._failed(shard.start + k, phase, exc)
+                        self._failed(call, shard.start + k, phase, exc)
                         return
                     if msg.op != P.SET_ATTR:
-                        value.append(result)
+                        try:
+                            values.append(P.pack(result))
+                        except Exception as exc:
+                            self._failed(call, shard.start + k, f"{phase} (sending the result)", exc)
+                            return
+                if msg.op == P.SET_ATTR:
+                    values = None
             else:
                 raise P.ProtocolError(f"unexpected message {type(msg).__name__} after start-up")
         except Exception as exc:
-            self._failed(None, phase, exc)
+            self._failed(call, None, phase, exc)
             return
         self.flush()
-        try:
-            P.report(self.conn, P.Reply(value))
-        except Exception as exc:
-            self._failed(None, f"{phase} (sending the result)", exc)
+        P.report(self.conn, P.Reply(call, values))
 
     def reset(self, msg: P.Reset) -> None:
         shard, seeds, options, mask = self.shard, msg.seeds, msg.options, msg.mask
-        if shard.batched:
-            shard.reset_message(seeds, options, mask, self._finish_env, self._fail_env)
-            return
         per_env = isinstance(options, list)
-        for k, i in enumerate(range(shard.start, shard.stop)):
-            if mask is not None and not mask[k]:
-                # A partial reset leaves this env alone; its old infos
-                # must not be read as part of this reset.
-                self.views.info_mask[i] = 0
-                self.views.status[i] = P.STATUS_OK
-                continue
-            try:
-                info = shard.reset(i, seeds[k], options[k] if per_env else options)
-            except Exception as exc:
-                self._fail_env(i, "reset", exc)
-                continue
-            self._finish_env(i, info)
+        self.phase = "reset"
+        try:
+            if shard.batched:
+                try:
+                    unpacked = [P.unpack(o) for o in options] if per_env else P.unpack(options)
+                except Exception as exc:
+                    for k, i in enumerate(range(shard.start, shard.stop)):
+                        if mask is None or mask[k]:
+                            self._fail_env(i, "reset", exc)
+                    return
+                shard.reset_message(seeds, unpacked, mask, self._finish_env, self._fail_env)
+                return
+            shared = None
+            if not per_env:
+                try:
+                    shared = P.unpack(options)
+                except Exception as exc:
+                    shared = exc
+            for k, i in enumerate(range(shard.start, shard.stop)):
+                if mask is not None and not mask[k]:
+                    # A partial reset leaves this env alone; its old infos
+                    # must not be read as part of this reset.
+                    self.views.info_mask[i] = 0
+                    self.views.status[i] = P.STATUS_OK
+                    continue
+                try:
+                    env_options = P.unpack(options[k]) if per_env else shared
+                    if isinstance(env_options, BaseException):  # the shared options could not be rebuilt
+                        raise env_options
+                    info = shard.reset(i, seeds[k], env_options)
+                except Exception as exc:
+                    self._fail_env(i, "reset", exc)
+                    continue
+                self._finish_env(i, info)
+        finally:
+            self.phase = "step"
 
     @staticmethod
     def env_call(env, op: str, name: str, payload):
@@ -552,11 +600,11 @@ class Server:
         if op == P.SET_ATTR:
             return _set(env, name, payload)
         fn, args, kwargs = payload
-        return cloudpickle.loads(fn)(env, *args, **kwargs)
+        return fn(env, *args, **kwargs)
 
-    def _failed(self, env_id, phase: str, exc: BaseException) -> None:
+    def _failed(self, call: int, env_id, phase: str, exc: BaseException) -> None:
         """A message command failed as a whole: this is its reply."""
-        P.report(self.conn, P.CallFailed.of(env_id, phase, exc))
+        P.report(self.conn, P.CallFailed.of_call(call, env_id, phase, exc))
 
     def exit(self, seq: int) -> None:
         failures = []

@@ -17,6 +17,10 @@ class ResultError(Exception):
     """An env returned something that does not fit its declared space."""
 
 
+_UNBOUND = object()   # an env whose observation row is not its own buffer (no ``bind_obs``)
+_NONE_OBS = "observation is None: an env must return an observation of its space (SyncVectorEnv refuses it too)"
+
+
 def _leaf_writer(arr: np.ndarray, strict: bool):
     """Copies one env's value of a leaf into its row.
 
@@ -136,7 +140,7 @@ class Shard:
         # do (``bind_obs``); their step then returns that row and nothing is copied.
         # Not when the buffer is the env's state (Atari's frame stack): a trainer may
         # write into the views a step returns.
-        self.bound: list = [None] * len(envs)
+        self.bound: list = [_UNBOUND] * len(envs)
         if len(views.obs) == 1 and not isinstance(obs_space, (Dict, Tuple)):
             rows = views.obs[0]
             for j, env in enumerate(envs):
@@ -220,6 +224,8 @@ class Shard:
                     obs, info = env.reset()
                     info = {**final, **info}
         if obs is not self.bound[j]:
+            if obs is None:
+                raise ResultError(_NONE_OBS)
             self.write_obs(i, obs)
         return info
 
@@ -235,6 +241,8 @@ class Shard:
         v.terminated[i] = False
         v.truncated[i] = False
         if obs is not self.bound[j]:
+            if obs is None:
+                raise ResultError(_NONE_OBS)
             self.write_obs(i, obs)
         return info
 
