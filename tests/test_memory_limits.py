@@ -1,0 +1,358 @@
+"""A region larger than the memory the process may get is a PoolResourceError at construction,
+not an OOM kill: cgroup limits (v2 memory.max, v1 memory.limit_in_bytes) and MemAvailable."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shmpool.errors import PoolResourceError
+from shmpool.memory import check_memory, create_region, memory_limits
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+V1_UNLIMITED = "9223372036854771712\n"
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _proc(tmp_path: Path, cgroup: str, mem_available: int = 64 * GiB, swap_free: int = 0) -> Path:
+    proc = tmp_path / "proc"
+    _write(proc / "self" / "cgroup", cgroup)
+    _write(proc / "meminfo", f"MemTotal:       {128 * GiB // KiB} kB\nMemFree:        {mem_available // KiB} kB\n"
+                             f"MemAvailable:   {mem_available // KiB} kB\nSwapTotal:      {swap_free // KiB} kB\n"
+                             f"SwapFree:       {swap_free // KiB} kB\n")
+    return proc
+
+
+def _v2(tmp_path: Path, groups: dict[str, dict[str, str]]) -> Path:
+    """A fake cgroup2 mount: {"/a/b": {"memory.max": "...", ...}}."""
+    root = tmp_path / "cg"
+    _write(root / "cgroup.controllers", "cpu memory\n")
+    for group, files in groups.items():
+        for name, text in files.items():
+            _write(root.joinpath(*[p for p in group.split("/") if p], name), text)
+    return root
+
+
+def _v2_group(limit: str, current: int, stat: str = "anon 0\nfile 0\n") -> dict[str, str]:
+    return {"memory.max": limit, "memory.current": f"{current}\n", "memory.stat": stat}
+
+
+def _refusal(size: int, proc: Path, root: Path) -> PoolResourceError:
+    with pytest.raises(PoolResourceError) as info:
+        check_memory(size, proc=proc, cgroup_root=root)
+    return info.value
+
+
+def test_v2_limit_smaller_than_the_region_is_refused_naming_size_limit_and_cgroup(tmp_path):
+    proc = _proc(tmp_path, "0::/pod/box\n")
+    root = _v2(tmp_path, {"/pod/box": _v2_group("536870912\n", 20 * MiB)})
+    exc = _refusal(GiB, proc, root)
+    message = str(exc)
+    assert "needs 1.0 GiB (1073741824 bytes)" in message, message
+    assert "memory limit of 512.0 MiB" in message and "492.0 MiB more fits" in message, message
+    assert "cgroup /pod/box" in message and str(root / "pod" / "box" / "memory.max") in message, message
+    assert "docker run -m" in message and "Kubernetes memory limit" in message, message
+    assert isinstance(exc, OSError) and exc.errno == errno.ENOMEM
+    assert exc.resource == "memory" and exc.size == GiB and exc.limit == 512 * MiB
+
+
+def test_a_parent_cgroups_smaller_limit_binds(tmp_path):
+    proc = _proc(tmp_path, "0::/pod/box\n")
+    root = _v2(tmp_path, {"/pod": _v2_group("536870912\n", 30 * MiB),
+                          "/pod/box": _v2_group(f"{4 * GiB}\n", 10 * MiB)})
+    exc = _refusal(GiB, proc, root)
+    assert exc.limit == 512 * MiB
+    assert "cgroup /pod (" in str(exc) and str(root / "pod" / "memory.max") in str(exc), str(exc)
+    check_memory(256 * MiB, proc=proc, cgroup_root=root)   # fits under both
+
+
+def test_v1_memory_controller_tree(tmp_path):
+    proc = _proc(tmp_path, "5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    root = tmp_path / "cg"
+    _write(root / "memory" / "memory.limit_in_bytes", V1_UNLIMITED)
+    box = root / "memory" / "docker" / "abc"
+    _write(box / "memory.limit_in_bytes", "536870912\n")
+    _write(box / "memory.usage_in_bytes", f"{300 * MiB}\n")
+    _write(box / "memory.stat", f"cache {200 * MiB}\ntotal_inactive_file {150 * MiB}\n"
+                                f"total_active_file {50 * MiB}\ntotal_rss {100 * MiB}\n")
+    _write(box / "memory.memsw.limit_in_bytes", V1_UNLIMITED)
+    exc = _refusal(GiB, proc, root)
+    assert "needs 1.0 GiB" in str(exc) and "memory limit of 512.0 MiB" in str(exc), str(exc)
+    assert "cgroup /docker/abc" in str(exc) and str(box / "memory.limit_in_bytes") in str(exc), str(exc)
+    assert "100.0 MiB of it in use" in str(exc), str(exc)   # the 200 MiB of page cache is not counted
+    assert exc.limit == 512 * MiB
+    check_memory(400 * MiB, proc=proc, cgroup_root=root)   # fits once the cache is reclaimed
+
+
+def test_v1_memsw_limit_without_swap_room(tmp_path):
+    proc = _proc(tmp_path, "4:memory:/job\n", swap_free=8 * GiB)
+    box = tmp_path / "cg" / "memory" / "job"
+    _write(box / "memory.limit_in_bytes", "536870912\n")
+    _write(box / "memory.usage_in_bytes", "0\n")
+    _write(box / "memory.stat", "total_inactive_file 0\n")
+    _write(box / "memory.memsw.limit_in_bytes", "536870912\n")   # docker -m 512m --memory-swap 512m
+    _write(box / "memory.memsw.usage_in_bytes", "0\n")
+    assert _refusal(GiB, proc, tmp_path / "cg").limit == 512 * MiB
+    (box / "memory.memsw.limit_in_bytes").write_text(f"{2 * GiB}\n")   # docker -m 512m: swap allowed
+    check_memory(GiB, proc=proc, cgroup_root=tmp_path / "cg")
+
+
+@pytest.mark.parametrize("limit", ["max\n", V1_UNLIMITED])
+def test_unlimited_cgroups_refuse_nothing(tmp_path, limit):
+    proc = _proc(tmp_path, "4:memory:/job\n0::/job\n")
+    root = _v2(tmp_path, {"/job": _v2_group(limit, 10 * GiB)})
+    _write(root / "memory" / "job" / "memory.limit_in_bytes", limit)
+    assert [b.cgroup for b in memory_limits(proc, root)] == [None]   # only MemAvailable
+    check_memory(32 * GiB, proc=proc, cgroup_root=root)
+
+
+def test_reclaimable_page_cache_is_not_used_but_shmem_is(tmp_path):
+    proc = _proc(tmp_path, "0::/box\n")
+    cache = "anon 10485760\nfile 419430400\nshmem 0\nactive_file 209715200\ninactive_file 209715200\n"
+    root = _v2(tmp_path, {"/box": _v2_group("536870912\n", 410 * MiB, cache)})
+    check_memory(400 * MiB, proc=proc, cgroup_root=root)   # 400 MiB of cache gives way
+    # The same 400 MiB of "file" as shmem (tmpfs, another pool's memfd) is not reclaimable.
+    shmem = "anon 10485760\nfile 419430400\nshmem 419430400\nactive_file 0\ninactive_file 0\n"
+    (root / "box" / "memory.stat").write_text(shmem)
+    exc = _refusal(400 * MiB, proc, root)
+    assert "410.0 MiB of it in use" in str(exc), str(exc)
+
+
+def test_a_region_just_over_the_room_passes_within_the_slack(tmp_path):
+    proc = _proc(tmp_path, "0::/box\n")
+    root = _v2(tmp_path, {"/box": _v2_group("536870912\n", 0)})
+    check_memory(512 * MiB, proc=proc, cgroup_root=root)
+    check_memory(520 * MiB, proc=proc, cgroup_root=root)    # a snapshot's error, left to posix_fallocate
+    _refusal(560 * MiB, proc, root)
+
+
+def test_mem_available_on_the_bare_host(tmp_path):
+    proc = _proc(tmp_path, "0::/\n", mem_available=2 * GiB)
+    root = _v2(tmp_path, {})
+    exc = _refusal(4 * GiB, proc, root)
+    message = str(exc)
+    assert "needs 4.0 GiB" in message and "this host has only 2.0 GiB available" in message, message
+    assert f"MemAvailable in {proc / 'meminfo'}" in message and "free memory on this host" in message, message
+    assert exc.resource == "memory" and exc.limit == 2 * GiB and exc.size == 4 * GiB
+    check_memory(GiB, proc=proc, cgroup_root=root)
+
+
+def test_free_swap_counts_unless_the_cgroup_forbids_it(tmp_path):
+    proc = _proc(tmp_path, "0::/box\n", mem_available=GiB, swap_free=4 * GiB)
+    root = _v2(tmp_path, {"/box": {**_v2_group(f"{GiB}\n", 0), "memory.swap.max": "max\n"}})
+    check_memory(3 * GiB, proc=proc, cgroup_root=root)
+    exc = _refusal(6 * GiB, proc, root)
+    assert "plus 4.0 GiB of free swap" in str(exc), str(exc)
+    (root / "box" / "memory.swap.max").write_text("0\n")
+    exc = _refusal(3 * GiB, proc, root)
+    assert exc.limit == GiB and "cgroup /box" in str(exc), str(exc)
+
+
+def test_a_small_request_passes(tmp_path):
+    proc = _proc(tmp_path, "0::/pod/box\n", mem_available=4 * GiB)
+    root = _v2(tmp_path, {"/pod/box": _v2_group("536870912\n", 100 * MiB)})
+    check_memory(64 * MiB, proc=proc, cgroup_root=root)
+    check_memory(1, proc=proc, cgroup_root=root)
+
+
+def test_unreadable_sources_give_no_limit(tmp_path):
+    check_memory(1 << 50, proc=tmp_path / "nothing", cgroup_root=tmp_path / "none")
+    proc = tmp_path / "proc"
+    (proc / "meminfo").mkdir(parents=True)              # reading a directory: IsADirectoryError
+    _write(proc / "self" / "cgroup", "garbage\n0::/box\n")
+    root = _v2(tmp_path, {"/box": {"memory.max": "nonsense\n", "memory.current": "\xff\n"}})
+    (root / "box" / "memory.stat").mkdir()
+    assert memory_limits(proc, root) == []
+    check_memory(1 << 50, proc=proc, cgroup_root=root)
+    # A limit whose usage cannot be read still binds, with nothing counted as used.
+    (root / "box" / "memory.max").write_text("536870912\n")
+    assert _refusal(GiB, proc, root).limit == 512 * MiB
+
+
+def test_this_hosts_limits_read_in_a_few_milliseconds():
+    t0 = time.perf_counter()
+    for _ in range(10):
+        memory_limits()
+    assert time.perf_counter() - t0 < 0.5
+
+
+@pytest.fixture
+def no_real_reservation(monkeypatch):
+    """Should the check ever be skipped, a terabyte region must fail the test, not reserve the host's
+    memory until the OOM killer ends some other process: posix_fallocate refuses anything larger
+    than this machine's RAM with an AssertionError."""
+    import psutil
+    real, ram = os.posix_fallocate, psutil.virtual_memory().total
+
+    def guarded(fd, offset, length):
+        if length > ram:
+            raise AssertionError(f"posix_fallocate of {length} bytes reached: the region was not checked first")
+        return real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", guarded)
+
+
+def test_a_terabyte_region_is_refused_at_once_not_reserved(no_real_reservation):
+    t0 = time.monotonic()
+    with pytest.raises(PoolResourceError) as info:
+        create_region(1 << 40)
+    assert time.monotonic() - t0 < 1.0
+    assert "needs 1.0 TiB (1099511627776 bytes)" in str(info.value), str(info.value)
+
+
+def _huge_env():
+    import gymnasium as gym
+    import numpy as np
+
+    class Huge(gym.Env):
+        # MultiBinary holds no bounds arrays, so declaring 1 TiB costs nothing until the region.
+        observation_space = gym.spaces.MultiBinary(1 << 40)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(1, np.int8), {}
+
+    return Huge()
+
+
+def test_a_pool_declaring_a_terabyte_per_env_raises_at_construction(no_leaks, no_real_reservation):
+    import shmpool
+    t0 = time.monotonic()
+    with pytest.raises(shmpool.PoolResourceError) as info:
+        shmpool.Pool(_huge_env, 2, num_workers=1)
+    assert "needs 2.0 TiB (" in str(info.value), str(info.value)
+    assert time.monotonic() - t0 < 30   # worker start-up included; the check itself: the test above
+
+
+# --- a real memory cgroup -------------------------------------------------------------------
+
+# 16 envs of 64 MiB observations: a region of 1 GiB (plus a few KiB of flags and the control
+# words, Layout.build) in a 512 MiB cgroup.  MultiBinary, not Box: a Box of 64 Mi elements holds
+# 256 MiB of bounds (low, high, bounded_below/above) in every process that has it, and would OOM
+# the worker before the region is asked for.  Then a pool of 16 x 4 MiB (64 MiB) that does fit.
+CGROUP_CHILD = textwrap.dedent("""
+    import sys, time
+    import gymnasium as gym, numpy as np
+    import shmpool
+    from shmpool import memory
+
+    def make(n):
+        obs = np.zeros(n, np.int8)
+        class Obs(gym.Env):
+            observation_space = gym.spaces.MultiBinary(n)
+            action_space = gym.spaces.Discrete(2)
+            def reset(self, *, seed=None, options=None):
+                return obs, {}
+            def step(self, action):
+                return obs, 0.0, False, False, {}
+        return Obs
+
+    t0 = time.monotonic()
+    try:
+        memory.create_region(1 << 30)
+    except shmpool.PoolResourceError:
+        print("direct", f"{time.monotonic() - t0:.3f}")
+    try:
+        shmpool.Pool(make(64 << 20), 16, num_workers=1)
+    except shmpool.PoolResourceError as exc:
+        print("refused", exc.resource, exc.size, exc.limit)
+        print(exc)
+    else:
+        print("built")
+    with shmpool.Pool(make(4 << 20), 16, num_workers=1) as pool:
+        pool.reset()
+        pool.step(np.zeros(16, np.int64))
+    print("small ok")
+""")
+
+
+def _memory_cgroup_parent() -> tuple[Path, str] | tuple[None, str]:
+    """Where to make a memory cgroup: (directory, "v2" or "v1"), or (None, why not)."""
+    for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        controllers = mount / "cgroup.controllers"
+        if controllers.exists():
+            try:
+                if "memory" in controllers.read_text().split():
+                    return mount, "v2"
+            except OSError:
+                pass
+    if (Path("/sys/fs/cgroup/memory") / "memory.limit_in_bytes").exists():
+        return Path("/sys/fs/cgroup/memory"), "v1"
+    return None, "no cgroup memory controller available (neither cgroup2 with memory nor v1 memory)"
+
+
+def _remove_cgroup(group: Path, parent: Path) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+        try:   # a straggler still inside: move it out to the parent
+            for pid in (group / "cgroup.procs").read_text().split():
+                (parent / "cgroup.procs").write_text(pid)
+        except OSError:
+            pass
+        time.sleep(0.1)
+
+
+def test_real_512_mib_cgroup_refuses_a_1_gib_region_instead_of_an_oom_kill(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup needs root")
+    parent, kind = _memory_cgroup_parent()
+    if parent is None:
+        pytest.skip(kind)
+    if kind == "v2":
+        try:
+            (parent / "cgroup.subtree_control").write_text("+memory")
+        except OSError as exc:
+            pytest.skip(f"cannot enable the memory controller in {parent}: {exc}")
+    group = parent / f"shmpool-test-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a cgroup in {parent}: {exc}")
+    try:
+        if kind == "v2":
+            (group / "memory.max").write_text(str(512 * MiB))
+            if (group / "memory.swap.max").exists():
+                (group / "memory.swap.max").write_text("0")
+        else:
+            (group / "memory.limit_in_bytes").write_text(str(512 * MiB))
+            if (group / "memory.memsw.limit_in_bytes").exists():
+                (group / "memory.memsw.limit_in_bytes").write_text(str(512 * MiB))
+        script = tmp_path / "child.py"
+        script.write_text(CGROUP_CHILD)
+        # The child moves itself into the group before Python starts.
+        procs = group / "cgroup.procs"
+        done = subprocess.run(["sh", "-c", f'echo $$ > {procs} && exec "$0" "$1"', sys.executable, str(script)],
+                              capture_output=True, text=True, timeout=180)
+        killed = f"exit {done.returncode} (137 or -9: the OOM killer)"
+        assert done.returncode == 0, f"{killed}\n{done.stdout}{done.stderr[-3000:]}"
+        print(done.stdout)
+        lines = done.stdout.splitlines()
+        assert lines[0].startswith("direct ") and float(lines[0].split()[1]) < 1.0, done.stdout
+        assert lines[1].split()[:2] == ["refused", "memory"], done.stdout
+        size, limit = int(lines[1].split()[2]), int(lines[1].split()[3])
+        assert 16 * 64 * MiB <= size < 16 * 64 * MiB + MiB and limit == 512 * MiB, done.stdout
+        message = lines[2]
+        assert "needs 1.0 GiB (" in message and "memory limit of 512.0 MiB" in message, message
+        assert f"cgroup /{group.name}" in message, message
+        assert lines[-1] == "small ok", done.stdout
+    finally:
+        _remove_cgroup(group, parent)
