@@ -244,6 +244,50 @@ def check_memory(size: int, proc: str | Path = "/proc", cgroup_root: str | Path 
                 errno_=errno.ENOMEM, resource="memory", size=size, limit=bound.limit)
 
 
+REGION_NAME = "shmpool-region"   # the memfd's name: how /proc/<pid>/maps and /proc/<pid>/fd show a region
+
+_PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000   # Linux's values (the mmap module lacks them)
+
+
+def drop_inherited_regions(proc: str = "/proc/self") -> int:
+    """In a worker started by ``fork``: let go of every pool region it inherited from the trainer
+    (other pools' regions, mapped and maybe open there), before it maps its own.  Otherwise a
+    pool's memory stays allocated after its ``close()`` for as long as another pool's workers
+    live, and their envs could write into it.  Each inherited mapping is replaced in place by an
+    inaccessible anonymous one (the Python objects that point at it are the forked pools', which
+    refuse every call), and each inherited region fd is closed.  Returns how many mappings went.
+
+    Ranges come from the kernel's own list (``maps``), never from remembered addresses: an address
+    the trainer unmapped and reused must not be touched."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    dropped = 0
+    try:
+        with open(f"{proc}/maps") as f:
+            ranges = [line.split()[0] for line in f if f"/memfd:{REGION_NAME}" in line]
+    except OSError:
+        return 0
+    for span in ranges:
+        start, end = (int(x, 16) for x in span.split("-"))
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | _MAP_NORESERVE
+        if libc.mmap(start, end - start, _PROT_NONE, flags, -1, 0) == start:
+            dropped += 1
+    try:
+        fds = os.listdir(f"{proc}/fd")
+    except OSError:
+        fds = []
+    for name in fds:
+        try:
+            if os.readlink(f"{proc}/fd/{name}").startswith(f"/memfd:{REGION_NAME}"):
+                os.close(int(name))
+        except OSError:
+            pass   # the listing's own fd, already gone
+    return dropped
+
+
 def create_region(size: int) -> int:
     """A file descriptor of ``size`` bytes of shared memory with every page reserved.
 
@@ -255,7 +299,7 @@ def create_region(size: int) -> int:
         shm = posix_ipc.SharedMemory(None, posix_ipc.O_CREX, size=size)
         shm.unlink()
         return shm.fd
-    fd = os.memfd_create("shmpool-region", os.MFD_CLOEXEC)
+    fd = os.memfd_create(REGION_NAME, os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, size)
         os.posix_fallocate(fd, 0, size)

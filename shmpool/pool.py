@@ -384,9 +384,9 @@ class Pool(LifecycleFacts):
 
     def _start(self, fns, seeds, use_sems: bool, startup_timeout: float | None) -> None:
         workers = self._workers
-        workers.spawn_all(fns, seeds)
-        workers.guard(self)
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
+        workers.spawn_all(fns, seeds, deadline)
+        workers.guard(self)
         described = workers.agreed_spaces(deadline)
         first = described[0]
         obs_space, act_space = first.observation_space, first.action_space

@@ -95,7 +95,7 @@ class WorkerSet:
 
     # --- spawn and start-up ----------------------------------------------------------
 
-    def spawn_all(self, fns, seeds: list) -> None:
+    def spawn_all(self, fns, seeds: list, deadline: float | None = None) -> None:
         me = (os.getpid(), psutil.Process().create_time(), threading.current_thread() is threading.main_thread())
         for k, (a, b) in enumerate(self.bounds):
             cpu = self.cpus[k] if self.pinned else None
@@ -109,7 +109,7 @@ class WorkerSet:
             # Built after the processes are started, so their envs are built meanwhile.
             k = self.hosted
             a, b = self.bounds[k]
-            worker = HostedWorker(k, fns[a:b], a, seeds[a:b])
+            worker = HostedWorker(k, fns[a:b], a, seeds[a:b], deadline)
             self.procs[k], self.conns[k], self.pids[k] = worker, worker.conn, worker.pid
 
     def spawn(self, k: int) -> None:
@@ -357,7 +357,7 @@ class WorkerSet:
                 if proc.exitcode is None:
                     wire.post(k, P.CMD_EXIT)
             if self.hosted is not None:
-                self.procs[self.hosted].exit()
+                self.procs[self.hosted].exit(CLOSE_GRACE_S)
             deadline = time.monotonic() + CLOSE_GRACE_S
             for k, conn in enumerate(self.conns):
                 # Read until the worker's Closed: a worker that has already exited may have

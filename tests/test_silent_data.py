@@ -294,3 +294,107 @@ def test_seed_true_is_an_int_as_in_gymnasium(no_leaks):
     with shmpool.Pool("CartPole-v1", 2, num_workers=1) as pool:
         got, _ = pool.reset(seed=True)
         np.testing.assert_array_equal(want, got)
+
+
+# --- 4. workers hold only what they need --------------------------------------------------------
+
+
+def _region_mappings(pid: int) -> int:
+    with open(f"/proc/{pid}/maps") as f:
+        return sum("/memfd:shmpool-region" in line for line in f)
+
+
+def _region_fds(pid: int) -> int:
+    import os
+    count = 0
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{name}").startswith("/memfd:shmpool-region")
+        except OSError:
+            pass
+    return count
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["raise", "restart"])
+def test_a_forked_worker_holds_no_other_pool_s_region(restart, no_leaks):
+    kw = {"on_worker_error": "restart"} if restart else {}
+    a = shmpool.Pool("CartPole-v1", 2, num_workers=1, parent_shard=False, start_method="fork", **kw)
+    b = shmpool.Pool("CartPole-v1", 2, num_workers=1, parent_shard=False, start_method="fork")
+    try:
+        (worker,) = b.worker_pids
+        assert _region_mappings(worker) == 1     # its own pool's, not a's too
+        assert _region_fds(worker) == 1          # its own mapping's (Python's mmap keeps a dup), not a's
+        a.reset(seed=0)
+        b.reset(seed=0)
+        a.close()
+        b.step(np.zeros(2, np.int64))
+        assert _region_mappings(worker) == 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_forked_worker_holds_none_of_the_trainer_s_sockets(no_leaks):
+    import os
+    import socket
+    import stat
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    pool = shmpool.Pool("CartPole-v1", 2, num_workers=1, parent_shard=False, start_method="fork")
+    try:
+        (worker,) = pool.worker_pids
+        sockets = [n for n in os.listdir(f"/proc/{worker}/fd")
+                   if stat.S_ISSOCK(os.stat(f"/proc/{worker}/fd/{n}").st_mode)]
+        assert len(sockets) == 1, sockets      # its pipe to the pool, nothing of the trainer's
+        listener.close()
+        again = socket.socket()
+        again.bind(("127.0.0.1", port))       # the port is free once the trainer closed it
+        again.listen()
+        again.close()
+        pool.reset(seed=0)
+        pool.step(np.zeros(2, np.int64))
+    finally:
+        listener.close()
+        pool.close()
+
+
+class HangEnv(ScriptEnv):
+    def __init__(self, hang_in: str = ""):
+        import time
+        if hang_in == "make":
+            time.sleep(60)
+        super().__init__()
+        self.hang_in = hang_in
+
+    def close(self):
+        import time
+        if self.hang_in == "close":
+            time.sleep(60)
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_a_constructor_that_hangs_is_a_timeout_error_within_startup_timeout(parent_shard, no_leaks):
+    import time
+    fns = [HangEnv] * 3 + [functools.partial(HangEnv, "make")]
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"worker 1 \(envs 2\.\.3.*did not finish building its envs within "
+                                           r"startup_timeout"):
+        shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard, startup_timeout=0.5)
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_an_env_close_that_hangs_lets_close_return(parent_shard, no_leaks):
+    import time
+    fns = [HangEnv] * 3 + [functools.partial(HangEnv, "close")]
+    pool = shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard)
+    pool.reset()
+    start = time.monotonic()
+    try:
+        pool.close()
+    except EnvError as exc:   # the parent's shard can say which env hung; a killed worker cannot
+        assert exc.env_id == 3 and "close() did not return within" in str(exc)
+    assert time.monotonic() - start < 9
+    assert pool.closed

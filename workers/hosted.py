@@ -17,7 +17,11 @@ and ``step_timeout`` cannot interrupt it; ``Pool`` hosts a shard when asked, or 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import signal
+import threading
+import time
 
 from shmpool import protocol as P
 
@@ -61,6 +65,40 @@ def local_pipe() -> tuple[LocalEnd, LocalEnd]:
     return LocalEnd(to_parent, to_shard), LocalEnd(to_shard, to_parent)
 
 
+class _Expired(BaseException):
+    """A hosted shard's constructor or close ran past its bound (a BaseException, so that the
+    env code's own ``except Exception`` cannot swallow it)."""
+
+
+@contextlib.contextmanager
+def bounded(seconds: float | None):
+    """Interrupt the code inside with ``_Expired`` after ``seconds``: a worker process that hangs
+    is killed, and this is what the pool's own process can do instead (a ``SIGALRM`` timer, so only
+    on the main thread, and only for Python code and interruptible system calls).  A timer someone
+    else set (``signal.setitimer``, pytest-timeout) is put back as it would have run, and when it
+    is due first it is left alone."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    outer, interval = signal.getitimer(signal.ITIMER_REAL)
+    if outer and outer <= seconds:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _Expired()
+    previous = signal.signal(signal.SIGALRM, expire)
+    start = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3), interval)
+
+
 class HostedWorker:
     """Shard ``index`` (envs ``start..``) built and stepped in the pool's own process.
 
@@ -70,14 +108,19 @@ class HostedWorker:
 
     exitcode = None   # never exits on its own
 
-    def __init__(self, index: int, fns, start: int, seeds: list) -> None:
+    def __init__(self, index: int, fns, start: int, seeds: list, deadline: float | None = None) -> None:
         self.index = index
         self.pid = os.getpid()
         self.conn, self._end = local_pipe()
         self._seeds = list(seeds)
         self._server: Server | None = None
         # Start-up step one now: the Spaces (or a Failure) wait in the pipe for the pool.
-        self._built: BuiltEnvs | None = build_envs(self._end, fns, start)
+        try:
+            with bounded(None if deadline is None else deadline - time.monotonic()):
+                self._built: BuiltEnvs | None = build_envs(self._end, fns, start)
+        except _Expired:
+            raise TimeoutError(f"worker {index} (envs {start}..{start + len(fns) - 1}, stepped in this process) did "
+                               "not finish building its envs within startup_timeout") from None
 
     def bind(self, msg: P.MapRegion, region) -> None:
         """Start-up step two over the pool's own mapping of the region; ``Ready`` (or a
@@ -130,10 +173,21 @@ class HostedWorker:
         elif built is not None:
             built.close()
 
-    def exit(self) -> None:
-        """Serve a posted ``CMD_EXIT`` (the envs close; ``Closed`` waits in the pipe)."""
-        if self._server is not None:
-            self._server.serve_posted()
+    def exit(self, grace: float | None = None) -> None:
+        """Serve a posted ``CMD_EXIT`` (the envs close; ``Closed`` waits in the pipe).  Envs that
+        have not closed within ``grace`` seconds are left (as a worker process is killed then),
+        and the ``Closed`` names the one that hung."""
+        server = self._server
+        if server is not None:
+            try:
+                with bounded(grace):
+                    server.serve_posted()
+            except _Expired:
+                hung = server.closing if server.closing is not None else server.shard.start
+                try:
+                    raise TimeoutError(f"close() did not return within {grace} s")
+                except TimeoutError as exc:
+                    P.report(self._end, P.Closed([P.Failure.of(hung, "close", exc)]))
         self._drop()
 
     def _drop(self) -> None:

@@ -20,9 +20,10 @@ from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.batched import BatchedEnvs, hosting_info
 from shmpool.errors import PoolResourceError
-from shmpool.memory import receive_region
+from shmpool.memory import drop_inherited_regions, receive_region
 
 from .inbox import SlowActionInbox
+from .inherited import shed_sockets
 from .shard import BatchShard, Shard
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -65,6 +66,7 @@ class ParentWatch:
 
 def _setup_process(cpu: int | None, parent_pid: int, parent_started: float, main_thread: bool) -> ParentWatch:
     watch = ParentWatch(parent_pid, parent_started, main_thread)
+    drop_inherited_regions()   # other pools' regions a fork copied: never this worker's to hold
     # Ctrl-C reaches the whole process group; the parent decides what to do.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cpu is not None:
@@ -107,6 +109,7 @@ def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], env
 
     ``parent`` is the pool process's (pid, psutil create_time, built on its main thread)."""
     watch = _setup_process(cpu, *parent)
+    shed_sockets({conn.fileno()})   # the trainer's ports and connections are never a worker's
     try:
         _run(conn, index, watch, env_fns_blob, start, seeds)
     except Exception as exc:
@@ -325,6 +328,7 @@ class Server:
         self.seen = 0                   # sequence of the last command served
         self.outbox: list[bytes] = []   # side messages waiting for their results to be published
         self.phase = "step"             # what a failing info write is reported as
+        self.closing: int | None = None  # the env whose close() runs
         if shard.obs_lane is not None:  # observation leaves that travel pickled (shmpool.fallback)
             self._finish_env = self._finish_slow_env
 
@@ -609,6 +613,7 @@ class Server:
     def exit(self, seq: int) -> None:
         failures = []
         for k, env in enumerate(self.shard.envs):
+            self.closing = self.shard.start + k   # who hung, if close() never returns (a hosted shard)
             try:
                 env.close()
             except Exception as exc:
