@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from . import _core
+from . import _core, openmp
 from . import layout as L
 from . import protocol as P
 from ._evenness import LeadLimit
@@ -46,7 +46,8 @@ from .arguments import (
 )
 from .autoreset import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
 from .batched import BatchedEnvs, check_hosting
-from .errors import EnvError, SpacesDifferError
+from .costs import cheap_enough, step_cost
+from .errors import EnvError, PerformanceWarning, SpacesDifferError
 from .fallback import Lane, LatestValues, SlowActionSender, warn_slow
 from .infos import InfoReader
 from .region import Region
@@ -68,6 +69,7 @@ from .topology import (
 from .workerset import SLICE_NS, WorkerSet
 
 _LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()   # for the fork hook below
+_ADVISED = False   # the OpenMP advice (Pool._advise) was given in this process
 
 
 def _public(method: Callable) -> Callable:
@@ -336,6 +338,16 @@ class Pool(LifecycleFacts):
         hosting = check_parent_shard(parent_shard, oversubscribed(worker_cpus, allowed, self.cpu_quota),
                                      chosen, self.step_timeout, self.on_worker_error, self.batch_size < n,
                                      trainer.leaves_a_core(usable_cores(allowed, self.cpu_quota)))
+        self.layout_note = ""
+        if hosting and parent_shard == "auto" and w > 1 and alike and not isinstance(fns, BatchedEnvs) \
+                and trainer.torch_threads is not None:
+            # A trainer beside us and envs this cheap: every env here beats any hand-off (shmpool.costs).
+            cost = step_cost(fns[0])
+            if cheap_enough(cost, n):
+                self.num_workers = w = 1
+                worker_cpus = worker_cpus[:1]
+                self.layout_note = (f"every env stepped in this process: a step of one env costs {cost * 1e6:.0f} µs, "
+                                    f"{n} of them less than handing a shard to a worker beside the trainer")
         self.parent_shard = w - 1 if hosting else None
         if hosting:   # the last (never the largest) shard: the parent also gathers the results
             worker_cpus = worker_cpus[:-1]
@@ -348,6 +360,7 @@ class Pool(LifecycleFacts):
                 f"wait_policy 'spin' with {w} workers on cpus {sorted(set(worker_cpus))} and the parent "
                 "sharing them: a spinning process keeps a core another one needs; expect a large slowdown",
                 RuntimeWarning, stacklevel=2)
+        self._advise(trainer, has_processes=len(worker_cpus) > 0)
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
         self.strict = bool(strict)
@@ -381,6 +394,16 @@ class Pool(LifecycleFacts):
         _LIVE_POOLS.add(self)
 
     # --- start-up -----------------------------------------------------------------------
+
+    @staticmethod
+    def _advise(trainer, has_processes: bool) -> None:
+        """Once per process: torch's threads spin on the workers' cores and the pool could not
+        set their spin count (``shmpool.openmp``); say what it costs and the line that fixes it."""
+        global _ADVISED
+        advice = openmp.advice(trainer.torch_threads) if has_processes else None
+        if advice is not None and not _ADVISED:
+            _ADVISED = True
+            warnings.warn(advice, PerformanceWarning, stacklevel=3)
 
     def _start(self, fns, seeds, use_sems: bool, startup_timeout: float | None) -> None:
         workers = self._workers
@@ -791,10 +814,12 @@ class Pool(LifecycleFacts):
         if self.parent_shard is not None:
             processes = f"{len(cpus)} in processes {where}" if cpus else "no worker process"
             where = f"({processes}, worker {self.parent_shard}'s shard stepped in this process)"
+        if self.layout_note:
+            where = f"({self.layout_note})"
         workers = "1 worker" if self.num_workers == 1 else f"{self.num_workers} workers"
         return (f"Pool({self.num_envs} envs, {workers} {where}{quota}, "
                 f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), "
-                f"{self._life.state.value})")
+                f"OpenMP: {openmp.TUNING.detail}, {self._life.state.value})")
 
     @property
     def worker_pids(self) -> list[int]:

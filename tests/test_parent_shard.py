@@ -187,12 +187,19 @@ def test_auto_on_two_cores_steps_one_shard_here(monkeypatch, no_leaks):
     from shmpool.topology import TrainerThreads
     if len(os.sched_getaffinity(0)) != 2 or shmpool.pool.cpu_quota() is not None:
         pytest.skip("the default layout is crowded only on exactly 2 cores without a quota")
+    monkeypatch.setattr(shmpool.pool, "trainer_threads", lambda: TrainerThreads(None, None, None))   # no torch
     with shmpool.Pool("CartPole-v1", 8) as pool:
         assert pool.num_workers == 2 and pool.parent_shard == 1 and worker_processes() == 1
     with shmpool.Pool("CartPole-v1", 8, num_workers=2) as pool:
         assert pool.parent_shard is None and worker_processes() == 2
-    # Async: the parent's shard unless the trainer's threads leave a core for the worker processes.
+    # Beside torch, envs this cheap are all stepped here (shmpool.costs); dearer ones keep a worker.
     monkeypatch.setattr(shmpool.pool, "trainer_threads", lambda: TrainerThreads(2, None, None))
+    with shmpool.Pool("CartPole-v1", 8) as pool:
+        assert pool.num_workers == 1 and pool.parent_shard == 0 and worker_processes() == 0
+    monkeypatch.setattr(shmpool.pool, "step_cost", lambda make_env: 1e-3)
+    with shmpool.Pool("CartPole-v1", 8) as pool:
+        assert pool.num_workers == 2 and pool.parent_shard == 1 and worker_processes() == 1
+    # Async: the parent's shard unless the trainer's threads leave a core for the worker processes.
     with shmpool.Pool("CartPole-v1", 8, batch_size=4) as pool:
         assert pool.parent_shard == 1 and worker_processes() == 1
     monkeypatch.setattr(shmpool.pool, "trainer_threads", lambda: TrainerThreads(1, None, None))

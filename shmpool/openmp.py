@@ -1,0 +1,87 @@
+"""The trainer's OpenMP threads: how long they spin after each parallel region.
+
+torch's CPU build runs its ops on a libgomp team; after each op its helper threads spin for
+``GOMP_SPINCOUNT`` iterations (libgomp's default: 300,000 with ``OMP_WAIT_POLICY`` unset, a few
+milliseconds here) before they sleep.  Beside a pool those threads sit on the cores the workers
+need, and they spin through every step of the envs.  libgomp reads the setting once, when it
+loads (``import torch``), so the pool can only choose it if it is imported first.
+
+``tune_at_import`` (run by ``import shmpool``) sets ``GOMP_SPINCOUNT`` when nothing has loaded an
+OpenMP runtime yet and the user has set none of the settings below; the measured value and why
+are in docs/performance.md.  ``SHMPOOL_NO_OMP_TUNING=1`` turns it off.  When it could not act
+(OpenMP was loaded first), ``advice`` words the one line that fixes it, for the pool to say once.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+OPT_OUT = "SHMPOOL_NO_OMP_TUNING"
+SPIN_VARIABLE = "GOMP_SPINCOUNT"
+MARK = "SHMPOOL_SET_GOMP_SPINCOUNT"   # set beside it, so a child process knows the value was ours
+# Iterations libgomp's threads spin before they sleep.  Swept in CleanRL's ppo.py and
+# ppo_continuous_action.py on 2 cores (docs/performance.md): 1,000 and 10,000 slow torch's own
+# ops (SyncVectorEnv's loop lost up to 25 % on CartPole); 100,000 left SyncVectorEnv's loop
+# unchanged and gave the pool its lead on Ant-v5.
+SPIN_COUNT = "100000"
+# Settings that say the user chose how OpenMP waits: any of them, and the pool sets nothing.
+USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "KMP_BLOCKTIME")
+RUNTIMES = ("libgomp", "libiomp", "libomp")   # GNU, Intel and LLVM OpenMP as they appear in /proc/self/maps
+
+
+@dataclass(frozen=True)
+class OpenMPTuning:
+    """What ``import shmpool`` did about the trainer's OpenMP spin, and why."""
+
+    action: str        # "set", "opted out", "user setting", "too late"
+    detail: str        # a sentence for ``repr(pool)`` and the docs
+
+    @property
+    def too_late(self) -> bool:
+        return self.action == "too late"
+
+
+def loaded_runtime(maps_path: str = "/proc/self/maps") -> str | None:
+    """The OpenMP runtime this process has mapped (its file name), or None."""
+    try:
+        with open(maps_path) as f:
+            for line in f:
+                name = line.rsplit("/", 1)[-1].strip()
+                if name.startswith(RUNTIMES):
+                    return name
+    except OSError:   # no /proc: nothing can be told, so nothing is claimed
+        return None
+    return None
+
+
+def tune_at_import(environ=os.environ, maps_path: str = "/proc/self/maps") -> OpenMPTuning:
+    """Set ``GOMP_SPINCOUNT`` for an OpenMP runtime loaded later, unless the user said otherwise."""
+    if environ.get(OPT_OUT, "").strip() not in ("", "0"):
+        return OpenMPTuning("opted out", f"{OPT_OUT} is set: OpenMP's spin left at its default")
+    if MARK in environ and environ.get(SPIN_VARIABLE) == environ[MARK]:
+        return OpenMPTuning("set", f"{SPIN_VARIABLE}={environ[MARK]} set by shmpool in a parent process "
+                                   f"({OPT_OUT}=1 turns this off)")
+    chosen = [f"{name}={environ[name]}" for name in USER_SETTINGS if name in environ]
+    if chosen:
+        return OpenMPTuning("user setting", f"{', '.join(chosen)} as the user set it")
+    runtime = loaded_runtime(maps_path)
+    if runtime is not None:
+        return OpenMPTuning("too late", f"{runtime} was loaded before shmpool: its spin count stays at the default")
+    environ[SPIN_VARIABLE] = environ[MARK] = SPIN_COUNT
+    return OpenMPTuning("set", f"{SPIN_VARIABLE}={SPIN_COUNT} set for OpenMP runtimes loaded after shmpool "
+                               f"({OPT_OUT}=1 turns this off)")
+
+
+TUNING = tune_at_import()
+
+
+def advice(torch_threads: int | None, tuning: OpenMPTuning = TUNING) -> str | None:
+    """What to tell a user whose torch threads spin beside the pool's workers, or None when
+    nothing is wrong (the pool set the spin count, the user chose one, or torch runs one thread)."""
+    if not tuning.too_late or torch_threads is None or torch_threads < 2:
+        return None
+    return (f"torch runs {torch_threads} OpenMP threads that keep spinning for milliseconds after every op, on "
+            f"the cores this pool's workers step envs on ({tuning.detail}); in CleanRL's PPO on 2 cores that "
+            f"cost the pool about a third of its speed (docs/performance.md). Fix: `import shmpool` before "
+            f"`import torch`, or start Python with {SPIN_VARIABLE}={SPIN_COUNT} in the environment "
+            f"({OPT_OUT}=1 silences this).")
