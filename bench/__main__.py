@@ -25,6 +25,7 @@ COMMANDS = {
     "fallback": "bench.fallback",    # what leaves that travel pickled (Text) cost against Box-only Dict obs
     "deploy": "bench.deploy",        # under a CPU quota, and the workers' CPU while a trainer is busy elsewhere
     "sb3-ppo": "bench.sb3_ppo",      # SB3 PPO learn() wall time over DummyVecEnv, SubprocVecEnv, ShmVecEnv
+    "cleanrl": "bench.cleanrl",      # CleanRL's own ppo.py / ppo_continuous_action.py, the one-line vector-env swap
 }
 
 
