@@ -398,3 +398,26 @@ def test_an_env_close_that_hangs_lets_close_return(parent_shard, no_leaks):
         assert exc.env_id == 3 and "close() did not return within" in str(exc)
     assert time.monotonic() - start < 9
     assert pool.closed
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_a_set_attr_value_the_worker_cannot_rebuild_is_that_env_s_error(parent_shard, no_leaks):
+    with _cartpoles(parent_shard) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(EnvError, match=r"env 0 .*set_attr 'x'.*cannot be rebuilt here") as info:
+            pool.set_attr("x", Unreadable())
+        assert info.value.env_id == 0
+        assert pool.get_attr("np_random_seed") == (0, 1, 2, 3)
+        pool.step(np.zeros(4, np.int64))
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_a_reset_info_that_is_not_a_dict_names_the_env(parent_shard, no_leaks):
+    fns = [ScriptEnv] * 3 + [functools.partial(ScriptEnv, reset_info=lambda n: [("bad", n)] if n == 1 else {})]
+    with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard) as pool:
+        with pytest.raises(EnvError, match=r"env 3 \(worker 1, pid \d+\) raised in reset: .*info must be a dict") \
+                as info:
+            pool.reset()
+        assert info.value.env_id == 3
+        obs, _ = pool.reset()
+        assert obs[:, 0].tolist() == [0, 0, 0, 0]
