@@ -3,9 +3,11 @@
 One home, so the same mistake gets the same message whichever class the user built."""
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import gymnasium
@@ -18,6 +20,28 @@ POOL_KEYWORDS = frozenset({
     "start_method", "wake", "autoreset_mode", "on_worker_error", "pin", "strict",
     "observation_mode", "max_concurrency", "max_lead", "parent_shard",
 })
+
+
+def keywords_of(fn: Callable) -> frozenset[str]:
+    """The named parameters of ``fn`` (a face's constructor), without ``self`` and ``**`` catch-alls."""
+    return frozenset(name for name, p in inspect.signature(fn).parameters.items()
+                     if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD)
+
+
+def check_typos(face: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """A keyword that is not one of ``face``'s but is close to one (``num_wokers``, ``batchsize``)
+    is a typo, not an option for the env: ``TypeError`` naming the nearest (difflib), before the
+    env is ever built with it.  (An env option that close to one of ours can still reach the env
+    through a constructor: ``lambda: gymnasium.make(id, num_worker=...)``.)"""
+    known = sorted(set(known))
+    for key in given:
+        if key in known:
+            continue
+        near = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+        if near:
+            raise TypeError(f"{face} got an unknown keyword {key!r}: did you mean {near[0]!r}? (keywords that are "
+                            f"not {face}'s go to the env)")
+
 
 # max_lead="auto" for envs that are all alike: slack for resets and passing hiccups, while
 # the spread of per-env steps over a few hundred recv/send cycles stays within a few %.
@@ -51,6 +75,20 @@ def make_by_id(env_id: str, kwargs: dict) -> gymnasium.Env:
     return gymnasium.make(env_id, **kwargs)
 
 
+def check_env_id(env_id: str) -> None:
+    """An unknown id fails here, in the parent, with gymnasium's suggestion; one of shmpool's own
+    tasks (``shmpool.list_tasks()``: EnvPool's ``Pong-v5``...) also says where it is built."""
+    try:
+        gymnasium.spec(env_id)
+    except gymnasium.error.Error as exc:
+        from .registration import list_tasks  # the registry imports this module
+        if env_id not in list_tasks():
+            raise
+        raise type(exc)(f"{exc}: {env_id!r} is a shmpool task with EnvPool's options; build it with "
+                        f"shmpool.make({env_id!r}, num_envs=...), or give gymnasium's own id "
+                        f"(for Atari, 'ALE/{env_id}')") from exc
+
+
 def env_constructors(env: Any, num_envs: int | None, env_kwargs: dict) -> list[Callable[[], Any]]:
     """Turn a gymnasium id, one callable or a list of callables into one callable per env
     (a ``shmpool.Batched`` env into a ``BatchedEnvs``, sliced into shards the same way)."""
@@ -64,7 +102,7 @@ def env_constructors(env: Any, num_envs: int | None, env_kwargs: dict) -> list[C
                             "arguments in make_fn")
         return env.sized(num_envs)
     if isinstance(env, str):
-        gymnasium.spec(env)  # unknown ids fail here, in the parent, with gymnasium's suggestion
+        check_env_id(env)
         if num_envs is None:
             raise ValueError("num_envs is required when the env is given by id")
         return [functools.partial(make_by_id, env, env_kwargs)] * num_envs

@@ -37,10 +37,12 @@ from .arguments import (
     check_parent_shard,
     check_seed,
     check_step_timeout,
+    check_typos,
     check_wake,
     env_constructors,
     env_id_array,
     env_id_list,
+    keywords_of,
     shard_sizes,
     workers_within,
 )
@@ -315,6 +317,7 @@ class Pool(LifecycleFacts):
         self._life.close()           # until start-up succeeds, close() has nothing to do
         self._workers: WorkerSet | None = None
         self._region: Region | None = None
+        check_typos("Pool", env_kwargs, keywords_of(Pool.__init__))
         fns = env_constructors(env, num_envs, env_kwargs)
         self.num_envs = n = len(fns)
         # A Batched env is one constructor sliced into shards: its envs are alike.
@@ -339,10 +342,11 @@ class Pool(LifecycleFacts):
                                      chosen, self.step_timeout, self.on_worker_error, self.batch_size < n,
                                      trainer.leaves_a_core(usable_cores(allowed, self.cpu_quota)))
         self.layout_note = ""
-        if hosting and parent_shard == "auto" and w > 1 and alike and not isinstance(fns, BatchedEnvs) \
+        if hosting and parent_shard == "auto" and w > 1 and not isinstance(fns, BatchedEnvs) \
                 and trainer.torch_threads is not None:
             # A trainer beside us and envs this cheap: every env here beats any hand-off (shmpool.costs).
-            cost = step_cost(fns[0])
+            # The last env's constructor: scripts give env 0 the extras (video, rendering).
+            cost = step_cost(fns[-1])
             if cheap_enough(cost, n):
                 self.num_workers = w = 1
                 worker_cpus = worker_cpus[:1]

@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium
 from gymnasium.envs.registration import EnvSpec, VectorizeMode
 
-from .arguments import check_count, check_seed
+from .arguments import POOL_KEYWORDS, check_count, check_seed, check_typos, keywords_of
 from .envpool_env import ENV_TYPES, RENDER_MODES, EnvPoolEnv, base_config
 from .topology import allowed_cpus
 from .vector_env import VECTOR_PARAMETERS, VectorEnv
@@ -87,10 +87,11 @@ def make_vec(
     they are; ``"sync"`` and ``"vector_entry_point"`` are refused with the reason.
     """
     check_vectorization_mode(vectorization_mode)
+    check_typos("make_vec", kwargs, POOL_KEYWORDS | VECTOR_PARAMETERS | keywords_of(make_vec))
     spec = copy.deepcopy(_find_spec(env_id))
     spec_kwargs = spec.kwargs
     spec.kwargs = {}
-    num_envs = spec_kwargs.pop("num_envs", num_envs)
+    num_envs = check_count("num_envs", spec_kwargs.pop("num_envs", num_envs))
     spec_kwargs.pop("vectorization_mode", None)
     vector_kwargs = dict(spec_kwargs.pop("vector_kwargs", vector_kwargs) or {})
     wrappers = tuple(spec_kwargs.pop("wrappers", wrappers) or ())
@@ -319,6 +320,10 @@ def _pool_names(kwargs: dict, num_threads: int | None, offset: int | None) -> tu
     return num_threads, cpus
 
 
+# make's keywords beyond its signature: EnvPool's render options and the Pool's names for its threads.
+MAKE_KEYWORDS = frozenset({"render_mode", "render_env_id", "gym_reset_return_info", "num_workers", "cpus"})
+
+
 def make(
     task_id: str,
     env_type: str = "gymnasium",
@@ -366,6 +371,7 @@ def make(
             "which have no such spec. Use env_type='gymnasium' (or 'gym' for the old 4-tuple API).")
     if env_type not in ENV_TYPES:
         raise ValueError(f"env_type must be 'gymnasium', 'gym' or 'dm', got {env_type!r}")
+    check_typos("make", kwargs, POOL_KEYWORDS | VECTOR_PARAMETERS | keywords_of(make) | MAKE_KEYWORDS)
     render_mode = kwargs.pop("render_mode", None)
     if render_mode not in RENDER_MODES:
         raise ValueError("render_mode must be one of None, 'rgb_array', or 'human'")

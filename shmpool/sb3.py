@@ -53,7 +53,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
     raise ImportError("shmpool.sb3 needs stable-baselines3: pip install 'shmpool[sb3]' "
                       "(or 'stable-baselines3>=2.3')") from _exc
 
-from .arguments import POOL_KEYWORDS, is_ray_pool, make_by_id
+from .arguments import POOL_KEYWORDS, check_typos, is_ray_pool, keywords_of, make_by_id
 from .autoreset import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
 from .infos import unbatch_info
@@ -172,6 +172,7 @@ class ShmVecEnv(VecEnv):
                     f"ShmVecEnv needs a pool with autoreset_mode='same_step' (SB3's autoreset), "
                     f"got {env_fns.autoreset_mode!r}")
             return env_fns
+        check_typos("ShmVecEnv", pool_kwargs, POOL_KEYWORDS | keywords_of(ShmVecEnv.__init__))
         mode = pool_kwargs.pop("autoreset_mode", SAME_STEP)
         if parse_autoreset_mode(mode) != SAME_STEP:
             raise ValueError(f"ShmVecEnv always uses autoreset_mode='same_step' (SB3's), got {mode!r}")

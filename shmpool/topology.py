@@ -265,7 +265,7 @@ def choose_wait_policy(policy, worker_cpus: list[int], allowed: list[int], quota
     why = ("crowded: the parent sleeps while workers step, so it never takes a worker's core"
            if crowded else "a core to spare: the parent spins briefly, then sleeps")
     return WaitChoice(parent, worker, f"{room}; {why}; workers yield only while commands come within "
-                      f"{worker.spin_ns + worker.yield_ns} ns, else sleep; trainer: {trainer.describe()}")
+                      f"{(worker.spin_ns + worker.yield_ns) / 1000:g} µs, else sleep; trainer: {trainer.describe()}")
 
 
 def resolve_wait_policy(policy, crowded: bool) -> tuple[_core.WaitPolicy, _core.WaitPolicy]:

@@ -25,7 +25,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
-from .arguments import POOL_KEYWORDS, is_ray_pool
+from .arguments import POOL_KEYWORDS, check_typos, is_ray_pool, keywords_of
 from .autoreset import NEXT_STEP, as_gymnasium, parse_autoreset_mode
 from .background import BackgroundCall
 from .errors import EnvError, SpacesDifferError, rebuild_error
@@ -172,6 +172,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             # The pool takes ids, callables and env kwargs itself.
             # The pool accepts spaces that differ in bounds; observation_mode is judged below, with
             # AsyncVectorEnv's errors.
+            check_typos("VectorEnv", pool_kwargs, POOL_KEYWORDS | keywords_of(VectorEnv.__init__))
             try:
                 pool = Pool(env_fns, num_envs,
                             autoreset_mode=NEXT_STEP if autoreset_mode is None else autoreset_mode,

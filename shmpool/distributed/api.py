@@ -19,9 +19,11 @@ from ..arguments import (
     check_options_list,
     check_seed,
     check_step_timeout,
+    check_typos,
     env_constructors,
     env_id_array,
     env_id_list,
+    keywords_of,
 )
 from ..autoreset import NEXT_STEP
 from ..resets import check_reset_mask, seed_list
@@ -107,6 +109,7 @@ class RayPool(LifecycleFacts):
     ) -> None:
         self._life = Lifecycle()
         self._life.close()              # until start-up succeeds there is nothing to close
+        check_typos("RayPool", kwargs, POOL_KEYWORDS | keywords_of(RayPool.__init__))
         pool_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in POOL_KEYWORDS}
         if "copy" in pool_kwargs:
             raise TypeError("'copy' is not a RayPool option: every array it returns is fresh")
