@@ -21,7 +21,8 @@ from typing import Any
 class RunDefaults:
     """Defaults as ``(normal, --quick)`` pairs; ``repeats=None``: the command has no repetitions.
 
-    ``json``: where ``--json`` writes when not given (never with ``--quick``); None: only when given."""
+    ``json``: the tracked results file ``--save`` writes (never with ``--quick``); without ``--save``
+    or ``--json`` a run writes nothing, so a user's run leaves the checkout as it was."""
 
     seconds: tuple[float, float] = (2.0, 0.2)
     warmup: tuple[float, float] = (0.3, 0.1)
@@ -50,8 +51,11 @@ def add_run_options(p: argparse.ArgumentParser, defaults: RunDefaults, *, quick:
     if defaults.repeats is not None:
         r = defaults.repeats
         p.add_argument("--repeats", type=int, help=f"interleaved repetitions per cell (default {r[0]}, --quick {r[1]})")
-    where = f"default {defaults.json}, with --quick only when given" if defaults.json else "only when given"
-    p.add_argument("--json", metavar="PATH", help=f"write every raw measurement and the configuration here ({where})")
+    p.add_argument("--json", metavar="PATH", help="write every raw measurement and the configuration here, the "
+                                                  "report beside it (.md)")
+    if defaults.json:
+        p.add_argument("--save", action="store_true",
+                       help=f"write them to the tracked results file {defaults.json} (what the docs quote)")
     p.add_argument("--quick", action="store_true", help=f"tiny run for tests: {quick} (explicit options still win)")
 
 
@@ -73,7 +77,7 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
         p.error(f"--warmup must be >= 0, got {args.warmup:g}")
     if defaults.repeats is not None and args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
-    if args.json is None and not args.quick:
+    if args.json is None and not args.quick and getattr(args, "save", False):
         args.json = defaults.json
     return args
 

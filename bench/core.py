@@ -2,7 +2,7 @@
 
     python -m bench.core                        # CartPole-v1 N=8,32,128 and Ant-v5 N=8,32
     python -m bench.core --json /tmp/core.json  # every raw measurement there, the report beside it (.md)
-                                                # (default bench/results/core.json and core.md)
+    python -m bench.core --save                 # ... into the tracked bench/results/core.json and core.md
     python -m bench.core --quick                # a few seconds, for tests
 
 What it compares.  Env-only throughput: every system steps N copies of the same env

@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-envpool", action="store_true")
-    ap.add_argument("--out", default="bench/results/fairness", help="path stem for .json and .md ('' = none)")
+    ap.add_argument("--out", default="", help="path stem for .json and .md (default: none; "
+                                              "bench/results/fairness is the tracked one the docs quote)")
     a = ap.parse_args(argv)
     tasks = None if a.tasks is None else comma_list(a.tasks)
     rows = [r for r in DEFAULT_ROWS if tasks is None or r[0] in tasks]

@@ -28,8 +28,11 @@ def test_normal_and_quick_defaults_and_explicit_options_win():
     assert not hasattr(explicit, "run_defaults")
 
 
-def test_json_default_is_written_only_without_quick():
-    assert cli.parse(parser("out.json"), []).json == "out.json"
+def test_the_tracked_results_file_is_written_only_with_save():
+    # A user's run leaves the checkout clean (issue 33); --save writes what the docs quote.
+    assert cli.parse(parser("out.json"), []).json is None
+    assert cli.parse(parser("out.json"), ["--save"]).json == "out.json"
+    assert cli.parse(parser("out.json"), ["--quick", "--save"]).json is None
     assert cli.parse(parser("out.json"), ["--quick"]).json is None
     assert cli.parse(parser("out.json"), ["--quick", "--json", "x.json"]).json == "x.json"
     assert cli.parse(parser(), []).json is None
