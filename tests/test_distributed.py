@@ -301,6 +301,38 @@ def test_env_error_names_the_global_env(cluster):
             assert any("pool 0 also raised during step" in n and "boom" in n for n in died.value.__notes__)
 
 
+def test_an_env_constructor_error_comes_back_with_the_env_s_own_text(cluster):
+    """Issue 30: it came back as RemotePoolDiedError saying only that the actor's creation task failed."""
+    def broken():
+        raise ValueError("no such level: 7")
+
+    start = time.monotonic()
+    with pytest.raises(RemotePoolDiedError, match=r"died during start-up: its local pool could not be built: "
+                                                  r".*env \d+ .*raised in make: ValueError: no such level: 7"):
+        RayPool(broken, 4, num_workers=1)
+    assert time.monotonic() - start < 60
+
+
+def test_step_timeout_raises_at_its_bound_not_after_the_close_grace(cluster):
+    """Issue 30: step_timeout=3 raised after 13 s (the 10 s close grace was added)."""
+    import gymnasium as gym
+
+    class Stuck(gym.Wrapper):
+        def step(self, action):
+            if getattr(self, "stuck", False):
+                time.sleep(60)
+            return super().step(action)
+
+    rp = RayPool(lambda: Stuck(gym.make(TASK)), 4, seed=0, num_workers=1, step_timeout=1.0)
+    rp.reset()
+    rp.set_attr("stuck", True, env_ids=[3])
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        rp.step(np.zeros(4, dtype=np.int64))
+    assert time.monotonic() - start < 4.0
+    assert rp.closed
+
+
 def test_reset_mask_and_options_list(cluster):
     with RayPool(TASK, 6, seed=0, num_workers=1) as rp, shmpool.Pool(TASK, 6, seed=0, num_workers=1) as lp:
         rp.reset(seed=5)
@@ -470,6 +502,23 @@ def test_close_stops_actors_and_workers(cluster):
     assert rp.closed and not closer.is_alive()
     rp.close()  # idempotent
     assert not gone(procs)
+
+
+def test_a_raypool_after_the_user_s_ray_shutdown_says_so_and_starts_no_ray(cluster):
+    """Issue 30: step()/close() raised a bare Exception and Ray started a new local instance."""
+    rp = RayPool(TASK, 4, seed=0, num_workers=1)
+    rp.reset()
+    ray.shutdown()
+    try:
+        with pytest.raises(shmpool.PoolClosedError, match=r"ray\.shutdown\(\)"):
+            rp.step(np.zeros(4, dtype=np.int64))
+        assert rp.closed and not ray.is_initialized()
+        rp.close()
+        assert not ray.is_initialized()
+        with pytest.raises(shmpool.PoolClosedError):
+            rp.reset()
+    finally:
+        ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
 
 
 def test_shutdown_leaves_no_ray_processes(cluster):

@@ -26,6 +26,7 @@ from ..arguments import (
     keywords_of,
 )
 from ..autoreset import NEXT_STEP
+from ..errors import PoolClosedError
 from ..resets import check_reset_mask, seed_list
 from ..state import Lifecycle, LifecycleFacts
 from .action_check import ActionCheck
@@ -53,10 +54,19 @@ def _entry(method: Callable) -> Callable:
         life = self._life
         life.enter()
         try:
+            if not life.closed and not ray.is_initialized():
+                # The user's ray.shutdown() took the actors; a Ray call now would start a new,
+                # empty local Ray instead of failing.
+                life.close()
+                raise PoolClosedError(RAY_GONE)
             return method(self, *args, **kwargs)
         finally:
             life.leave(self._shut_down)
     return wrapper
+
+
+RAY_GONE = ("Ray was shut down (ray.shutdown()) while this RayPool was open: its actors went with it and the "
+            "pool is closed; close a RayPool before ray.shutdown(), or build a new one after ray.init()")
 
 
 class RayPool(LifecycleFacts):
@@ -429,7 +439,7 @@ class RayPool(LifecycleFacts):
         try:
             return watch.after_slice(waiting_on)
         except StepTimeoutError:
-            self._shut_down()
+            self._abort()
             raise
 
     def _wait(self, refs: list, pools: list[int], op: str, timeout: float | None = None) -> list[Outcome]:
@@ -437,7 +447,7 @@ class RayPool(LifecycleFacts):
         try:
             return gather(refs, pools, self._watch(op, timeout))
         except StepTimeoutError:
-            self._shut_down()
+            self._abort()
             raise
 
     # --- closing ---------------------------------------------------------------------------------
@@ -453,12 +463,26 @@ class RayPool(LifecycleFacts):
         finally:
             self._life.end_close()
 
+    def _abort(self) -> None:
+        """The fatal path (``step_timeout`` passed): a pool that overran is not asked to close, its
+        actors are killed at once (their workers die with them), so the error comes at the bound,
+        not after the close grace."""
+        self._life.close()
+        self._step_refs = None
+        self._ledger.forget()
+        if ray.is_initialized():
+            self._fleet.kill_all()
+        self._fleet.forget()
+
     def _shut_down(self) -> None:
         """Stop the actors and mark the pool closed (the caller holds the pool's entry)."""
         self._life.close()
         self._step_refs = None
         self._ledger.forget()
-        self._fleet.close(self._close_timeout)
+        if ray.is_initialized():
+            self._fleet.close(self._close_timeout)
+        else:
+            self._fleet.forget()
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Its actors and futures belong to this driver: a copy (copy, deepcopy, pickle, a Ray task's

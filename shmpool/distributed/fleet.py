@@ -3,6 +3,7 @@ a dead one, rebuilding one (``on_worker_error="restart"``), and stopping them al
 from __future__ import annotations
 
 import collections
+import re
 import warnings
 from typing import Any
 
@@ -63,6 +64,11 @@ class Fleet:
             raise
         return self.infos  # type: ignore[return-value]
 
+    def forget(self) -> None:
+        """The user's ``ray.shutdown()`` took the actors: nothing is left to stop (a Ray call would
+        start a new, empty Ray)."""
+        self.actors = []
+
     def kill_all(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
@@ -90,6 +96,12 @@ class Fleet:
         node = self.node_of(k)
         if node_gone:
             how = "its node left the cluster"
+        elif getattr(exc, "actor_init_failed", False):
+            # Ray words it "an error raised in its creation task" and the traceback; the error of the
+            # local pool (an env's constructor, a misspelt option) is the traceback's last line.
+            lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+            ours = [line for line in lines if re.match(r"[\w.]*(EnvError|PoolResourceError|TimeoutError): ", line)]
+            how = "its local pool could not be built: " + ((ours or lines)[-1][:500] if lines else type(exc).__name__)
         else:
             text = str(exc).strip().splitlines()
             how = type(exc).__name__ + (f": {text[0][:300]}" if text else "")
