@@ -6,8 +6,8 @@ CartPoles here (CleanRL's ppo.py on 2 cores: the default layout 0.80-0.90x SyncV
 env in this process 0.95-0.98x; docs/performance.md).  Envs whose whole batch costs less than
 ``IN_PROCESS_BELOW_S`` per step are then stepped in this process; heavier ones (Ant-v5: 187 us an
 env) keep their workers, which win there.  The cost is measured on a probe env built from the
-pool's own constructor, stepped with random actions and closed: never one of the pool's envs, so
-trajectories are untouched.
+pool's last constructor (scripts give env 0 the extras: video, rendering), stepped with random actions
+and closed: never one of the pool's envs, so trajectories are untouched.
 """
 from __future__ import annotations
 

@@ -34,6 +34,12 @@ _STATE_BITS = 3
 _CHECK_CLAIMANT_S = 0.001     # a claim held this long: is its writer still alive?
 DTYPES = [np.dtype(c) for c in ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8")]
 _CODE = {dt: i for i, dt in enumerate(DTYPES)}
+# A column's kind (its registry code): a numpy scalar type (the codes of DTYPES), or a python bool,
+# int or float, stored as bool/int64/float64.  Kept apart because gymnasium keeps them apart: a
+# batch that mixes them (None and floats: an object array) holds each value as the env gave it.
+PY_BOOL, PY_INT, PY_FLOAT = len(DTYPES), len(DTYPES) + 1, len(DTYPES) + 2
+STORAGE = [*DTYPES, np.dtype(bool), np.dtype(np.int64), np.dtype(np.float64)]
+_PY_KIND = {bool: PY_BOOL, int: PY_INT, float: PY_FLOAT}
 
 FINAL_OBS_COLUMN = "_final_obs"     # bool column: this result's final observation is in the final_obs arrays
 FINAL_INFO_COLUMN = "_final_info"   # first part of the names of final-info columns
@@ -52,27 +58,32 @@ class _InSlot:
 IN_SLOT = _InSlot()
 
 
-def column_dtype(value) -> np.dtype | None:
-    """The batch dtype gymnasium would give this value, if it fits an 8-byte column."""
+def column_kind(value) -> int | None:
+    """The column kind of this value (its type's), if gymnasium batches it as a number that fits
+    an 8-byte column; None otherwise."""
     t = type(value)
-    if t is bool:
-        return DTYPES[0]
-    if t is int:
-        return DTYPES[4]
-    if t is float:
-        return DTYPES[11]
-    if issubclass(t, (np.bool_, np.number)):
-        dt = np.dtype(t)
-        return dt if dt in _CODE else None
+    kind = _PY_KIND.get(t)
+    if kind is not None:
+        return kind
+    # np.bool_ is no np.number: gymnasium batches it as an object array, so it never gets a column.
+    if issubclass(t, np.number):
+        return _CODE.get(np.dtype(t))
     return None
 
 
-class _Column:
-    __slots__ = ("bit", "dtype", "values", "types")
+def column_dtype(value) -> np.dtype | None:
+    """The batch dtype gymnasium would give this value, if it fits an 8-byte column."""
+    kind = column_kind(value)
+    return None if kind is None else STORAGE[kind]
 
-    def __init__(self, col: int, dtype: np.dtype, views: Views) -> None:
+
+class _Column:
+    __slots__ = ("bit", "kind", "dtype", "values", "types")
+
+    def __init__(self, col: int, kind: int, views: Views) -> None:
         self.bit = 1 << col
-        self.dtype = dtype
+        self.kind = kind
+        self.dtype = dtype = STORAGE[kind]
         raw = views.info_values[col]
         self.values = np.ndarray(raw.shape[:1], dtype=dtype, buffer=raw, strides=(8,))
         # The python types whose values ``column_dtype`` maps to this column's dtype (it
@@ -139,7 +150,7 @@ class InfoWriter:
     def reserve_final_obs(self) -> None:
         """SAME_STEP: claim the ``_final_obs`` column at start-up, before any env key can fill
         the registry, so a final observation in the slot can always be announced."""
-        col = self._claim(FINAL_OBS_COLUMN, DTYPES[0])
+        col = self._claim(FINAL_OBS_COLUMN, PY_BOOL)
         if col is None:
             raise RuntimeError("the info registry has no room for the _final_obs column")
         self._final_bit = col.bit
@@ -172,10 +183,10 @@ class InfoWriter:
         return bits, rest
 
     def _register_final(self, path: tuple, value) -> _Column | None:
-        dtype = column_dtype(value)
-        if dtype is None or not all(_column_part(k) for k in path):
+        kind = column_kind(value)
+        if kind is None or not all(_column_part(k) for k in path):
             return None
-        return self._claim(SEP.join((FINAL_INFO_COLUMN, *path)), dtype)
+        return self._claim(SEP.join((FINAL_INFO_COLUMN, *path)), kind)
 
     def column(self, key, value) -> _Column | None:
         """The shared-memory column of ``key`` (registered at its first value, whose type
@@ -186,15 +197,15 @@ class InfoWriter:
         return col
 
     def _register(self, key, value) -> _Column | None:
-        dtype = column_dtype(value)
+        kind = column_kind(value)
         # "final_obs" never: gymnasium keeps it an object array of per-env values whatever they are.
-        if dtype is None or not _column_name(key) or key == "final_obs":
+        if kind is None or not _column_name(key) or key == "final_obs":
             return None
-        return self._claim(key, dtype)
+        return self._claim(key, kind)
 
-    def _claim(self, key: str, dtype: np.dtype) -> _Column | None:
-        """The column named ``key`` of ``dtype``: found in the registry or claimed there;
-        None when the name is too long, the registry is full or the name has another dtype."""
+    def _claim(self, key: str, kind: int) -> _Column | None:
+        """The column named ``key`` of ``kind``: found in the registry or claimed there;
+        None when the name is too long, the registry is full or the name has another kind."""
         name = key.encode("utf-8")
         if len(name) > INFO_NAME_BYTES:
             return None
@@ -207,16 +218,16 @@ class InfoWriter:
             state = _core.load_word(self._buf, off)
             if state == FREE and _core.cas_word(self._buf, off, FREE, claim):
                 entry = reg[col * INFO_ENTRY:(col + 1) * INFO_ENTRY]
-                entry[4:8] = np.frombuffer(np.uint32(_CODE[dtype]).tobytes(), np.uint8)
+                entry[4:8] = np.frombuffer(np.uint32(kind).tobytes(), np.uint8)
                 entry[8:] = 0
                 entry[8:8 + len(name)] = np.frombuffer(name, np.uint8)
                 _core.store_word(self._buf, off, READY)
-                return _Column(col, dtype, self._views)
+                return _Column(col, kind, self._views)
             if _core.load_word(self._buf, off) & _STATE_BITS == CLAIMING and not self._await_claim(off):
                 continue  # its writer died mid-claim and the entry is free again: try it ourselves
-            got_name, got_dtype = read_entry(self._views, col)
+            got_name, got_kind = read_entry(self._views, col)
             if got_name == key:
-                return _Column(col, got_dtype, self._views) if got_dtype == dtype else None
+                return _Column(col, got_kind, self._views) if got_kind == kind else None
             col += 1
         return None
 
@@ -244,10 +255,9 @@ def _store(col: _Column | None, env_id: int, value) -> int:
         return 0
     kind = type(value)
     if kind not in col.types:
-        # Only a value gymnasium would batch with exactly this dtype: anything else (None, a
-        # string, another number type) goes aside whole, never cast into the column.
-        dtype = column_dtype(value)
-        if dtype is None or dtype != col.dtype:
+        # Only a value of exactly this column's kind: anything else (None, a string, another
+        # number type, np.float64 in a float's column) goes aside whole, never cast into it.
+        if column_kind(value) != col.kind:
             return 0
         col.types.add(kind)
     try:
@@ -274,11 +284,12 @@ def _column_part(key) -> bool:
     return _column_name(key) and SEP not in key
 
 
-def read_entry(views: Views, col: int) -> tuple[str, np.dtype]:
+def read_entry(views: Views, col: int) -> tuple[str, int]:
+    """A registry entry: the column's name and kind."""
     entry = views.info_registry[col * INFO_ENTRY:(col + 1) * INFO_ENTRY]
     code = int(entry[4:8].view(np.uint32)[0])
     raw = entry[8:].tobytes().rstrip(b"\0")
-    return raw.decode("utf-8"), DTYPES[code]
+    return raw.decode("utf-8"), code
 
 
 class InfoReader:
@@ -298,6 +309,9 @@ class InfoReader:
         # A mask of columns -> their (name, column) when all are an env's own keys, else None.
         self._plain: dict[int, list[tuple[str, _Column]] | None] = {}
         self._final_obs_bit = 0   # the final-obs column's bit, once a result has set it
+        # Key paths whose column holds numpy scalars (not python numbers): merge_in_env_order
+        # gives their values back as numpy scalars, as the envs gave them.
+        self.numpy_keys: set[tuple] = set()
 
     def read(self, env_ids: np.ndarray | None) -> dict:
         """Infos of ``env_ids`` (all envs in order when None) from shared memory."""
@@ -387,7 +401,7 @@ class InfoReader:
     def _column(self, col: int):
         hit = self._cols.get(col)
         if hit is None:
-            name, dtype = read_entry(self._views, col)
+            name, kind = read_entry(self._views, col)
             if name == FINAL_OBS_COLUMN:
                 path = ()
                 self._final_obs_bit = 1 << col
@@ -395,7 +409,9 @@ class InfoReader:
                 path = tuple(name.split(SEP)[1:])
             else:
                 path = None
-            hit = self._cols[col] = (name, _Column(col, dtype, self._views), path)
+            hit = self._cols[col] = (name, _Column(col, kind, self._views), path)
+            if kind < PY_BOOL and path != ():
+                self.numpy_keys.add((name,) if path is None else ("final_info", *path))
         return hit
 
 
@@ -454,14 +470,17 @@ def collides(infos: dict, extra: dict) -> bool:
     return False
 
 
-def merge_in_env_order(infos: dict, extras: list[tuple[int, dict]], size: int) -> dict:
+def merge_in_env_order(infos: dict, extras: list[tuple[int, dict]], size: int,
+                       numpy_keys: set[tuple] = frozenset()) -> dict:
     """gymnasium's batched infos of ``size`` envs, rebuilt env by env in order, from the
     shared-memory ``infos`` and each position's side-channel ``extras``: the first env to hold
     a key decides its array (``add_info``), as in ``VectorEnv._add_info``."""
     aside = dict(extras)
     out: dict = {}
     for i in range(size):
-        own = unbatch_info(infos, i)
+        # Each column's values as the envs gave them: numpy scalars for ``numpy_keys``, python
+        # numbers otherwise (a column holds one kind: InfoWriter).
+        own = unbatch_info(infos, i, numpy_keys)
         more = aside.get(i)
         if more:
             own = _merged(own, more)
@@ -484,21 +503,22 @@ def _merged(own: dict, more: dict) -> dict:
 PYTHON_DTYPES = frozenset({np.dtype(bool), np.dtype(np.int64), np.dtype(np.float64)})
 
 
-def info_element(batch: np.ndarray, i: int):
+def info_element(batch: np.ndarray, i: int, numbers_as_numpy: bool = False):
     """Env ``i``'s value of one batched info array: a python scalar for bool/int64/float64
     batches, a numpy scalar of the batch dtype otherwise, an array's own copy (not a view of
-    the batch) for array infos, the object itself for object batches."""
+    the batch) for array infos, the object itself for object batches.  ``numbers_as_numpy``:
+    int64/float64 stay numpy scalars (bool too is given back as python's: np.bool_ never gets a column)."""
     item = batch[i]
     if batch.dtype == object:
         return item
     if batch.ndim > 1:
         return item.copy()
-    if batch.dtype in PYTHON_DTYPES:
+    if batch.dtype in PYTHON_DTYPES and not (numbers_as_numpy and batch.dtype != bool):
         return item.item()
     return item
 
 
-def unbatch_info(infos: dict, i: int) -> dict:
+def unbatch_info(infos: dict, i: int, numpy_keys: set[tuple] = frozenset(), _path: tuple = ()) -> dict:
     """Env ``i``'s own info dict from gymnasium's vector layout (the inverse of ``add_info``).
 
     A key with a ``_key`` mask belongs to the envs the mask marks; a key without one (a
@@ -513,9 +533,9 @@ def unbatch_info(infos: dict, i: int) -> dict:
         if mask is not None and not mask[i]:
             continue
         if isinstance(value, dict):
-            sub = unbatch_info(value, i)
+            sub = unbatch_info(value, i, numpy_keys, (*_path, key))
             if sub or mask is not None:
                 out[key] = sub
         else:
-            out[key] = info_element(value, i)
+            out[key] = info_element(value, i, (*_path, key) in numpy_keys)
     return out

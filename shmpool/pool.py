@@ -902,8 +902,10 @@ class Pool(LifecycleFacts):
             self._life.in_flight -= got
             try:
                 self._supervisor.collect(ids, "drain")
-            except EnvError:
-                pass  # the reset that follows makes the failed env usable again
+            except Exception:
+                # Dropped results: their env errors and infos gymnasium could not batch go with them
+                # (the reset that follows makes a failed env usable again).
+                pass
 
 
 def _forked_child() -> None:

@@ -26,6 +26,7 @@ worker raised; unasked), :class:`CallFailed` (the answer to a message that faile
 from __future__ import annotations
 
 import pickle
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,14 @@ class SlowActions:
     env_ids: list[int]
     versions: list[int]
     values: list[tuple]
+
+
+@dataclass(frozen=True, slots=True)
+class Continued:
+    """The message is the next record on the pipe (``size`` bytes): too large to wait in the pipe's
+    buffer, it is written by a thread of the parent while the parent posts its command and waits."""
+
+    size: int
 
 
 ToWorker = MapRegion | Abort | Reset | Restart | EnvCall | SlowActions
@@ -232,8 +241,8 @@ def encode_for_worker(msg: ToWorker) -> bytes:
     return pickle.dumps(msg, _PICKLE)
 
 
-def decode_from_parent(data: bytes) -> ToWorker:
-    return _checked(pickle.loads(data), (MapRegion, Abort, Reset, Restart, EnvCall, SlowActions))
+def decode_from_parent(data: bytes) -> ToWorker | Continued:
+    return _checked(pickle.loads(data), (MapRegion, Abort, Reset, Restart, EnvCall, SlowActions, Continued))
 
 
 def encode_for_parent(msg: ToParent) -> bytes:
@@ -284,9 +293,34 @@ def _checked(msg: Any, types: tuple[type, ...]):
     return msg
 
 
+# A message this small always fits the pipe's buffer (a socketpair holds ~200 KiB): sent inline.
+# A larger one would block the parent until the worker reads it, and a worker reads its message
+# only once the parent has posted the command that follows the send: a deadlock.
+PIPE_SAFE = 64 * 1024
+_SENDERS: dict[int, threading.Thread] = {}   # id(conn) -> the thread still writing a large message
+
+
 def send(conn, msg: ToWorker) -> None:
-    """Parent: one message to a worker's pipe."""
-    conn.send_bytes(encode_for_worker(msg))
+    """Parent: one message to a worker's pipe.  A large one is announced inline (``Continued``) and
+    written by a thread, so the parent never waits for a reader that waits for the parent."""
+    data = encode_for_worker(msg)
+    earlier = _SENDERS.pop(id(conn), None)
+    if earlier is not None:   # messages stay in order on one pipe
+        earlier.join()
+    if len(data) <= PIPE_SAFE or getattr(conn, "never_blocks", False):
+        conn.send_bytes(data)
+        return
+    conn.send_bytes(encode_for_worker(Continued(len(data))))
+    writer = threading.Thread(target=_write_quietly, args=(conn, data), name="shmpool-send", daemon=True)
+    writer.start()
+    _SENDERS[id(conn)] = writer
+
+
+def _write_quietly(conn, data: bytes) -> None:
+    try:
+        conn.send_bytes(data)
+    except (OSError, ValueError):   # the worker died or the pipe was closed: the liveness check says so
+        pass
 
 
 def receive(conn) -> ToParent:
@@ -300,5 +334,8 @@ def report(conn, msg: ToParent) -> None:
 
 
 def next_command(conn) -> ToWorker:
-    """Worker: the next message from the parent."""
-    return decode_from_parent(conn.recv_bytes())
+    """Worker: the next message from the parent (a ``Continued`` one read whole)."""
+    msg = decode_from_parent(conn.recv_bytes())
+    if type(msg) is Continued:
+        msg = decode_from_parent(conn.recv_bytes())
+    return msg

@@ -44,9 +44,17 @@ class Supervisor:
         flags = self.pool._wire.scan(ids)
         if not flags:
             return {}
-        infos = self.pool._infos.read(ids) if flags & P.SCAN_NUMERIC_INFO else {}
         if not flags & P.SCAN_SIDE_MESSAGE:
-            return infos
+            return self.pool._infos.read(ids) if flags & P.SCAN_NUMERIC_INFO else {}
+        # The side messages are read even if batching the columns fails: one left in a pipe would
+        # be paired with the next step's results from then on.
+        infos: dict = {}
+        unbatchable: Exception | None = None
+        if flags & P.SCAN_NUMERIC_INFO:
+            try:
+                infos = self.pool._infos.read(ids)
+            except Exception as exc:
+                unbatchable = exc
         status = self.pool._views.status if ids is None else self.pool._views.status[ids]
         errors = []
         extras = []
@@ -77,6 +85,8 @@ class Supervisor:
                     self.pool._slow_obs.store(env_id, slow)
             else:
                 errors.append((k, msg))
+        if unbatchable is not None and not errors:
+            raise unbatchable
         if errors:
             k, msg = errors[0]
             others = "" if len(errors) == 1 else f" ({len(errors) - 1} more envs failed too)"
@@ -86,7 +96,7 @@ class Supervisor:
         if any(collides(infos, extra) for _, extra in extras):
             # A key some envs put in its column and others aside (its value changed type):
             # gymnasium's batching depends on the env order, so it is replayed in that order.
-            return merge_in_env_order(infos, extras, size)
+            return merge_in_env_order(infos, extras, size, self.pool._infos.numpy_keys)
         for pos, extra in extras:
             add_info(infos, extra, pos, size)
         return infos

@@ -323,7 +323,7 @@ def test_a_forked_worker_holds_no_other_pool_s_region(restart, no_leaks):
     try:
         (worker,) = b.worker_pids
         assert _region_mappings(worker) == 1     # its own pool's, not a's too
-        assert _region_fds(worker) == 1          # its own mapping's (Python's mmap keeps a dup), not a's
+        assert _region_fds(worker) <= 1          # at most its own mapping's dup (Python's mmap), never a's
         a.reset(seed=0)
         b.reset(seed=0)
         a.close()
@@ -421,3 +421,107 @@ def test_a_reset_info_that_is_not_a_dict_names_the_env(parent_shard, no_leaks):
         assert info.value.env_id == 3
         obs, _ = pool.reset()
         assert obs[:, 0].tolist() == [0, 0, 0, 0]
+
+
+# --- found by tests/fuzz.py --------------------------------------------------------------------
+
+
+class ResetInfoEnv(gym.Env):
+    observation_space = spaces.Discrete(2)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, i, reset_info=None, step_info=None):
+        self.i, self.reset_info, self.step_info = i, reset_info, step_info
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 0, self.reset_info(self.i) if self.reset_info else {}
+
+    def step(self, action):
+        return 0, 0.0, False, False, self.step_info(self.i) if self.step_info else {}
+
+
+def _flag_infos(i):
+    return {"flag": np.bool_(True), "mixed": None if i == 0 else np.int64(5)}
+
+
+def _k_reset(i):
+    return {"k": np.int64(1)}
+
+
+def _k_step(i):
+    return {"k": np.uint8(5) if i == 0 else np.int64(865)}
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_numpy_scalar_infos_batch_as_gymnasium_batches_them(parent_shard, no_leaks):
+    fns = [functools.partial(ResetInfoEnv, i, _flag_infos) for i in range(2)]
+    want = gym.vector.SyncVectorEnv(fns).reset(seed=0)[1]
+    with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard) as pool:
+        tree_equal(want, pool.reset(seed=0)[1], "infos")
+    fns = [functools.partial(ResetInfoEnv, i, _k_reset, _k_step) for i in range(2)]
+    ref = gym.vector.SyncVectorEnv(fns)
+    ref.reset(seed=0)
+    want = ref.step(np.zeros(2, np.int64))[4]   # np.int64(865) wraps into env 0's uint8 batch: 97
+    with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard) as pool:
+        pool.reset(seed=0)
+        tree_equal(want, pool.step(np.zeros(2, np.int64))[4], "infos")
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_payloads_larger_than_a_pipe_reach_the_env(parent_shard, no_leaks):
+    big = np.arange(400_000, dtype=np.uint8)
+    with _cartpoles(parent_shard) as pool:
+        pool.reset(seed=0)
+        assert pool.apply(lambda env, x: int(x.sum()), big) == (int(big.sum()),) * 4
+        pool.set_attr("big", big)
+        assert pool.apply(lambda env: env.get_wrapper_attr("big").nbytes) == (400_000,) * 4
+        assert pool.call("np_random_seed") == (0, 1, 2, 3)
+
+
+FINAL_K = {(1, 0): 5, (2, 1): {"a": 1.5}, (3, 0): {"a": 1.5}, (3, 1): 5}
+
+
+class FinalInfoEnv(gym.Env):
+    observation_space = spaces.Box(-1, 1, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, i):
+        self.i, self.t = i, 0
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        end = (self.t, self.i) in FINAL_K
+        info = {"s": f"step{self.t}", **({"k": FINAL_K[self.t, self.i]} if end else {})}
+        return np.zeros(1, np.float32), 0.0, False, end, info
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_infos_that_cannot_be_batched_leave_no_side_message_for_the_next_step(parent_shard, no_leaks):
+    fns = [functools.partial(FinalInfoEnv, i) for i in range(2)]
+    with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard, autoreset_mode="same_step") as pool:
+        pool.reset()
+        pool.step(np.zeros(2, np.int64))
+        pool.step(np.zeros(2, np.int64))
+        with pytest.raises(Exception):   # noqa: B017 - whatever batching these raises, the next step is clean
+            pool.step(np.zeros(2, np.int64))
+        infos = pool.step(np.zeros(2, np.int64))[4]
+        assert infos["s"].tolist() == ["step4", "step4"]
+
+
+class NestedOrFlatEnv(ResetInfoEnv):
+    def step(self, action):
+        return 0, 0.0, False, False, {"k": {"a": 1} if self.i != 1 else 1.0}
+
+
+def test_reset_drops_in_flight_results_whatever_their_infos(no_leaks):
+    fns = [functools.partial(NestedOrFlatEnv, i) for i in range(3)]
+    with shmpool.Pool(fns, batch_size=1, num_workers=1, parent_shard=False) as pool:
+        pool.reset(seed=0)
+        pool.send(np.zeros(3, np.int64), np.arange(3, dtype=np.int32))
+        pool.recv()
+        obs, _ = pool.reset(seed=0)
+        assert obs.tolist() == [0, 0, 0]

@@ -34,6 +34,8 @@ class LocalEnd:
     Nothing can arrive while its reader waits (the writer is the same thread), so
     ``poll`` never sleeps and reading an empty pipe is a protocol error, not a wait."""
 
+    never_blocks = True   # a send appends to a deque: protocol.send needs no writer thread for it
+
     def __init__(self, inbox: collections.deque, outbox: collections.deque) -> None:
         self._inbox = inbox
         self._outbox = outbox
