@@ -49,7 +49,7 @@ from .arguments import (
 from .autoreset import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
 from .batched import BatchedEnvs, check_hosting
 from .costs import cheap_enough, step_cost
-from .errors import EnvError, PerformanceWarning, SpacesDifferError
+from .errors import EnvError, PerformanceWarning, PoolClosedError, SpacesDifferError, WorkerDiedError
 from .fallback import Lane, LatestValues, SlowActionSender, warn_slow
 from .infos import InfoReader
 from .region import Region
@@ -902,6 +902,8 @@ class Pool(LifecycleFacts):
             self._life.in_flight -= got
             try:
                 self._supervisor.collect(ids, "drain")
+            except (WorkerDiedError, PoolClosedError):
+                raise   # the pool's own fate, not the dropped results'
             except Exception:
                 # Dropped results: their env errors and infos gymnasium could not batch go with them
                 # (the reset that follows makes a failed env usable again).

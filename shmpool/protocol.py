@@ -17,7 +17,8 @@ answer left over from an abandoned call is dropped, never taken for the next cal
 
 Parent to worker: :class:`MapRegion` (then the region's fd), :class:`Abort`,
 :class:`Reset`, :class:`Restart`, :class:`EnvCall`, :class:`SlowActions` (actions of leaves that
-cannot live in shared memory, sent after their step is dispatched: ``shmpool.fallback``).
+cannot live in shared memory, sent after their step is dispatched: ``shmpool.fallback``), and
+:class:`Continued` before a message too large to wait in the pipe (``send``).
 Worker to parent: :class:`Spaces`, :class:`Ready`, :class:`Failure` (an env or the
 worker raised; unasked), :class:`CallFailed` (the answer to a message that failed),
 :class:`Extra` (non-numeric infos and pickled observation leaves of a published result), :class:`Reply`,

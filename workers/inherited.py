@@ -5,7 +5,8 @@ keeps the trainer's listening port bound, and its connections open, for as long 
 lives, whatever the trainer closes (and an env could talk on them).  Each such socket is pointed at
 ``/dev/null`` in place: the descriptor number stays taken, so a Python object of the trainer's
 that closes it later closes nothing of ours, and the socket itself is no longer held here.  The
-worker's own pipe to the pool is kept.  Regular files and pipes are left alone: an env may log
+worker's own pipe to the pool is kept (a logging handler of the trainer's that writes to a socket,
+syslog's or a SocketHandler, reaches nothing from a worker).  Regular files and pipes are left alone: an env may log
 through a handler the trainer configured, as under ``AsyncVectorEnv``; ``start_method="forkserver"``
 inherits nothing at all.  Other pools' regions: ``shmpool.memory.drop_inherited_regions``.
 """
