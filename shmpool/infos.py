@@ -309,6 +309,7 @@ class InfoReader:
         # A mask of columns -> their (name, column) when all are an env's own keys, else None.
         self._plain: dict[int, list[tuple[str, _Column]] | None] = {}
         self._final_obs_bit = 0   # the final-obs column's bit, once a result has set it
+        self._nested: dict[int, bool] = {}   # a mask of columns -> whether their paths nest (_paths_nest)
         # Key paths whose column holds numpy scalars (not python numbers): merge_in_env_order
         # gives their values back as numpy scalars, as the envs gave them.
         self.numpy_keys: set[tuple] = set()
@@ -333,6 +334,11 @@ class InfoReader:
                 plain = self._plain[bits] = self._plain_columns(bits)
             if plain is not None:
                 return self._read_present(plain, env_ids, len(masks))
+        nested = self._nested.get(bits)
+        if nested is None:
+            nested = self._nested[bits] = self._paths_nest(bits)
+        if nested:
+            return self._read_in_env_order(bits, masks, env_ids)
         infos = {}
         ended = None
         col = 0
@@ -352,6 +358,52 @@ class InfoReader:
                         _put_nested(infos.setdefault("final_info", {}), path, values, present)
             bits >>= 1
             col += 1
+        if ended is not None:
+            self._final_obs(infos, ended, env_ids)
+        return infos
+
+    def _columns_of(self, bits: int) -> list:
+        out = []
+        col = 0
+        while bits:
+            if bits & 1:
+                out.append(self._column(col))
+            bits >>= 1
+            col += 1
+        return out
+
+    def _paths_nest(self, bits: int) -> bool:
+        """Whether one final-info column's path lies inside another's (a key that is a dict in
+        some envs' final infos and a number in others'): ``read`` then builds the batch env by env."""
+        paths = [path for _, _, path in self._columns_of(bits) if path]
+        return any(a != b and b[:len(a)] == a for a in paths for b in paths)
+
+    def _read_in_env_order(self, bits: int, masks: np.ndarray, env_ids: np.ndarray | None) -> dict:
+        """gymnasium's batching of each env's own info, rebuilt from the columns and added env by env
+        (``add_info``): where a key is a dict for one env and a number for another, the order of the
+        envs decides the batch, as in ``VectorEnv._add_info``."""
+        n = len(masks)
+        own: list[dict] = [{} for _ in range(n)]
+        ended = None
+        for name, column, path in self._columns_of(bits):
+            present = (masks & np.uint64(column.bit)).astype(bool)
+            if path == ():
+                ended = present
+                continue
+            values = column.values if env_ids is None else column.values[env_ids]
+            for pos in np.flatnonzero(present).tolist():
+                value = values[pos] if column.kind < PY_BOOL else values[pos].item()
+                if path is None:
+                    own[pos][name] = value
+                    continue
+                where = own[pos].setdefault("final_info", {})
+                for key in path[:-1]:
+                    where = where.setdefault(key, {})
+                where[path[-1]] = value
+        infos: dict = {}
+        for pos in range(n):
+            if own[pos]:
+                add_info(infos, own[pos], pos, n)
         if ended is not None:
             self._final_obs(infos, ended, env_ids)
         return infos
