@@ -88,6 +88,9 @@ class Supervisor:
         if unbatchable is not None and not errors:
             raise unbatchable
         if errors:
+            # An env's own exception first, the pool's checks of results (ResultError) after it:
+            # SyncVectorEnv raises the first exception of its loop and checks results only after it.
+            errors.sort(key=lambda e: e[1].remote_type == "ResultError")
             k, msg = errors[0]
             others = "" if len(errors) == 1 else f" ({len(errors) - 1} more envs failed too)"
             self.pool._life.needs_reset(f"env {msg.env_id} raised {msg.remote_type} in {msg.phase}; "

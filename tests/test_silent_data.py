@@ -569,3 +569,17 @@ def test_a_final_info_key_that_is_a_dict_in_one_env_and_a_number_in_another(pare
                        {k: v for k, v in got["final_info"]["k"].items() if isinstance(k, str)}, "k")
             assert [got["final_info"]["k"][i] for i in (1, 2)] == [want["final_info"]["k"][i] for i in (1, 2)]
             assert type(got["final_info"]["k"][1]) is type(want["final_info"]["k"][1])
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_an_env_s_own_exception_is_named_before_a_result_the_pool_refused(parent_shard, no_leaks):
+    fns = [functools.partial(ScriptEnv, obs_none_at=1), functools.partial(ScriptEnv, raise_at={1: ValueError("own")})]
+    ref = gym.vector.SyncVectorEnv(fns)
+    ref.reset(seed=0)
+    with pytest.raises(ValueError, match="own"):
+        ref.step(np.zeros(2, np.int64))
+    with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(EnvError, match=r"env 1 .*ValueError: own.*\(1 more envs failed too\)") as info:
+            pool.step(np.zeros(2, np.int64))
+        assert info.value.remote_type == "ValueError"
