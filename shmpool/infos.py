@@ -411,17 +411,10 @@ class InfoReader:
     def _plain_columns(self, bits: int) -> list[tuple[str, _Column]] | None:
         """The (name, column) of every column in ``bits``, in column order; None when one of
         them is the final-obs or a final-info column (those need ``read``'s general path)."""
-        plain = []
-        col = 0
-        while bits:
-            if bits & 1:
-                name, column, path = self._column(col)
-                if path is not None:
-                    return None
-                plain.append((name, column))
-            bits >>= 1
-            col += 1
-        return plain
+        columns = self._columns_of(bits)
+        if any(path is not None for _, _, path in columns):
+            return None
+        return [(name, column) for name, column, _ in columns]
 
     @staticmethod
     def _read_present(plain: list[tuple[str, _Column]], env_ids: np.ndarray | None, n: int) -> dict:

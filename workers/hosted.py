@@ -133,24 +133,24 @@ class HostedWorker:
     def serve_posted(self) -> None:
         """Serve the command posted to this shard since the last one, if any."""
         if self._server is not None:
-            try:
-                self._server.serve_posted()
-            except KeyboardInterrupt:   # the pool's entry closes everything on Ctrl-C
-                raise
-            except BaseException as exc:
-                self._die(exc)
+            self._guarded(self._server.serve_posted)
 
     def serve_some(self, limit: int) -> int:
         """Serve up to ``limit`` of this shard's async requests (``Server.serve_some``)."""
         if self._server is None:
             return 0
+        return self._guarded(self._server.serve_some, limit) or 0
+
+    def _guarded(self, serve, *args):
+        """``serve(*args)``; what escapes the worker's own handling ends this shard (``_die``),
+        except Ctrl-C, which the pool's entry turns into closing everything."""
         try:
-            return self._server.serve_some(limit)
+            return serve(*args)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
             self._die(exc)
-            return 0
+            return None
 
     def _die(self, exc: BaseException) -> None:
         """What escapes the worker's own error handling (``SystemExit`` or ``GeneratorExit`` from
