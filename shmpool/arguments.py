@@ -75,14 +75,24 @@ def make_by_id(env_id: str, kwargs: dict) -> gymnasium.Env:
     return gymnasium.make(env_id, **kwargs)
 
 
+# shmpool's own task ids (``shmpool.registration.list_tasks``), handed in by the registry when it
+# is imported: it sits above this module (it builds pools), so this module cannot import it.
+_own_tasks: Callable[[], list[str]] = list
+
+
+def know_own_tasks(list_tasks: Callable[[], list[str]]) -> None:
+    """Called once by ``shmpool.registration``: how to list shmpool's own task ids."""
+    global _own_tasks
+    _own_tasks = list_tasks
+
+
 def check_env_id(env_id: str) -> None:
     """An unknown id fails here, in the parent, with gymnasium's suggestion; one of shmpool's own
     tasks (``shmpool.list_tasks()``: EnvPool's ``Pong-v5``...) also says where it is built."""
     try:
         gymnasium.spec(env_id)
     except gymnasium.error.Error as exc:
-        from .registration import list_tasks  # the registry imports this module
-        if env_id not in list_tasks():
+        if env_id not in _own_tasks():
             raise
         raise type(exc)(f"{exc}: {env_id!r} is a shmpool task with EnvPool's options; build it with "
                         f"shmpool.make({env_id!r}, num_envs=...), or give gymnasium's own id "

@@ -1,6 +1,8 @@
 """Exceptions raised by a pool. Each message names the env, worker and phase."""
 from __future__ import annotations
 
+from typing import Any
+
 
 class ShmpoolError(RuntimeError):
     """Base class for failures of a pool's envs or workers.
@@ -38,6 +40,35 @@ class EnvError(ShmpoolError):
         self.remote_type = remote_type
         self.remote_traceback = remote_traceback
         self.remote_exception = remote_exception  # the env's exception itself, when it could be unpickled
+
+    @classmethod
+    def from_failure(cls, failure: Any, *, worker: int, who: str, then: str | None = None) -> EnvError:
+        """The error of a worker's ``Failure`` (``shmpool.protocol``): ``who`` names the env and
+        its process, ``then`` says what the caller must do (or what became of the pool)."""
+        tail = f"; {then}" if then else ""
+        return cls(with_traceback(f"{who} raised in {failure.phase}: {failure.last_line}{tail}", failure.traceback),
+                   env_id=failure.env_id, worker=worker, phase=failure.phase, remote_type=failure.remote_type,
+                   remote_traceback=failure.traceback, remote_exception=failure.original())
+
+    def copy_as(self, cls: type[EnvError] | None = None, message: str | None = None) -> EnvError:
+        """The same error (every field kept) as ``cls`` (a subclass that is also the env's builtin
+        exception type) and with ``message`` when given."""
+        return (cls or type(self))(str(self) if message is None else message, env_id=self.env_id,
+                                   worker=self.worker, phase=self.phase, remote_type=self.remote_type,
+                                   remote_traceback=self.remote_traceback, remote_exception=self.remote_exception)
+
+    @property
+    def head(self) -> str:
+        """The message without the remote traceback."""
+        return str(self).split(TRACEBACK_MARK, 1)[0]
+
+
+TRACEBACK_MARK = "\n--- remote traceback ---\n"
+
+
+def with_traceback(head: str, traceback: str) -> str:
+    """An ``EnvError`` message: what happened, then the worker's traceback."""
+    return f"{head}{TRACEBACK_MARK}{traceback}"
 
 
 class WorkerDiedError(ShmpoolError):

@@ -15,6 +15,7 @@ from gymnasium import spaces
 from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
 from . import _core
+from .errors import SpacesDifferError
 
 ALIGN = _core.LINE
 
@@ -197,3 +198,28 @@ class Views:
         self.registry_offset = o["info_registry"]
         # Per env, how many pickled actions the parent has sent it (``shmpool.fallback``).
         self.act_version = arr("act_version", np.uint32, (n,)) if layout.has_slow_actions else None
+
+
+def observation_spaces(bounds: list[tuple[int, int]], described: list, mode: str) -> tuple:
+    """Each env's observation space, from each worker's ``protocol.Spaces`` (``described``) and
+    its envs ``bounds``, judged against ``observation_mode``: ``"same"`` wants them equal,
+    ``"different"`` of one type, shape and dtype (bounds may differ).  ``SpacesDifferError``
+    names the first env that breaks it."""
+    spaces: list = []
+    for (a, b), d in zip(bounds, described):
+        spaces += d.observation_spaces or [d.observation_space] * (b - a)
+    first, different = spaces[0], mode == "different"
+    # Each distinct object once: a worker's unchanged spaces are one object, and Box
+    # equality runs allclose over the bounds (slow for large spaces times many envs).
+    accepted = {id(first)}
+    for i, space in enumerate(spaces):
+        if id(space) in accepted:
+            continue
+        if space == first or (different and same_layout(space, first)):
+            accepted.add(id(space))
+            continue
+        allowed = ("spaces of one type, shape and dtype" if different else
+                   "one space (observation_mode='different' accepts spaces that differ in bounds only)")
+        raise SpacesDifferError(f"env {i} has observation space {space}; env 0 has {first}: all envs of a pool "
+                                f"must share their spaces: {allowed}", tuple(spaces))
+    return tuple(spaces)

@@ -14,7 +14,10 @@ are in docs/performance.md.  ``SHMPOOL_NO_OMP_TUNING=1`` turns it off.  When it 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
+
+from .errors import PerformanceWarning
 
 OPT_OUT = "SHMPOOL_NO_OMP_TUNING"
 SPIN_VARIABLE = "GOMP_SPINCOUNT"
@@ -85,3 +88,16 @@ def advice(torch_threads: int | None, tuning: OpenMPTuning = TUNING) -> str | No
             f"cost the pool about a third of its speed (docs/performance.md). Fix: `import shmpool` before "
             f"`import torch`, or start Python with {SPIN_VARIABLE}={SPIN_COUNT} in the environment "
             f"({OPT_OUT}=1 silences this).")
+
+
+_ADVISED = False   # advise_once gave its advice in this process
+
+
+def advise_once(torch_threads: int | None, has_processes: bool, stacklevel: int = 2) -> None:
+    """Once per process, when a pool with worker processes is built: torch's threads spin on the
+    workers' cores and the spin count could not be set; say what it costs and the line that fixes it."""
+    global _ADVISED
+    text = advice(torch_threads) if has_processes else None
+    if text is not None and not _ADVISED:
+        _ADVISED = True
+        warnings.warn(text, PerformanceWarning, stacklevel=stacklevel + 1)

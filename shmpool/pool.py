@@ -1,15 +1,15 @@
 """The pool: worker processes pinned to cores, stepping envs in shared memory.
 
-``Pool`` is the public API and the dispatch bookkeeping; it delegates to rooms of
-one job each (see ARCHITECTURE.md): ``state.Lifecycle`` (the one state, checked at
-every entry, and the entry lock), ``region.Region`` (the shared memory),
-``workerset.WorkerSet`` (processes, pipes, liveness) and ``restarts.Restarts``
-(only with ``on_worker_error="restart"``).
+``Pool`` is the public API; it delegates to rooms of one job each (see
+ARCHITECTURE.md): ``state.Lifecycle`` (the one state, checked at every entry, and the
+entry lock), ``region.Region`` (the shared memory), ``workerset.WorkerSet``
+(processes, pipes, liveness), ``dispatch.Dispatch`` (what is in flight),
+``supervisor.Supervisor`` (the waits and the side channels) and
+``restarts.Restarts`` (only with ``on_worker_error="restart"``).  The rooms are
+handed their parts and a weak ``fatal`` callback; none holds the pool.
 """
 from __future__ import annotations
 
-import functools
-import itertools
 import multiprocessing as mp
 import os
 import time
@@ -24,79 +24,28 @@ from gymnasium.vector import AutoresetMode
 from . import _core, openmp
 from . import layout as L
 from . import protocol as P
-from ._evenness import LeadLimit
 from .actions import ActionWriter
 from .arguments import (
-    check_batch_size,
-    check_env_ids,
-    check_max_concurrency,
-    check_max_lead,
-    check_num_workers,
-    check_on_worker_error,
-    check_options_list,
-    check_parent_shard,
     check_seed,
-    check_step_timeout,
     check_typos,
-    check_wake,
     env_constructors,
-    env_id_array,
     env_id_list,
     keywords_of,
-    shard_sizes,
-    workers_within,
 )
 from .autoreset import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
-from .batched import BatchedEnvs, check_hosting
-from .costs import cheap_enough, step_cost
-from .errors import EnvError, PerformanceWarning, PoolClosedError, SpacesDifferError, WorkerDiedError
+from .batched import check_hosting
+from .dispatch import Dispatch
 from .fallback import Lane, LatestValues, SlowActionSender, warn_slow
 from .infos import InfoReader
+from .plan import plan_pool
 from .region import Region
-from .resets import check_reset_mask, seed_list
-from .restarts import Restarts
-from .restarts import take as restarts_take
-from .state import Lifecycle, LifecycleFacts
-from .supervisor import Supervisor, pack_each
-from .topology import (
-    allowed_cpus,
-    choose_wait_policy,
-    cpu_quota,
-    default_num_workers,
-    oversubscribed,
-    resolve_cpus,
-    trainer_threads,
-    usable_cores,
-)
+from .resets import reset_request
+from .restarts import RestartRecord, Restarts
+from .state import Lifecycle, LifecycleFacts, public_entry
+from .supervisor import Supervisor
 from .workerset import SLICE_NS, WorkerSet
 
 _LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()   # for the fork hook below
-_ADVISED = False   # the OpenMP advice (Pool._advise) was given in this process
-
-
-def _public(method: Callable) -> Callable:
-    """A public entry: one call at a time per pool (other threads wait; a signal
-    handler re-entering is refused), and a ``close()`` that came meanwhile runs as
-    the call leaves (raising ``PoolClosedError``)."""
-    @functools.wraps(method)
-    def entry(self, *args, **kwargs):
-        life = self._life
-        life.enter()
-        try:
-            return method(self, *args, **kwargs)
-        except KeyboardInterrupt as exc:
-            # Mid-call the workers' state is unknown, whichever slice of the wait was hit:
-            # stop them, and say so on the way out.
-            self._kill_workers_now()
-            if not any(INTERRUPTED in note for note in getattr(exc, "__notes__", ())):
-                exc.add_note(f"shmpool: {INTERRUPTED} ({method.__name__} was interrupted)")
-            raise
-        finally:
-            life.leave(self._close_now)
-    return entry
-
-
-INTERRUPTED = "the pool was closed and its workers killed"
 
 
 class Pool(LifecycleFacts):
@@ -262,16 +211,11 @@ class Pool(LifecycleFacts):
 
     Attributes
     ----------
-    num_envs, num_workers, batch_size : int
-        As resolved from the parameters.
-    max_lead : int | None
-        As resolved from the parameter.
-    cpus : list[int]
-        The cores the pool may use; ``worker_cpus`` the core of each worker.
-    cpu_quota : float | None
-        The cgroup CPU quota in cores (``cpu.max`` / ``cpu.cfs_quota_us``), None if unlimited.
-    wait_policy, worker_wait_policy : WaitPolicy
-        The parent's and the workers' wait policies; ``wait_choice`` says why.
+    plan : PoolPlan
+        Every setting as resolved from the parameters and the machine (``shmpool.plan``);
+        ``num_envs``, ``num_workers``, ``batch_size``, ``max_lead``, ``cpus`` (the cores the pool
+        may use), ``cpu_quota`` (cgroup, in cores), ``parent_shard``, ``wait_policy`` and
+        ``worker_wait_policy`` repeat its values, ``wait_choice`` says why.
     single_observation_space, single_action_space : gymnasium.Space
         One env's spaces (the pool's arrays add a leading ``num_envs`` or batch axis).
     metadata, render_mode, spec
@@ -280,10 +224,8 @@ class Pool(LifecycleFacts):
         Whether ``close()`` ran (or start-up failed).
     in_flight : int
         Envs sent or async-reset and not received yet.
-    worker_pids : list[int]
-        The workers' process ids (this process's for a ``parent_shard``).
-    parent_shard : int | None
-        The worker index whose shard this process steps, None if every shard has a process.
+    worker_pids, worker_cpus : list
+        Each worker's process id (this process's for a ``parent_shard``) and core.
     restarts, worker_restarts, restart_log
         Restart counts: total, per worker, and the latest 1,000 events.
     """
@@ -319,52 +261,27 @@ class Pool(LifecycleFacts):
         self._region: Region | None = None
         check_typos("Pool", env_kwargs, keywords_of(Pool.__init__))
         fns = env_constructors(env, num_envs, env_kwargs)
-        self.num_envs = n = len(fns)
-        # A Batched env is one constructor sliced into shards: its envs are alike.
-        alike = isinstance(fns, BatchedEnvs) or all(f is fns[0] for f in fns)
-        self.max_lead = check_max_lead(max_lead, alike)
-        self.cpus = resolve_cpus(cpus)
-        self.cpu_quota = cpu_quota()   # cgroup CPU limit in cpus (docker --cpus), None if none
-        chosen = num_workers is not None
-        if not chosen:
-            num_workers = default_num_workers(self.cpus, self.cpu_quota, n)
-        self.max_concurrency = check_max_concurrency(max_concurrency)
-        num_workers = workers_within(num_workers, self.max_concurrency, chosen)
-        self.num_workers = w = check_num_workers(num_workers, n)
-        self.batch_size = check_batch_size(batch_size, n)
-        self.step_timeout = check_step_timeout(step_timeout)
-        self.on_worker_error = check_on_worker_error(on_worker_error)
-        use_sems = check_wake(wake, _core.have_futex(), on_worker_error, isinstance(fns, BatchedEnvs))
-        worker_cpus = [self.cpus[k % len(self.cpus)] for k in range(w)]
-        allowed = allowed_cpus()
-        trainer = trainer_threads()   # read once: the layout and the wait choice see the same trainer
-        hosting = check_parent_shard(parent_shard, oversubscribed(worker_cpus, allowed, self.cpu_quota),
-                                     chosen, self.step_timeout, self.on_worker_error, self.batch_size < n,
-                                     trainer.leaves_a_core(usable_cores(allowed, self.cpu_quota)))
-        self.layout_note = ""
-        if hosting and parent_shard == "auto" and w > 1 and not isinstance(fns, BatchedEnvs) \
-                and trainer.torch_threads is not None:
-            # A trainer beside us and envs this cheap: every env here beats any hand-off (shmpool.costs).
-            # The last env's constructor: scripts give env 0 the extras (video, rendering).
-            cost = step_cost(fns[-1])
-            if cheap_enough(cost, n):
-                self.num_workers = w = 1
-                worker_cpus = worker_cpus[:1]
-                self.layout_note = (f"every env stepped in this process: a step of one env costs {cost * 1e6:.0f} µs, "
-                                    f"{n} of them less than handing a shard to a worker beside the trainer")
-        self.parent_shard = w - 1 if hosting else None
-        if hosting:   # the last (never the largest) shard: the parent also gathers the results
-            worker_cpus = worker_cpus[:-1]
-        crowded = oversubscribed(worker_cpus, allowed, self.cpu_quota)
-        self.wait_choice = choose_wait_policy(wait_policy, worker_cpus, allowed, self.cpu_quota, trainer,
-                                              hosted=hosting)
+        self.plan = plan = plan_pool(
+            fns, num_workers=num_workers, batch_size=batch_size, cpus=cpus, wait_policy=wait_policy,
+            step_timeout=step_timeout, wake=wake, on_worker_error=on_worker_error, pin=pin,
+            max_concurrency=max_concurrency, max_lead=max_lead, parent_shard=parent_shard)
+        self.num_envs = n = plan.num_envs
+        self.num_workers = plan.num_workers
+        self.batch_size = plan.batch_size
+        self.max_lead = plan.max_lead
+        self.max_concurrency = plan.max_concurrency
+        self.cpus = list(plan.cpus)
+        self.cpu_quota = plan.cpu_quota
+        self.parent_shard = plan.parent_shard
+        self.pinned = plan.pinned
+        self.step_timeout = plan.step_timeout
+        self.on_worker_error = plan.on_worker_error
+        self.layout_note = plan.layout_note
+        self.wait_choice = plan.wait_choice
         self.wait_policy, self.worker_wait_policy = self.wait_choice.parent, self.wait_choice.worker
-        if crowded and "spin" in (self.wait_policy.name, self.worker_wait_policy.name):
-            warnings.warn(
-                f"wait_policy 'spin' with {w} workers on cpus {sorted(set(worker_cpus))} and the parent "
-                "sharing them: a spinning process keeps a core another one needs; expect a large slowdown",
-                RuntimeWarning, stacklevel=2)
-        self._advise(trainer, has_processes=len(worker_cpus) > 0)
+        if plan.spin_warning:
+            warnings.warn(plan.spin_warning, RuntimeWarning, stacklevel=2)
+        openmp.advise_once(plan.trainer.torch_threads, bool(plan.process_cpus), stacklevel=2)
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
         self.strict = bool(strict)
@@ -373,43 +290,27 @@ class Pool(LifecycleFacts):
         self.observation_mode = observation_mode
         seed = check_seed(seed)
         seeds = [None] * n if seed is None else [seed + i for i in range(n)]
-        self._restarts = Restarts(w, startup_timeout)
-        self._supervisor = Supervisor(self)
-        self._replacing = on_worker_error == "restart"
-        # recv()'s take: the restart room's (watching the workers, taken-over results first) or the
-        # plain one; a function, not a bound method, so the pool holds no reference cycle.
-        self._take = restarts_take if self._replacing else Pool._take_results
-
-        sizes = shard_sizes(n, w)
-        ends = list(itertools.accumulate(sizes))
-        self._sizes = sizes
-        self._owner = np.repeat(np.arange(w, dtype=np.int32), sizes)
-        self.pinned = bool(pin)
-        self._workers = WorkerSet(mp.get_context(start_method), [(e - s, e) for s, e in zip(sizes, ends)],
-                                  worker_cpus + [None] * hosting, self.pinned, self.parent_shard)
+        self._restart_record = RestartRecord(plan.num_workers)
+        self._replacing = plan.on_worker_error == "restart"
+        self._restarts: Restarts | None = None   # the restart room, in restart mode only
+        self._startup_timeout = startup_timeout
+        self._owner = plan.owner
+        self._workers = WorkerSet(mp.get_context(start_method), plan.bounds, list(plan.worker_cpus),
+                                  plan.pinned, plan.parent_shard)
+        life = Lifecycle()   # open, NEEDS_RESET: the pool's once start-up succeeded
         try:
-            self._start(fns, seeds, use_sems, startup_timeout)
+            self._start(fns, seeds, startup_timeout, life)
         except BaseException:
             self._workers.abort_startup()
             self._workers.kill_now()
             self._release()
             raise
-        self._life = Lifecycle()       # open, NEEDS_RESET
+        self._life = life
         _LIVE_POOLS.add(self)
 
     # --- start-up -----------------------------------------------------------------------
 
-    @staticmethod
-    def _advise(trainer, has_processes: bool) -> None:
-        """Once per process: torch's threads spin on the workers' cores and the pool could not
-        set their spin count (``shmpool.openmp``); say what it costs and the line that fixes it."""
-        global _ADVISED
-        advice = openmp.advice(trainer.torch_threads) if has_processes else None
-        if advice is not None and not _ADVISED:
-            _ADVISED = True
-            warnings.warn(advice, PerformanceWarning, stacklevel=3)
-
-    def _start(self, fns, seeds, use_sems: bool, startup_timeout: float | None) -> None:
+    def _start(self, fns, seeds, startup_timeout: float | None, life: Lifecycle) -> None:
         workers = self._workers
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
         workers.spawn_all(fns, seeds, deadline)
@@ -418,67 +319,50 @@ class Pool(LifecycleFacts):
         first = described[0]
         obs_space, act_space = first.observation_space, first.action_space
         check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
-        self.observation_spaces = self._observation_spaces(described)
+        self.observation_spaces = L.observation_spaces(self._workers.bounds, described, self.observation_mode)
         self.single_observation_space = obs_space
         self.single_action_space = act_space
         self.metadata = first.metadata
         self.render_mode = first.render_mode
         self.spec = first.spec
-        layout = L.Layout.build(self.num_envs, self._sizes, obs_space, act_space,
+        sizes = list(self.plan.shard_sizes)
+        layout = L.Layout.build(self.num_envs, sizes, obs_space, act_space,
                                 final_obs=self.autoreset_mode == SAME_STEP)
         # Leaves that cannot live in shared memory travel pickled (shmpool.fallback).
         self._obs_lane = Lane.of(obs_space)
         warn_slow(self._obs_lane, Lane.of(act_space), stacklevel=4)
-        self._region = region = Region(layout, self._sizes, use_sems)
+        self._region = region = Region(layout, sizes, self.plan.use_semaphores)
         self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
                                     self.autoreset_mode, self.strict)
         workers.map_region(list(range(self.num_workers)), self._map_msg, region, deadline)
         region.started(keep_fd=self._replacing)
 
-        self._wire = region.wire
         self._views = views = region.views()
-        self._infos = InfoReader(views, region.map, obs_space)
         self._actions = ActionWriter(act_space, layout, views, self.strict)
-        self._all_ids = np.arange(self.num_envs, dtype=np.int64)
+        self._dispatch = dispatch = Dispatch(region.wire, self._owner, life, self.batch_size, self.max_lead)
+        store_slow_obs = None
         if self._obs_lane is None:
             self._obs_views = L.assemble(obs_space, views.obs)
         else:
             self._obs_views = None   # rebuilt per call around the latest pickled values
             self._slow_obs = LatestValues(self._obs_lane, self.num_envs)
+            store_slow_obs = self._slow_obs.store
         if self._actions.lane is not None:
-            self._slow_actions = SlowActionSender(views.act_version, self._owner, self._all_ids)
-        self._sync_seq = self._wire.sync_count()   # where the region's header started it
-        self._step_target: int | None = None   # sync-counter value a pending step_async waits for
-        self._in_flight = np.zeros(self.num_envs, dtype=np.uint8)
-        self._batch_ids = np.zeros(self.batch_size, dtype=np.uint32)
-        self._lead = LeadLimit(self.num_envs, self.max_lead)
-        self._taken = np.zeros(self.batch_size, dtype=np.uint32)
-
-    def _observation_spaces(self, described: list) -> tuple:
-        """Each env's observation space, judged against ``observation_mode``: ``"same"`` wants
-        them equal, ``"different"`` of one type, shape and dtype (bounds may differ)."""
-        spaces: list = []
-        for (a, b), d in zip(self._workers.bounds, described):
-            spaces += d.observation_spaces or [d.observation_space] * (b - a)
-        first, different = spaces[0], self.observation_mode == "different"
-        # Each distinct object once: a worker's unchanged spaces are one object, and Box
-        # equality runs allclose over the bounds (slow for large spaces times many envs).
-        accepted = {id(first)}
-        for i, space in enumerate(spaces):
-            if id(space) in accepted:
-                continue
-            if space == first or (different and L.same_layout(space, first)):
-                accepted.add(id(space))
-                continue
-            allowed = ("spaces of one type, shape and dtype" if different else
-                       "one space (observation_mode='different' accepts spaces that differ in bounds only)")
-            raise SpacesDifferError(f"env {i} has observation space {space}; env 0 has {first}: all envs of a pool "
-                                    f"must share their spaces: {allowed}", tuple(spaces))
-        return tuple(spaces)
+            self._slow_actions = SlowActionSender(views.act_version, self._owner, dispatch.all_ids)
+        fatal = _weak_method(self._kill_workers_now)   # the rooms must not keep the pool alive
+        self._supervisor = supervisor = Supervisor(
+            workers, dispatch, views.status, InfoReader(views, region.map, obs_space), life,
+            self.wait_policy, self.step_timeout, fatal, store_slow_obs)
+        self._take = supervisor.take   # recv()'s take; in restart mode the restart room's
+        if self._replacing:
+            self._restarts = supervisor.restarts = restarts = Restarts(
+                self._restart_record, workers, region, dispatch, supervisor, self._map_msg,
+                (obs_space, act_space), self._startup_timeout, fatal)
+            self._take = restarts.take
 
     # --- public API: sync ---------------------------------------------------------------
 
-    @_public
+    @public_entry
     def reset(self, seed: int | Sequence[int | None] | None = None, options: dict | None = None):
         """Reset every env; returns ``(obs, infos)``.
 
@@ -488,36 +372,15 @@ class Pool(LifecycleFacts):
         as gymnasium's vector envs do; the other envs keep their observations."""
         life = self._life
         life.check_open()
-        seeds = seed_list(seed, self.num_envs)
-        mask = None
-        if isinstance(options, (list, tuple)):
-            options = check_options_list(options, self.num_envs)
-        elif options is not None and "reset_mask" in options:
-            options = dict(options)
-            mask = check_reset_mask(options.pop("reset_mask"), self.num_envs)
-        # Packed before anything is sent: options that cannot travel change nothing anywhere.
-        if isinstance(options, list):
-            packed = pack_each(options, range(self.num_envs), lambda i: f"reset: the options for env {i}")
-        else:
-            packed = pack_each([options], [0], lambda i: "reset: the options")[0]
+        request = reset_request(seed, options, self.num_envs)   # checked and packed before anything is sent
         life.check_idle()
-        self._drain_in_flight()
-        call = next(self._supervisor.calls)
-
-        def send_reset(k: int) -> None:
-            a, b = self._workers.bounds[k]
-            shard_options = packed[a:b] if isinstance(packed, list) else packed
-            shard_mask = None if mask is None else mask[a:b].tolist()
-            self._supervisor.message(k, P.Reset(call, seeds[a:b], shard_options, shard_mask), "reset")
-
-        for k in range(self.num_workers):
-            send_reset(k)
-        self._supervisor.replies("reset", call, retry=send_reset)  # safe to repeat on a replacement worker
+        self._supervisor.drain()
+        self._supervisor.reset(request)
         life.ready()
         infos = self._supervisor.collect(None, "reset")
         return self._out_obs(), infos
 
-    @_public
+    @public_entry
     def step(self, actions, env_ids=None):
         """Step every env (or, with ``env_ids``, send to those envs and ``recv()``).
 
@@ -529,12 +392,12 @@ class Pool(LifecycleFacts):
         self._step_async(actions)
         return self._step_wait(None)
 
-    @_public
+    @public_entry
     def step_async(self, actions) -> None:
         """Start stepping every env with ``actions``; ``step_wait()`` returns the results."""
         self._step_async(actions)
 
-    @_public
+    @public_entry
     def step_wait(self, timeout: float | None = None):
         """Results of the pending ``step_async()``, in env order.
 
@@ -548,8 +411,7 @@ class Pool(LifecycleFacts):
             self._refuse_ended_envs()
         slow = self._actions.write(actions)
         versions = None if slow is None else self._slow_actions.stamp(None)
-        self._step_target = (self._sync_seq + self.num_workers) & 0xFFFFFFFF
-        self._wire.post_all(P.CMD_STEP)
+        self._dispatch.post_step(P.CMD_STEP)
         self._life.step_posted()
         if slow is not None:
             self._send_slow_actions(None, versions, slow)
@@ -558,14 +420,14 @@ class Pool(LifecycleFacts):
         life = self._life
         life.check_step_wait()
         self._workers.serve_hosted()
-        wire, policy = self._wire, self.wait_policy
-        if not wire.wait_sync(self._step_target, policy,
+        dispatch, policy = self._dispatch, self.wait_policy
+        wire = dispatch.wire
+        if not wire.wait_sync(dispatch.step_target, policy,
                               SLICE_NS if timeout is None else min(SLICE_NS, int(timeout * 1e9))):
-            # A restart during the step re-targets it (restarts.restep): read the target each slice.
-            self._supervisor.wait("step", lambda slice_ns: wire.wait_sync(self._step_target, policy, slice_ns), timeout,
-                       on_restart=self._supervisor.restep)
-        self._sync_seq = self._step_target
-        self._step_target = None
+            # A restart during the step re-targets it (Restarts.restep): read the target each slice.
+            self._supervisor.wait("step", lambda slice_ns: wire.wait_sync(dispatch.step_target, policy, slice_ns),
+                                  timeout, on_restart=None if self._restarts is None else self._restarts.restep)
+        dispatch.step_done()
         life.step_done()
         infos = self._supervisor.collect(None, "step")
         v = self._views
@@ -576,22 +438,23 @@ class Pool(LifecycleFacts):
 
     # --- public API: async --------------------------------------------------------------
 
-    @_public
+    @public_entry
     def async_reset(self) -> None:
         """Reset every env without waiting; results arrive through ``recv()``."""
         self._life.check_idle()
-        self._drain_in_flight()
+        self._supervisor.drain()
         self._life.ready()
-        self._dispatch(self._claim(None), reset=True)
+        dispatch = self._dispatch
+        dispatch.dispatch(dispatch.claim(None), reset=True)
 
-    @_public
+    @public_entry
     def send(self, actions, env_ids=None) -> None:
         """Start stepping ``env_ids`` (all envs when None) with ``actions``; returns at once.
 
         ``actions`` is batched like ``action_space`` with ``len(env_ids)`` rows."""
         self._send(actions, env_ids)
 
-    @_public
+    @public_entry
     def recv(self):
         """The first ``batch_size`` envs to finish, in completion order (except that none
         runs more than ``max_lead`` steps ahead of the least-advanced env out).
@@ -602,16 +465,17 @@ class Pool(LifecycleFacts):
 
     def _send(self, actions, env_ids) -> None:
         self._life.check_send()
-        ids = self._claim(env_ids)
+        dispatch = self._dispatch
+        ids = dispatch.claim(env_ids)
         try:
             if self.autoreset_mode == DISABLED:
                 self._refuse_ended_envs(ids)
             slow = self._actions.write(actions, ids)
         except BaseException:
-            self._in_flight[ids] = 0
+            dispatch.unclaim(ids)
             raise
         versions = None if slow is None else self._slow_actions.stamp(ids)
-        self._dispatch(ids, reset=False)
+        dispatch.dispatch(ids, reset=False)
         if slow is not None:
             self._send_slow_actions(ids, versions, slow)
 
@@ -630,12 +494,11 @@ class Pool(LifecycleFacts):
         life = self._life
         b = self.batch_size
         life.check_recv(b)
-        out = self._batch_ids
-        got = self._take_in_turn(out, b)
+        dispatch = self._dispatch
+        out = dispatch.batch_ids
+        got = dispatch.take_in_turn(out, b, self._take)
         ids = out[:got].astype(np.int32)
-        # take/put rather than fancy indexing: half the cost for a batch of a few rows.
-        self._in_flight.put(ids, 0)
-        life.in_flight -= got
+        dispatch.received(ids)
         v = self._views
         rewards, terminated, truncated = v.reward.take(ids), v.terminated.take(ids), v.truncated.take(ids)
         infos = self._supervisor.collect(ids, "recv")
@@ -646,56 +509,6 @@ class Pool(LifecycleFacts):
             obs = self._obs_lane.assemble(rows, self._slow_obs.batch(ids.tolist()))
         infos["env_id"] = ids
         return obs, rewards, terminated, truncated, infos
-
-    def _take_in_turn(self, out, b: int) -> int:
-        """``recv``'s take: finished envs in completion order, except that none gets more
-        than ``max_lead`` steps ahead of the least-advanced env out (``shmpool._evenness``)."""
-        order, life = self._lead, self._life
-        if self.max_lead is None:
-            return self._take(self, out, b, "recv")
-        if b >= life.in_flight and not order.n_held:   # everything out comes back anyway
-            got = self._take(self, out, b, "recv")
-            order.received(out[:got])
-            return got
-        taken, in_flight = self._taken, self._in_flight
-        got = order.release(in_flight, out, 0, b)
-        while got < b:
-            at_workers = life.in_flight - order.n_held - got
-            want = min(b - got, at_workers)
-            if want <= 0:
-                raise RuntimeError(f"recv: {b - got} envs short with none at the workers (held "
-                                   f"{order.held_envs()}); this is a bug in shmpool")
-            n = self._take(self, taken, want, "recv")
-            got += order.admit(taken[:n], in_flight, out, got)
-            got += order.release(in_flight, out, got, b - got)
-        return got
-
-    def _take_results(self, out, n: int, op: str, start: int = 0) -> int:
-        """Fill ``out[start:n]`` with env ids the workers published, in completion order.
-        The one place that takes from the wire."""
-        wire, workers = self._wire, self._workers
-        got = start
-        # The hosted shard's envs one at a time, taking what is ready between them: recv
-        # returns once its batch is full and the worker processes get new work sooner.
-        while got < n and workers.serve_hosted_some(1):
-            got += wire.take_ready(out, got, n - got)
-        if got < n:
-            got += wire.take(out, got, n - got, self.wait_policy, SLICE_NS)
-        if got < n:
-            # Slow path: a restart may happen while waiting, and must not owe
-            # again an env already taken here.
-            self._in_flight[out[:got]] = 0
-
-            def more(slice_ns):
-                nonlocal got
-                if self._replacing:
-                    got += self._restarts.take_ready(out, got, n - got)
-                new = wire.take(out, got, n - got, self.wait_policy, slice_ns)
-                self._in_flight[out[got:got + new]] = 0
-                got += new
-                return got == n
-            self._supervisor.wait(op, more)
-        return got
 
     # --- messages: call / attributes ------------------------------------------------------
 
@@ -727,7 +540,7 @@ class Pool(LifecycleFacts):
             return list(values)
         self._per_env(P.SET_ATTR, name, env_ids, per_env)
 
-    @_public
+    @public_entry
     def _per_env(self, op: str, name: str, env_ids, payloads: Callable[[int], list]) -> tuple:
         """Run a message op on chosen envs; only the workers that own them are asked."""
         self._life.check_open()
@@ -755,15 +568,11 @@ class Pool(LifecycleFacts):
         """Close with no call inside the wire (the caller holds the entry lock)."""
         self._life.close()
         _LIVE_POOLS.discard(self)
-        failures = self._workers.stop(self._wire)
+        failures = self._workers.stop(self._dispatch.wire)
         self._release()
         if failures:
             k, failure = failures[0]
-            raise EnvError(
-                f"env {failure.env_id} (worker {k}, pid {self._workers.pids[k]}) raised in close: "
-                f"{failure.last_line} (the pool is closed)\n--- remote traceback ---\n{failure.traceback}",
-                env_id=failure.env_id, worker=k, phase="close", remote_type=failure.remote_type,
-                remote_traceback=failure.traceback, remote_exception=failure.original())
+            raise self._workers.env_error(k, failure, then="the pool is closed")
 
     def _kill_workers_now(self) -> None:
         """Fatal path (inside a call that is about to raise): the workers' state is
@@ -778,7 +587,8 @@ class Pool(LifecycleFacts):
     def _release(self) -> None:
         """Drop every view of the region the pool made, then the region itself: a closed
         pool holds no memory unless the caller still holds arrays it returned."""
-        self._wire = self._views = self._obs_views = self._actions = self._infos = None
+        self._views = self._obs_views = self._actions = None
+        self._dispatch = self._supervisor = self._restarts = self._take = None
         if self._region is not None:
             self._region.release()
             self._region = None
@@ -800,11 +610,10 @@ class Pool(LifecycleFacts):
         raise TypeError("a Pool cannot be pickled or copied: it owns worker processes and shared memory; "
                         "build a new Pool (with the same arguments) where you need one")
 
-    def __copy__(self):
+    def __copy__(self, memo=None):
         self.__reduce__()
 
-    def __deepcopy__(self, memo):
-        self.__reduce__()
+    __deepcopy__ = __copy__
 
     # --- properties ---------------------------------------------------------------------------
 
@@ -812,18 +621,9 @@ class Pool(LifecycleFacts):
         return self.num_envs
 
     def __repr__(self) -> str:
-        quota = "" if self.cpu_quota is None else f", cpu quota {self.cpu_quota:g}"
-        cpus = [c for c in self._workers.cpus if c is not None]
-        where = f"on cpus {cpus}" if self.pinned else f"unpinned on cpus {self.cpus}"
-        if self.parent_shard is not None:
-            processes = f"{len(cpus)} in processes {where}" if cpus else "no worker process"
-            where = f"({processes}, worker {self.parent_shard}'s shard stepped in this process)"
-        if self.layout_note:
-            where = f"({self.layout_note})"
-        workers = "1 worker" if self.num_workers == 1 else f"{self.num_workers} workers"
-        return (f"Pool({self.num_envs} envs, {workers} {where}{quota}, "
-                f"batch_size={self.batch_size}, {self.wait_policy.name} waits ({self.wait_choice}), "
-                f"OpenMP: {openmp.TUNING.detail}, {self._life.state.value})")
+        return (f"Pool({self.num_envs} envs, {self.plan.describe_layout()}, batch_size={self.batch_size}, "
+                f"{self.wait_policy.name} waits ({self.wait_choice}), OpenMP: {openmp.TUNING.detail}, "
+                f"{self._life.state.value})")
 
     @property
     def worker_pids(self) -> list[int]:
@@ -837,24 +637,22 @@ class Pool(LifecycleFacts):
     @property
     def restarts(self) -> int:
         """Workers replaced so far (``on_worker_error="restart"``)."""
-        return self._restarts.count
+        return self._restart_record.count
 
     @property
     def worker_restarts(self) -> list[int]:
         """Workers replaced so far, per worker."""
-        return self._restarts.per_worker
+        return list(self._restart_record.per_worker)
 
     @property
     def restart_log(self):
         """The latest 1,000 restarts, oldest first: dicts with worker, pid, exitcode, cause, op,
         new_pid, in_flight, seconds, time."""
-        return self._restarts.log
+        return self._restart_record.log
 
     def shard_of(self, worker: int) -> range:
         """Env ids owned by ``worker``."""
         return range(*self._workers.bounds[worker])
-
-    # --- dispatch bookkeeping -------------------------------------------------------------------
 
     def _out_obs(self):
         if self._obs_lane is not None:
@@ -874,40 +672,16 @@ class Pool(LifecycleFacts):
                 f"envs {ended.tolist()} ended their episodes and autoreset is disabled: reset them with "
                 "reset(options={'reset_mask': mask}) before stepping")
 
-    def _claim(self, env_ids) -> np.ndarray:
-        """Validate env ids and mark them in flight (one C pass; numpy only to word an error)."""
-        ids = self._all_ids if env_ids is None else env_id_array(env_ids)
-        if self._wire.claim(ids, self._in_flight):
-            return ids
-        check_env_ids(ids, self.num_envs)
-        busy = ids[self._in_flight[ids].astype(bool)]
-        raise RuntimeError(f"env ids {busy.tolist()} are already in flight; recv() them first")
 
-    def _dispatch(self, ids: np.ndarray, reset: bool) -> None:
-        if self.max_lead is not None:
-            self._lead.sent(ids)
-        self._wire.dispatch(ids, self._owner, reset)
-        self._life.in_flight += len(ids)
+def _weak_method(method: Callable[[], None]) -> Callable[[], None]:
+    """``method`` called through a weak reference to its object (a no-op once it is gone)."""
+    ref = weakref.WeakMethod(method)
 
-    def _drain_in_flight(self) -> None:
-        """Receive and drop everything in flight (reset/call need idle workers)."""
-        n = self._life.in_flight
-        if n:
-            held = self._lead.drop_held()
-            out = np.zeros(n, dtype=np.uint32)
-            out[:len(held)] = held
-            got = len(held) + self._take(self, out[len(held):], n - len(held), "drain")
-            ids = out[:got].astype(np.int32)
-            self._in_flight[ids] = 0
-            self._life.in_flight -= got
-            try:
-                self._supervisor.collect(ids, "drain")
-            except (WorkerDiedError, PoolClosedError):
-                raise   # the pool's own fate, not the dropped results'
-            except Exception:
-                # Dropped results: their env errors and infos gymnasium could not batch go with them
-                # (the reset that follows makes a failed env usable again).
-                pass
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+    return call
 
 
 def _forked_child() -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import pickle
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -340,3 +341,20 @@ def next_command(conn) -> ToWorker:
     if type(msg) is Continued:
         msg = decode_from_parent(conn.recv_bytes())
     return msg
+
+
+def pack_each(items: list, ids: list[int], describe: Callable[[int], str]) -> list[bytes]:
+    """``items`` (one per env of ``ids``) packed for the side channel, an object shared by many
+    envs once; ``TypeError`` naming the env (``describe(env_id)``) when one cannot be."""
+    blobs: list[bytes] = []
+    memo: dict[int, bytes] = {}   # id of an item -> its blob (items stay referenced meanwhile)
+    for env_id, item in zip(ids, items):
+        blob = memo.get(id(item))
+        if blob is None:
+            try:
+                blob = pack(item)
+            except Exception as exc:
+                raise TypeError(f"{describe(env_id)} cannot be pickled: {exc}") from exc
+            memo[id(item)] = blob
+        blobs.append(blob)
+    return blobs

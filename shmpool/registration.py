@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium
 from gymnasium.envs.registration import EnvSpec, VectorizeMode
 
-from .arguments import POOL_KEYWORDS, check_count, check_seed, check_typos, keywords_of
+from .arguments import POOL_KEYWORDS, check_count, check_seed, check_typos, keywords_of, know_own_tasks
 from .envpool_env import ENV_TYPES, RENDER_MODES, EnvPoolEnv, base_config
 from .topology import allowed_cpus
 from .vector_env import VECTOR_PARAMETERS, VectorEnv
@@ -274,6 +274,9 @@ def list_tasks() -> list[str]:
         warnings.warn("not listed, their extras are not installed: " + "; ".join(
             f"{what} (pip install 'shmpool[{extra}]')" for extra, what in missing.items()), stacklevel=2)
     return sorted(_TASKS)
+
+
+know_own_tasks(list_tasks)
 
 
 def _affinity_cpus(offset: int | None, num_threads: int | None) -> list[int] | None:

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+from . import protocol as P
+from .arguments import check_options_list
 
 
 def seed_list(seed: int | Sequence[int | None] | None, num_envs: int) -> list:
@@ -33,3 +37,36 @@ def check_reset_mask(mask, num_envs: int) -> np.ndarray:
             "`options['reset_mask']` must contain a boolean array with at least one True value, "
             f"got reset_mask={mask}")
     return mask
+
+
+@dataclass(frozen=True)
+class ResetRequest:
+    """One ``reset()`` of every env, checked and with its options packed (``protocol.pack``):
+    ``options`` is one blob for every env, or a list of one blob per env; ``mask`` (bool, one
+    per env) or None."""
+
+    seeds: list
+    options: bytes | list[bytes]
+    mask: np.ndarray | None
+
+    def for_shard(self, start: int, end: int) -> tuple[list, bytes | list[bytes], list[bool] | None]:
+        """The seeds, options and mask of envs ``start..end-1``."""
+        options = self.options[start:end] if isinstance(self.options, list) else self.options
+        return self.seeds[start:end], options, None if self.mask is None else self.mask[start:end].tolist()
+
+
+def reset_request(seed, options, num_envs: int) -> ResetRequest:
+    """``reset(seed, options)``'s arguments checked as gymnasium checks them; options that cannot
+    be pickled are a ``TypeError`` naming the env, raised before anything is sent."""
+    seeds = seed_list(seed, num_envs)
+    mask = None
+    if isinstance(options, (list, tuple)):
+        options = check_options_list(options, num_envs)
+    elif options is not None and "reset_mask" in options:
+        options = dict(options)
+        mask = check_reset_mask(options.pop("reset_mask"), num_envs)
+    if isinstance(options, list):
+        packed = P.pack_each(options, range(num_envs), lambda i: f"reset: the options for env {i}")
+    else:
+        packed = P.pack_each([options], [0], lambda i: "reset: the options")[0]
+    return ResetRequest(seeds, packed, mask)

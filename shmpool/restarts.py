@@ -3,36 +3,60 @@ pool never notices.
 
 Only a pool built with ``on_worker_error="restart"`` ever calls into this room; in
 "raise" mode a dead worker closes the pool, and the hot path (``step_wait``,
-``recv``) has no restart branch.  This room may touch the pool's dispatch
-bookkeeping (in-flight marks, the pending step's target) and its worker set; it
-reports each restart in ``count``, ``per_worker`` and a bounded ``log``.
+``recv``) has no restart branch.  It is built with the parts it uses: the worker set,
+the region, the dispatch room (in-flight marks, the pending step's target), the
+supervisor (its waits, and the side messages it holds for later) and the ``fatal``
+callback; it holds no reference to the pool.  It reports each restart in ``count``,
+``per_worker`` and a bounded ``log``.
 """
 from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
 
 from . import protocol as P
-from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
-from .workerset import SLICE_S, death
-
-if TYPE_CHECKING:
-    from .pool import Pool
+from .dispatch import Dispatch
+from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError, with_traceback
+from .region import Region
+from .supervisor import Supervisor
+from .workerset import SLICE_S, WorkerSet, death
 
 LOG_LIMIT = 1000      # restart_log keeps the latest entries; ``restarts`` counts them all
 WATCH_S = 0.1         # recv() looks at the processes at least this often
 
 
-class Restarts:
-    """Restart bookkeeping of one pool: counters, log, and results taken over from dead workers."""
+class RestartRecord:
+    """How many workers were replaced, per worker, and the latest ``LOG_LIMIT`` events
+    (the pool's ``restarts``, ``worker_restarts``, ``restart_log``; kept after close)."""
 
-    def __init__(self, num_workers: int, startup_timeout: float | None) -> None:
-        self.count = 0                                  # workers replaced so far
-        self.per_worker = [0] * num_workers             # ... per worker
+    def __init__(self, num_workers: int) -> None:
+        self.count = 0
+        self.per_worker = [0] * num_workers
         self.log: collections.deque[dict] = collections.deque(maxlen=LOG_LIMIT)
+
+    def add(self, event: dict) -> None:
+        self.count += 1
+        self.per_worker[event["worker"]] += 1
+        self.log.append(event)
+
+
+class Restarts:
+    """Replacing workers of one pool, and the results taken over from dead ones."""
+
+    def __init__(self, record: RestartRecord, workers: WorkerSet, region: Region, dispatch: Dispatch,
+                 supervisor: Supervisor, map_msg: P.MapRegion, spaces: tuple, startup_timeout: float | None,
+                 fatal: Callable[[], None]) -> None:
+        self.record = record
+        self.workers = workers
+        self.region = region
+        self.dispatch = dispatch
+        self.supervisor = supervisor
+        self.map_msg = map_msg
+        self.spaces = spaces        # (observation, action): a replacement's envs must have them
+        self.fatal = fatal
         self.ready: collections.deque[int] = collections.deque()  # taken-over results, before the wire's
         self.startup_timeout = startup_timeout
         self.next_watch = 0.0
@@ -46,9 +70,19 @@ class Restarts:
             got += 1
         return got
 
+    def take(self, out: np.ndarray, n: int, op: str) -> int:
+        """``recv``'s take in restart mode: watch the workers now and then (the others can
+        fill every batch while a dead one's envs starve unseen), hand out taken-over
+        results first, then the wire's."""
+        if time.monotonic() >= self.next_watch:
+            self.next_watch = time.monotonic() + WATCH_S
+            self.supervisor.check_alive(op)
+        got = self.take_ready(out, 0, n)
+        return self.supervisor.take(out, n, op, got) if got < n else got
+
     # --- replacing a worker ----------------------------------------------------------------
 
-    def replace(self, pool: Pool, k: int, op: str, cause: str | None = None) -> None:
+    def replace(self, k: int, op: str, cause: str | None = None) -> None:
         """Replace dead (or killed) worker ``k``.
 
         Results it published and the parent had not taken stay valid (those whose side
@@ -57,7 +91,7 @@ class Restarts:
         step with the reset observation, reward 0, truncated True and info
         ``worker_restarted`` (see ``workers.loop.restarted``)."""
         t0 = time.monotonic()
-        workers, wire = pool._workers, pool._region.wire
+        workers, wire, dispatch = self.workers, self.region.wire, self.dispatch
         proc = workers.procs[k]
         if proc.exitcode is None:
             proc.kill()
@@ -69,16 +103,16 @@ class Restarts:
         # after publishing its result).
         messages = [m for m in workers.salvage(k) if isinstance(m, (P.Failure, P.Extra)) and m.env_id is not None]
         published = wire.reset_worker(k)
-        status = pool._views.status
+        status = self.supervisor.status
         keep, lost = [], []
         taken_over = set(published)   # the parent had not taken these yet
-        if pool._step_target is None:
+        if dispatch.step_target is None:
             by_env = {}
             for m in messages:
                 if m.env_id in taken_over:
                     by_env[m.env_id] = m
                 else:   # its result was taken already (held back, or later in this batch)
-                    pool._supervisor.early[m.env_id] = m
+                    self.supervisor.early[m.env_id] = m
             for e in published:
                 if status[e] == P.STATUS_OK:
                     keep.append(e)
@@ -88,23 +122,21 @@ class Restarts:
                 else:
                     lost.append(e)
         a, b = workers.bounds[k]
-        lead = pool._lead   # envs it holds back are finished and taken: not owed
-        owed = [e for e in range(a, b) if pool._in_flight[e] and e not in taken_over and not lead.is_held(e)]
-        self._spawn_replacement(pool, k, op, cause)
+        lead = dispatch.lead   # envs it holds back are finished and taken: not owed
+        owed = [e for e in range(a, b) if dispatch.in_flight[e] and e not in taken_over and not lead.is_held(e)]
+        self._spawn_replacement(k, op, cause)
         redo = owed + lost
         if redo:  # step requests: a restarted env answers one with its restart result
-            wire.dispatch(np.asarray(redo, dtype=np.int64), pool._owner, False)
+            wire.dispatch(np.asarray(redo, dtype=np.int64), dispatch.owner, False)
         self.ready.extend(keep)
-        self.count += 1
-        self.per_worker[k] += 1
         workers.generation[k] += 1
-        self.log.append({"worker": k, "pid": pid, "exitcode": code, "cause": cause, "op": op,
+        self.record.add({"worker": k, "pid": pid, "exitcode": code, "cause": cause, "op": op,
                          "new_pid": workers.procs[k].pid, "in_flight": len(redo),
                          "seconds": time.monotonic() - t0, "time": time.time()})
 
-    def _spawn_replacement(self, pool: Pool, k: int, op: str, cause: str) -> None:
+    def _spawn_replacement(self, k: int, op: str, cause: str) -> None:
         """Start worker ``k`` again, map the region, reset its envs.  If that fails, the pool is closed."""
-        workers, region = pool._workers, pool._region
+        workers, region = self.workers, self.region
         workers.spawn(k)
         workers.guard()
         proc, conn = workers.procs[k], workers.conns[k]
@@ -113,10 +145,10 @@ class Restarts:
         deadline = None if self.startup_timeout is None else time.monotonic() + self.startup_timeout
         try:
             d = workers.startup_message(k, P.Spaces, deadline)
-            if d.observation_space != pool.single_observation_space or d.action_space != pool.single_action_space:
+            if (d.observation_space, d.action_space) != self.spaces:
                 raise ValueError(f"the replacement's envs have spaces {d.observation_space}, {d.action_space}; "
-                                 f"the pool has {pool.single_observation_space}, {pool.single_action_space}")
-            workers.map_region([k], pool._map_msg, region, deadline)
+                                 f"the pool has {self.spaces[0]}, {self.spaces[1]}")
+            workers.map_region([k], self.map_msg, region, deadline)
             P.send(conn, P.Restart(0))   # a new pipe: no earlier call's answer can be in it
             region.wire.post(k, P.CMD_MESSAGE)
             while True:
@@ -134,49 +166,35 @@ class Restarts:
             raise WorkerDiedError(f"{what}: {exc}", worker=k, pid=proc.pid, exitcode=proc.exitcode) from exc
         except BaseException as exc:
             code = proc.exitcode       # read before the kill closes the process object
-            pool._kill_workers_now()
+            self.fatal()
             if isinstance(exc, EnvError):
-                first = str(exc).splitlines()[0].removesuffix("; the pool was not created")
-                raise EnvError(f"{what}: {first}; the pool is closed\n--- remote traceback ---\n"
-                               f"{exc.remote_traceback}", env_id=exc.env_id, worker=k, phase=exc.phase,
-                               remote_type=exc.remote_type, remote_traceback=exc.remote_traceback,
-                               remote_exception=exc.remote_exception) from exc
+                first = exc.head.removesuffix("; the pool was not created")
+                raise exc.copy_as(message=with_traceback(f"{what}: {first}; the pool is closed",
+                                                         exc.remote_traceback)) from exc
             raise WorkerDiedError(f"{what}: {exc}; the pool is closed", worker=k, pid=proc.pid,
                                   exitcode=code) from exc
 
-    def restep(self, pool: Pool, workers: list[int]) -> None:
+    def restep(self, replaced: list[int]) -> None:
         """Replacements during a sync step step their shards again (restart results).
         The sync counter may or may not hold the dead worker's count, so wait until
         every worker is idle and make the pending step's target the counter itself."""
-        if pool._step_target is None:
+        if self.dispatch.step_target is None:
             return
-        wire = pool._region.wire
+        wire = self.region.wire
 
-        def step_again(replaced: list[int]) -> None:
-            for k in replaced:
+        def step_again(workers: list[int]) -> None:
+            for k in workers:
                 wire.post(k, P.CMD_STEP)
 
-        step_again(workers)
-        pool._supervisor.wait("step", pool._supervisor.all_done, on_restart=step_again)
-        pool._step_target = wire.sync_count()
+        step_again(replaced)
+        self.supervisor.wait("step", self.supervisor.all_done, on_restart=step_again)
+        self.dispatch.retarget()
 
-    def owed_error(self, pool: Pool, k: int, op: str) -> WorkerRestartedError:
+    def owed_error(self, k: int, op: str) -> WorkerRestartedError:
         """A worker replaced while it owed the answer to ``op``."""
-        a, b = pool._workers.bounds[k]
-        last = next(e for e in reversed(self.log) if e["worker"] == k)
+        a, b = self.workers.bounds[k]
+        last = next(e for e in reversed(self.record.log) if e["worker"] == k)
         return WorkerRestartedError(
             f"worker {k} (envs {a}..{b - 1}) {last['cause']} during {op} and was replaced "
             f"(on_worker_error='restart'); the call was not retried, the pool is still open",
             worker=k, pid=last["pid"], exitcode=last["exitcode"])
-
-
-def take(pool: Pool, out: np.ndarray, n: int, op: str) -> int:
-    """``recv``'s take in restart mode: watch the workers now and then (the others can
-    fill every batch while a dead one's envs starve unseen), hand out taken-over
-    results first, then the wire's."""
-    restarts = pool._restarts
-    if time.monotonic() >= restarts.next_watch:
-        restarts.next_watch = time.monotonic() + WATCH_S
-        pool._supervisor.check_alive(op)
-    got = restarts.take_ready(out, 0, n)
-    return pool._take_results(out, n, op, got) if got < n else got

@@ -23,6 +23,7 @@ handler of the calling thread, or another thread) the close is deferred to that 
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -235,3 +236,29 @@ class LifecycleFacts:
     def in_flight(self) -> int:
         """Envs sent (or async-reset) and not returned by ``recv()`` yet."""
         return self._life.in_flight
+
+
+INTERRUPTED = "the pool was closed and its workers killed"
+
+
+def public_entry(method: Callable) -> Callable:
+    """A ``Pool``'s public method (the entry protocol above): one call at a time per pool (other
+    threads wait; a signal handler re-entering is refused), and a ``close()`` that came meanwhile
+    runs as the call leaves (raising ``PoolClosedError``).  The pool gives ``_life``,
+    ``_kill_workers_now()`` (the fatal path) and ``_close_now()``."""
+    @functools.wraps(method)
+    def entry(self, *args, **kwargs):
+        life = self._life
+        life.enter()
+        try:
+            return method(self, *args, **kwargs)
+        except KeyboardInterrupt as exc:
+            # Mid-call the workers' state is unknown, whichever slice of the wait was hit:
+            # stop them, and say so on the way out.
+            self._kill_workers_now()
+            if not any(INTERRUPTED in note for note in getattr(exc, "__notes__", ())):
+                exc.add_note(f"shmpool: {INTERRUPTED} ({method.__name__} was interrupted)")
+            raise
+        finally:
+            life.leave(self._close_now)
+    return entry

@@ -5,35 +5,61 @@ checks, in this order: a ``close()`` requested meanwhile (the call ends with
 ``PoolClosedError``), dead workers (raise and close, or replace them through the
 restart room), and the step timeout.  It also reads what a finished batch
 announces on the side channels (``collect``) and the answers to side messages
-(``replies``).  It may touch the pool's state, worker set and wire; it never frees
-anything except through the pool's fatal path.
+(``replies``), and takes finished envs from the wire (``take``).  It is built with the
+parts it uses (as ``distributed.recovery`` is) and holds no reference to the pool: its
+fatal path is the ``fatal`` callback, its restart path the ``restarts`` room when the
+pool has one.  It never frees anything itself.
 """
 from __future__ import annotations
 
 import functools
 import itertools
 import time
-import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from . import protocol as P
-from .errors import EnvError, PoolClosedError, WorkerRestartedError
-from .infos import add_info, collides, merge_in_env_order
-from .state import CLOSED_DURING_CALL
-from .workerset import SLICE_NS
+from .dispatch import Dispatch
+from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
+from .infos import InfoReader, add_info, collides, merge_in_env_order
+from .resets import ResetRequest
+from .state import CLOSED_DURING_CALL, Lifecycle
+from .workerset import SLICE_NS, WorkerSet
 
-if TYPE_CHECKING:
-    from .pool import Pool
+
+class Replacing(Protocol):
+    """What the supervisor asks of the restart room (``shmpool.restarts.Restarts``)."""
+
+    def replace(self, k: int, op: str, cause: str | None = None) -> None: ...
+    def take_ready(self, out: np.ndarray, start: int, n: int) -> int: ...
+    def take(self, out: np.ndarray, n: int, op: str) -> int: ...
+    def owed_error(self, k: int, op: str) -> WorkerRestartedError: ...
 
 
 class Supervisor:
-    """The waits, liveness checks and side-channel reads of one pool."""
+    """The waits, liveness checks and side-channel reads of one pool.
 
-    def __init__(self, pool: Pool) -> None:
-        self.pool = weakref.proxy(pool)   # the pool owns its supervisor: no reference cycle
+    Parts: the worker set, the dispatch room (wire, owners, in-flight marks), the region's
+    status bytes, the info reader, the lifecycle, the pool's wait policy and step timeout;
+    ``fatal()`` kills the workers and frees the region (the call then raises);
+    ``store_slow_obs(env_id, values)`` keeps observation leaves that travel pickled."""
+
+    def __init__(self, workers: WorkerSet, dispatch: Dispatch, status: np.ndarray, infos: InfoReader,
+                 life: Lifecycle, wait_policy, step_timeout: float | None, fatal: Callable[[], None],
+                 store_slow_obs: Callable[[int, object], None] | None = None) -> None:
+        self.workers = workers
+        self.dispatch = dispatch
+        self.wire = dispatch.wire
+        self.status = status
+        self.infos = infos
+        self.life = life
+        self.wait_policy = wait_policy
+        self.step_timeout = step_timeout
+        self.fatal = fatal
+        self.store_slow_obs = store_slow_obs
+        self.restarts: Replacing | None = None   # set by a pool built with on_worker_error="restart"
         # Side messages read before their env's turn: a worker sends them in its completion
         # order, and recv hands out an env it held back (max_lead) after envs that finished later.
         self.early: dict[int, P.Extra | P.Failure] = {}
@@ -41,21 +67,21 @@ class Supervisor:
 
     def collect(self, ids: np.ndarray | None, op: str) -> dict:
         """Infos of a finished batch, plus the side messages its status bytes announce."""
-        flags = self.pool._wire.scan(ids)
+        flags = self.wire.scan(ids)
         if not flags:
             return {}
         if not flags & P.SCAN_SIDE_MESSAGE:
-            return self.pool._infos.read(ids) if flags & P.SCAN_NUMERIC_INFO else {}
+            return self.infos.read(ids) if flags & P.SCAN_NUMERIC_INFO else {}
         # The side messages are read even if batching the columns fails: one left in a pipe would
         # be paired with the next step's results from then on.
         infos: dict = {}
         unbatchable: Exception | None = None
         if flags & P.SCAN_NUMERIC_INFO:
             try:
-                infos = self.pool._infos.read(ids)
+                infos = self.infos.read(ids)
             except Exception as exc:
                 unbatchable = exc
-        status = self.pool._views.status if ids is None else self.pool._views.status[ids]
+        status = self.status if ids is None else self.status[ids]
         errors = []
         extras = []
         size = len(status)
@@ -65,7 +91,7 @@ class Supervisor:
         later = set() if ids is None else {int(e) for e in ids[announced]}
         for pos in announced:
             env_id = int(pos if ids is None else ids[pos])
-            k = int(self.pool._owner[env_id])
+            k = int(self.dispatch.owner[env_id])
             later.discard(env_id)
             msg = self._side_message(k, env_id, op, later)
             if msg is None:  # its worker died between publishing and sending it
@@ -82,7 +108,7 @@ class Supervisor:
                     continue
                 extras.append((int(pos), extra))
                 if slow is not None:  # observation leaves that travel pickled (shmpool.fallback)
-                    self.pool._slow_obs.store(env_id, slow)
+                    self.store_slow_obs(env_id, slow)
             else:
                 errors.append((k, msg))
         if unbatchable is not None and not errors:
@@ -93,13 +119,13 @@ class Supervisor:
             errors.sort(key=lambda e: e[1].remote_type == "ResultError")
             k, msg = errors[0]
             others = "" if len(errors) == 1 else f" ({len(errors) - 1} more envs failed too)"
-            self.pool._life.needs_reset(f"env {msg.env_id} raised {msg.remote_type} in {msg.phase}; "
+            self.life.needs_reset(f"env {msg.env_id} raised {msg.remote_type} in {msg.phase}; "
                                         "call reset() before stepping again")
-            raise self.pool._workers.env_error(k, msg, then=f"call reset() before stepping again{others}")
+            raise self.workers.env_error(k, msg, then=f"call reset() before stepping again{others}")
         if any(collides(infos, extra) for _, extra in extras):
             # A key some envs put in its column and others aside (its value changed type):
             # gymnasium's batching depends on the env order, so it is replayed in that order.
-            return merge_in_env_order(infos, extras, size, self.pool._infos.numpy_keys)
+            return merge_in_env_order(infos, extras, size, self.infos.numpy_keys)
         for pos, extra in extras:
             add_info(infos, extra, pos, size)
         return infos
@@ -111,18 +137,45 @@ class Supervisor:
         any other is a broken protocol."""
         msg = self.early.pop(env_id, None)
         while msg is None:
-            msg = self.pool._workers.side_message(k, functools.partial(self.between_slices, op), self.lost_in(op))
+            msg = self.workers.side_message(k, functools.partial(self.between_slices, op), self.lost_in(op))
             if msg is None:   # its worker died and was replaced: the restart room salvaged what it sent
                 return self.early.pop(env_id, None)
             if msg.env_id == env_id:
                 return msg
-            if msg.env_id in later or self.pool._lead.is_held(msg.env_id):
+            if msg.env_id in later or self.dispatch.lead.is_held(msg.env_id):
                 self.early[msg.env_id] = msg
                 msg = None
                 continue
             raise P.ProtocolError(f"side channel out of order: expected env {env_id}, got "
                                   f"{type(msg).__name__} of env {msg.env_id}")
         return msg
+
+    def take(self, out: np.ndarray, n: int, op: str, start: int = 0) -> int:
+        """Fill ``out[start:n]`` with env ids the workers published, in completion order.
+        The one place that takes from the wire."""
+        wire, workers, in_flight = self.wire, self.workers, self.dispatch.in_flight
+        got = start
+        # The hosted shard's envs one at a time, taking what is ready between them: recv
+        # returns once its batch is full and the worker processes get new work sooner.
+        while got < n and workers.serve_hosted_some(1):
+            got += wire.take_ready(out, got, n - got)
+        if got < n:
+            got += wire.take(out, got, n - got, self.wait_policy, SLICE_NS)
+        if got < n:
+            # Slow path: a restart may happen while waiting, and must not owe
+            # again an env already taken here.
+            in_flight[out[:got]] = 0
+
+            def more(slice_ns):
+                nonlocal got
+                if self.restarts is not None:
+                    got += self.restarts.take_ready(out, got, n - got)
+                new = wire.take(out, got, n - got, self.wait_policy, slice_ns)
+                in_flight[out[got:got + new]] = 0
+                got += new
+                return got == n
+            self.wait(op, more)
+        return got
 
     def wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None,
              on_restart: Callable[[list[int]], None] | None = None) -> None:
@@ -142,24 +195,24 @@ class Supervisor:
                     slice_ns = min(slice_ns, int(left * 1e9))
                 if ready(slice_ns):
                     return
-                self.pool._workers.pump()
+                self.workers.pump()
                 restarted = self.between_slices(op, step_start)
                 if restarted:
                     step_start = time.monotonic()  # the replacements get a full step_timeout
                     if on_restart is not None:
                         on_restart(restarted)
         except KeyboardInterrupt:
-            self.pool._kill_workers_now()
+            self.fatal()
             raise
 
     def between_slices(self, op: str, since: float | None = None) -> list[int]:
         """Between two slices of a wait: a close() requested meanwhile ends the call; dead
         workers raise (or are replaced); ``since`` given, the step timeout is checked.
         Returns the workers replaced."""
-        if self.pool._life.close_requested:
+        if self.life.close_requested:
             raise PoolClosedError(CLOSED_DURING_CALL)
         restarted = self.check_alive(op)
-        limit = self.pool.step_timeout
+        limit = self.step_timeout
         if since is not None and limit is not None and time.monotonic() - since > limit:
             restarted += self.fail_timeout(op)
         return restarted
@@ -167,53 +220,77 @@ class Supervisor:
     def check_alive(self, op: str) -> list[int]:
         """Raise for a dead worker, or (``on_worker_error="restart"``) replace it;
         returns the workers replaced."""
-        dead = self.pool._workers.dead()
+        dead = self.workers.dead()
         for k in dead:
             self.worker_lost(k, op)
         return dead
 
     def worker_lost(self, k: int, op: str, cause: str | None = None) -> None:
         """Worker ``k`` died (or was killed): replace it, or close the pool and raise."""
-        if self.pool._replacing:
-            self.pool._restarts.replace(self.pool, k, op, cause)
+        if self.restarts is not None:
+            self.restarts.replace(k, op, cause)
             return
-        err = self.pool._workers.died(k, op)
-        self.pool._kill_workers_now()
+        err = self.workers.died(k, op)
+        self.fatal()
         raise err
 
     def lost_in(self, op: str) -> Callable[[int], None]:
         return lambda k: self.worker_lost(k, op)
 
     def fail_timeout(self, op: str) -> list[int]:
-        late = [k for k in range(self.pool.num_workers) if self.pool._wire.done_seq(k) != self.pool._wire.cmd_seq(k)]
-        if late and self.pool._replacing:
+        late = [k for k in range(len(self.workers)) if self.wire.done_seq(k) != self.wire.cmd_seq(k)]
+        if late and self.restarts is not None:
             for k in late:  # hung: kill and replace
-                self.pool._workers.kill(k)
-                self.worker_lost(k, op, f"did not finish {op} within step_timeout={self.pool.step_timeout} s "
+                self.workers.kill(k)
+                self.worker_lost(k, op, f"did not finish {op} within step_timeout={self.step_timeout} s "
                                          "and was killed")
             return late
-        envs = [f"{a}..{b - 1}" for k, (a, b) in enumerate(self.pool._workers.bounds) if k in late]
-        self.pool._kill_workers_now()
+        envs = [f"{a}..{b - 1}" for k, (a, b) in enumerate(self.workers.bounds) if k in late]
+        self.fatal()
         raise TimeoutError(
-            f"{op} did not finish within step_timeout={self.pool.step_timeout} s: workers {late} "
+            f"{op} did not finish within step_timeout={self.step_timeout} s: workers {late} "
             f"(envs {', '.join(envs)}) are still busy; the pool is closed")
-
-    def restep(self, workers: list[int]) -> None:
-        self.pool._restarts.restep(self.pool, workers)
 
     def all_done(self, slice_ns: int) -> bool:
         """Every worker has handled its last command (one slice per worker at most)."""
-        wire = self.pool._wire
-        self.pool._workers.serve_hosted()
-        for k in range(self.pool.num_workers):
-            if not wire.wait_done(k, wire.cmd_seq(k), self.pool.wait_policy, slice_ns):
+        wire = self.wire
+        self.workers.serve_hosted()
+        for k in range(len(self.workers)):
+            if not wire.wait_done(k, wire.cmd_seq(k), self.wait_policy, slice_ns):
                 return False
         return True
 
     def message(self, k: int, msg: P.ToWorker, op: str) -> None:
         """Send a side message to worker ``k`` and post the command that makes it read it."""
-        self.pool._workers.send(k, msg, self.lost_in(op))
-        self.pool._wire.post(k, P.CMD_MESSAGE)
+        self.workers.send(k, msg, self.lost_in(op))
+        self.wire.post(k, P.CMD_MESSAGE)
+
+    def drain(self) -> None:
+        """Receive and drop everything in flight (reset and messages need idle workers)."""
+        take = self.take if self.restarts is None else self.restarts.take
+        ids = self.dispatch.drain(take)
+        if not len(ids):
+            return
+        try:
+            self.collect(ids, "drain")
+        except (WorkerDiedError, PoolClosedError):
+            raise   # the pool's own fate, not the dropped results'
+        except Exception:
+            # Dropped results: their env errors and infos gymnasium could not batch go with them
+            # (the reset that follows makes a failed env usable again).
+            pass
+
+    def reset(self, request: ResetRequest) -> None:
+        """Reset every env as ``request`` says; returns once every worker has answered (a worker
+        replaced meanwhile is asked again: a reset is safe to repeat)."""
+        call = next(self.calls)
+
+        def send_reset(k: int) -> None:
+            self.message(k, P.Reset(call, *request.for_shard(*self.workers.bounds[k])), "reset")
+
+        for k in range(len(self.workers)):
+            send_reset(k)
+        self.replies("reset", call, retry=send_reset)
 
     def ask_envs(self, op: str, name: str, ids: list[int], items: list) -> tuple:
         """``EnvCall(op, name)`` for env ``ids[i]`` with ``items[i]``; only the workers that own
@@ -224,13 +301,13 @@ class Supervisor:
         naming the env, and no env was asked."""
         what = f"{op} {name!r}"
         part = "value" if op == P.SET_ATTR else "arguments"
-        blobs = pack_each(items, ids, lambda env_id: f"{what}: the {part} for env {env_id}")
+        blobs = P.pack_each(items, ids, lambda env_id: f"{what}: the {part} for env {env_id}")
         by_worker: dict[int, list[int]] = {}
         for pos, env_id in enumerate(ids):
-            by_worker.setdefault(int(self.pool._owner[env_id]), []).append(pos)
+            by_worker.setdefault(int(self.dispatch.owner[env_id]), []).append(pos)
         call = next(self.calls)
         for k, positions in by_worker.items():
-            start = self.pool._workers.bounds[k][0]
+            start = self.workers.bounds[k][0]
             self.message(k, P.EnvCall(call, op, name, [ids[p] - start for p in positions],
                                       [blobs[p] for p in positions]), what)
         out: list = [None] * len(ids)
@@ -243,7 +320,7 @@ class Supervisor:
                     errors.append((k, unreadable(ids[pos], what, "answer", exc)))
         if errors:
             k, failure = errors[0]
-            raise self.pool._workers.env_error(k, failure)
+            raise self.workers.env_error(k, failure)
         return tuple(out)
 
     def replies(self, op: str, call: int, workers: list[int] | None = None,
@@ -255,8 +332,8 @@ class Supervisor:
         answer to an earlier call that was left is dropped: it names its call).  A worker
         replaced while it owed an answer is asked again through ``retry(k)`` once when given
         (the message is safe to repeat), else the call raises WorkerRestartedError."""
-        workers = list(range(self.pool.num_workers)) if workers is None else workers
-        ws = self.pool._workers
+        workers = list(range(len(self.workers))) if workers is None else workers
+        ws = self.workers
         ws.serve_hosted()
         lost = self.lost_in(op)
 
@@ -273,37 +350,21 @@ class Supervisor:
                 if answer is None and retry is not None:
                     retry(k)
                     answer = ws.reply(k, ws.generation[k], call, between, lost)
-                if answer is None:
-                    answer = self.pool._restarts.owed_error(self.pool, k, op)
+                if answer is None:   # replaced while it owed the answer (restart mode only)
+                    assert self.restarts is not None
+                    answer = self.restarts.owed_error(k, op)
                 elif type(answer) is P.CallFailed:
                     answer = ws.env_error(k, answer)
                 else:
                     answer = answer.values
                 answers.append(answer)
         except KeyboardInterrupt:
-            self.pool._kill_workers_now()
+            self.fatal()
             raise
         for a in answers:
             if isinstance(a, (EnvError, WorkerRestartedError)):
                 raise a
         return answers
-
-
-def pack_each(items: list, ids: list[int], describe: Callable[[int], str]) -> list[bytes]:
-    """``items`` (one per env of ``ids``) packed for the side channel, an object shared by many
-    envs once; ``TypeError`` naming the env (``describe(env_id)``) when one cannot be."""
-    blobs: list[bytes] = []
-    memo: dict[int, bytes] = {}   # id of an item -> its blob (items stay referenced meanwhile)
-    for env_id, item in zip(ids, items):
-        blob = memo.get(id(item))
-        if blob is None:
-            try:
-                blob = P.pack(item)
-            except Exception as exc:
-                raise TypeError(f"{describe(env_id)} cannot be pickled: {exc}") from exc
-            memo[id(item)] = blob
-        blobs.append(blob)
-    return blobs
 
 
 def unreadable(env_id: int, op: str, what: str, exc: BaseException) -> P.Failure:

@@ -596,6 +596,4 @@ def _retyped(err: EnvError) -> EnvError:
     cls = _combined_error(err.remote_type) if isinstance(err.remote_type, str) else None
     if cls is None:
         return err
-    new = cls(str(err), env_id=err.env_id, worker=err.worker, phase=err.phase, remote_type=err.remote_type,
-              remote_traceback=err.remote_traceback, remote_exception=err.remote_exception)
-    return new.with_traceback(err.__traceback__)
+    return err.copy_as(cls).with_traceback(err.__traceback__)

@@ -340,12 +340,9 @@ class WorkerSet:
         return self.env_error(k, failure, then="the pool was not created")
 
     def env_error(self, k: int, failure: P.Failure, then: str | None = None) -> EnvError:
-        env_id, tb = failure.env_id, failure.traceback
+        env_id = failure.env_id
         who = f"env {env_id} (worker {k}, pid {self.pids[k]})" if env_id is not None else f"worker {k}"
-        tail = f"; {then}" if then else ""
-        return EnvError(f"{who} raised in {failure.phase}: {failure.last_line}{tail}\n--- remote traceback ---\n{tb}",
-                        env_id=env_id, worker=k, phase=failure.phase, remote_type=failure.remote_type,
-                        remote_traceback=tb, remote_exception=failure.original())
+        return EnvError.from_failure(failure, worker=k, who=who, then=then)
 
     # --- stopping ----------------------------------------------------------------------
 

@@ -7,11 +7,11 @@ from bench import deploy
 
 
 def test_trainer_shaped_loop_reports_the_workers_cpu_share(monkeypatch, no_leaks):
-    import shmpool.pool
+    import shmpool.plan
     from shmpool.topology import TrainerThreads
     # No torch in the loop (as in `bench deploy`): CartPole keeps its worker (with torch imported by
     # another test it would be stepped here, shmpool.costs, and there would be no worker to measure).
-    monkeypatch.setattr(shmpool.pool, "trainer_threads", lambda: TrainerThreads(None, None, None))
+    monkeypatch.setattr(shmpool.plan, "trainer_threads", lambda: TrainerThreads(None, None, None))
     r = deploy.measure("shmpool sync", 8, seconds=0.3, trainer=True)
     assert r["worker_cpu_share"] is not None and 0.0 <= r["worker_cpu_share"] < 2.0
     assert r["ms_per_iter"] > 1e3 * (deploy.GPU_WAIT_S + deploy.HOST_CPU_S)   # the trainer's time is in it

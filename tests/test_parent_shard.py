@@ -122,7 +122,7 @@ def test_calls_side_infos_and_close_reach_the_parent_shard(no_leaks):
 
 
 def test_a_one_cpu_quota_runs_no_worker_process(monkeypatch, no_leaks):
-    monkeypatch.setattr(shmpool.pool, "cpu_quota", lambda: 1.0)
+    monkeypatch.setattr(shmpool.plan, "cpu_quota", lambda: 1.0)
     with shmpool.Pool("CartPole-v1", 6, seed=0) as pool:
         assert pool.num_workers == 1 and pool.parent_shard == 0
         assert pool.worker_pids == [os.getpid()] and worker_processes() == 0
@@ -185,24 +185,24 @@ def test_parent_shard_refuses_a_step_timeout_and_other_values():
 
 def test_auto_on_two_cores_steps_one_shard_here(monkeypatch, no_leaks):
     from shmpool.topology import TrainerThreads
-    if len(os.sched_getaffinity(0)) != 2 or shmpool.pool.cpu_quota() is not None:
+    if len(os.sched_getaffinity(0)) != 2 or shmpool.plan.cpu_quota() is not None:
         pytest.skip("the default layout is crowded only on exactly 2 cores without a quota")
-    monkeypatch.setattr(shmpool.pool, "trainer_threads", lambda: TrainerThreads(None, None, None))   # no torch
+    monkeypatch.setattr(shmpool.plan, "trainer_threads", lambda: TrainerThreads(None, None, None))   # no torch
     with shmpool.Pool("CartPole-v1", 8) as pool:
         assert pool.num_workers == 2 and pool.parent_shard == 1 and worker_processes() == 1
     with shmpool.Pool("CartPole-v1", 8, num_workers=2) as pool:
         assert pool.parent_shard is None and worker_processes() == 2
     # Beside torch, envs this cheap are all stepped here (shmpool.costs); dearer ones keep a worker.
-    monkeypatch.setattr(shmpool.pool, "trainer_threads", lambda: TrainerThreads(2, None, None))
+    monkeypatch.setattr(shmpool.plan, "trainer_threads", lambda: TrainerThreads(2, None, None))
     with shmpool.Pool("CartPole-v1", 8) as pool:
         assert pool.num_workers == 1 and pool.parent_shard == 0 and worker_processes() == 0
-    monkeypatch.setattr(shmpool.pool, "step_cost", lambda make_env: 1e-3)
+    monkeypatch.setattr(shmpool.plan, "step_cost", lambda make_env: 1e-3)
     with shmpool.Pool("CartPole-v1", 8) as pool:
         assert pool.num_workers == 2 and pool.parent_shard == 1 and worker_processes() == 1
     # Async: the parent's shard unless the trainer's threads leave a core for the worker processes.
     with shmpool.Pool("CartPole-v1", 8, batch_size=4) as pool:
         assert pool.parent_shard == 1 and worker_processes() == 1
-    monkeypatch.setattr(shmpool.pool, "trainer_threads", lambda: TrainerThreads(1, None, None))
+    monkeypatch.setattr(shmpool.plan, "trainer_threads", lambda: TrainerThreads(1, None, None))
     with shmpool.Pool("CartPole-v1", 8, batch_size=4) as pool:
         assert pool.parent_shard is None and worker_processes() == 2
 
