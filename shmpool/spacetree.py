@@ -89,9 +89,6 @@ class LeafSpace:
     space: spaces.Space
 
 
-Splitter = Callable[[Any], Sequence]
-
-
 class SpaceTree:
     """The leaves of one space and how its values split into them and assemble back.
 
@@ -111,12 +108,12 @@ class SpaceTree:
         self.leaves: tuple[LeafSpace, ...] = tuple(_walk(space, ()))
         self.paths: tuple[tuple, ...] = tuple(leaf.path for leaf in self.leaves)
         if self.is_leaf:
-            self.split: Splitter = _one_leaf
+            self.split: Callable[[Any], Sequence] = _one_leaf
             self.split_exact: Callable[[Any], Sequence | None] = _one_leaf
             self.assemble: Callable[[Sequence], Any] = itemgetter(0)
         else:
-            self.split = _splitter(space)
-            self.split_exact = _exact_splitter(space)
+            self.split = _splitter(space, exact=False)
+            self.split_exact = _splitter(space, exact=True)
             self.assemble = _assembler(space, 0)[0]
 
 
@@ -133,36 +130,19 @@ def _one_leaf(value) -> list:
     return [value]
 
 
-def _splitter(space: spaces.Space) -> Splitter | None:
-    """None for a leaf, else ``value -> leaf values``."""
+def _splitter(space: spaces.Space, exact: bool):
+    """None for a leaf, else ``value -> leaf values`` (``exact``: None unless ``Branch.fits``
+    holds at every level)."""
     node = branch(space)
     if node is None:
         return None
-    subs = [_splitter(child) for child in node.children]
-    take = node.take
-    if all(sub is None for sub in subs):   # children are all leaves: their values are the leaves
+    subs = [_splitter(child, exact) for child in node.children]
+    take, fits = node.take, node.fits
+    if not exact and all(sub is None for sub in subs):   # all leaves: their values are the leaves
         return take
 
-    def split(value) -> list:
-        out: list = []
-        for sub, part in zip(subs, take(value)):
-            if sub is None:
-                out.append(part)
-            else:
-                out += sub(part)
-        return out
-    return split
-
-
-def _exact_splitter(space: spaces.Space):
-    node = branch(space)
-    if node is None:
-        return None
-    subs = [_exact_splitter(child) for child in node.children]
-    take, fits = node.take, node.fits
-
-    def split_exact(value) -> list | None:
-        if not fits(value):
+    def split(value) -> list | None:
+        if exact and not fits(value):
             return None
         out: list = []
         for sub, part in zip(subs, take(value)):
@@ -174,7 +154,7 @@ def _exact_splitter(space: spaces.Space):
                 return None
             out += parts
         return out
-    return split_exact
+    return split
 
 
 def _assembler(space: spaces.Space, first: int) -> tuple[Callable[[Sequence], Any], int]:
