@@ -26,16 +26,8 @@ from gymnasium import spaces
 
 from . import _core
 from . import layout as L
-from .fallback import Lane, per_env_values
-
-
-def leaf_spaces(space: spaces.Space) -> list[spaces.Space]:
-    """The leaf spaces of ``space`` in ``layout.leaves`` order."""
-    if isinstance(space, spaces.Dict):
-        return [leaf for sub in space.spaces.values() for leaf in leaf_spaces(sub)]
-    if isinstance(space, spaces.Tuple):
-        return [leaf for sub in space.spaces for leaf in leaf_spaces(sub)]
-    return [space]
+from .fallback import Lane, path_name, per_env_values
+from .spacetree import tree_of
 
 
 class _Slot:
@@ -116,12 +108,13 @@ class ActionWriter:
         self.space = space
         self.num_envs = layout.num_envs
         self.strict = strict
-        self.is_leaf = not isinstance(space, (spaces.Dict, spaces.Tuple))
-        shared = [sub for sub in leaf_spaces(space) if isinstance(sub, L.SHARED_SPACES)]
-        self.slots = [
-            _Slot(dst, sub, "actions" + "".join(f"[{p!r}]" for p in leaf.path), strict)
-            for dst, sub, leaf in zip(views.act, shared, layout.act_leaves)
-        ]
+        tree = tree_of(space)
+        self.is_leaf = tree.is_leaf
+        self.split = tree.split
+        # The shared leaves, in the order of ``layout.act_leaves`` (both are the tree's order).
+        shared = [leaf for leaf in tree.leaves if isinstance(leaf.space, L.SHARED_SPACES)]
+        self.slots = [_Slot(dst, leaf.space, path_name("actions", leaf.path), strict)
+                      for dst, leaf in zip(views.act, shared)]
         # Leaves that travel pickled (shmpool.fallback), or None.
         self.lane = Lane.of(space)
         # The fast path of a sync step: one array of exactly the slots' shape and dtype.
@@ -147,7 +140,7 @@ class ActionWriter:
             return
         # A leaf refused after others were written leaves stale slots behind,
         # which is harmless: slots are only read for envs that get dispatched.
-        for slot, part in zip(self.slots, L.split(self.space, actions)):
+        for slot, part in zip(self.slots, self.split(actions)):
             slot.write(part, ids, rows)
         return None
 

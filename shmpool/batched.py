@@ -56,8 +56,8 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from . import layout as L
 from .autoreset import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
+from .spacetree import tree_of
 
 __all__ = ["BatchEnv", "Batched", "BatchedEnvs", "VectorEnvAdapter", "as_batch_env", "check_hosting",
            "hosting_info"]
@@ -119,6 +119,7 @@ class VectorEnvAdapter(BatchEnv):
         mode = self.metadata.get("autoreset_mode", gymnasium.vector.AutoresetMode.NEXT_STEP)
         self.autoreset_modes = (parse_autoreset_mode(mode),)
         self._lists = isinstance(env, (gymnasium.vector.SyncVectorEnv, gymnasium.vector.AsyncVectorEnv))
+        self._split_obs = tree_of(self.single_observation_space).split
 
     def _check_all(self, env_ids: np.ndarray, what: str) -> None:
         if len(env_ids) != self.num_envs:
@@ -127,8 +128,7 @@ class VectorEnvAdapter(BatchEnv):
                 f"{self.num_envs} envs; use batch_size=num_envs or a shmpool.batched.BatchEnv")
 
     def _write(self, obs, reward, terminated, truncated) -> None:
-        space = self.single_observation_space
-        for dst, src in zip(L.split(space, self.obs), L.split(space, obs)):
+        for dst, src in zip(self._split_obs(self.obs), self._split_obs(obs)):
             dst[...] = src
         if reward is not None:
             self.reward[...] = reward

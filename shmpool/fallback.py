@@ -29,15 +29,7 @@ from gymnasium import spaces
 
 from . import layout as L
 from . import protocol as P
-
-
-def _leaf_spaces(space: spaces.Space, path: tuple = ()) -> list[tuple[tuple, spaces.Space]]:
-    """Every leaf (path, space), shared or not, in ``layout.split`` order."""
-    if isinstance(space, spaces.Dict):
-        return [leaf for key, sub in space.spaces.items() for leaf in _leaf_spaces(sub, path + (key,))]
-    if isinstance(space, spaces.Tuple):
-        return [leaf for i, sub in enumerate(space.spaces) for leaf in _leaf_spaces(sub, path + (i,))]
-    return [(path, space)]
+from .spacetree import tree_of
 
 
 def path_name(root: str, path: tuple) -> str:
@@ -52,11 +44,12 @@ class Lane:
 
     def __init__(self, space: spaces.Space) -> None:
         self.space = space
-        every = _leaf_spaces(space)
-        self.slow_at = [k for k, (_, sub) in enumerate(every) if not isinstance(sub, L.SHARED_SPACES)]
-        self.shared_at = [k for k, (_, sub) in enumerate(every) if isinstance(sub, L.SHARED_SPACES)]
-        self.paths = [every[k][0] for k in self.slow_at]
-        self.kinds = [type(every[k][1]).__name__ for k in self.slow_at]
+        self.tree = tree_of(space)
+        every = self.tree.leaves
+        self.slow_at = [k for k, leaf in enumerate(every) if not isinstance(leaf.space, L.SHARED_SPACES)]
+        self.shared_at = [k for k, leaf in enumerate(every) if isinstance(leaf.space, L.SHARED_SPACES)]
+        self.paths = [every[k].path for k in self.slow_at]
+        self.kinds = [type(every[k].space).__name__ for k in self.slow_at]
         self.count = len(every)
 
     @classmethod
@@ -65,7 +58,7 @@ class Lane:
 
     def split(self, value) -> tuple[list, tuple]:
         """One structured value: (shared leaf values, slow leaf values)."""
-        parts = L.split(self.space, value)
+        parts = self.tree.split(value)
         return [parts[k] for k in self.shared_at], tuple(parts[k] for k in self.slow_at)
 
     def assemble(self, shared: Sequence, slow: Sequence) -> Any:
@@ -75,7 +68,7 @@ class Lane:
             parts[k] = value
         for k, value in zip(self.slow_at, slow):
             parts[k] = value
-        return L.assemble(self.space, parts)
+        return self.tree.assemble(parts)
 
     def names(self, root: str) -> list[str]:
         return [path_name(root, p) for p in self.paths]

@@ -21,11 +21,11 @@ import os
 import time
 
 import numpy as np
-from gymnasium import spaces
 
 from . import _core
-from .layout import INFO_COLUMNS, INFO_ENTRY, INFO_NAME_BYTES, Views, assemble
+from .layout import INFO_COLUMNS, INFO_ENTRY, INFO_NAME_BYTES, Views
 from .pids import alive
+from .spacetree import tree_of
 
 # A registry entry's state word: FREE, READY, or claiming: ``pid << 2 | CLAIMING`` while the
 # worker ``pid`` writes the name.  The pid lets the others free a claim whose writer died.
@@ -301,8 +301,7 @@ class InfoReader:
     def __init__(self, views: Views, buf, obs_space=None) -> None:
         self._views = views
         self._buf = buf
-        self._obs_space = obs_space
-        self._structured = isinstance(obs_space, (spaces.Dict, spaces.Tuple))
+        self._obs_tree = None if obs_space is None else tree_of(obs_space)
         # col -> (name, column, path): path None for an env's own key, () for the final-obs
         # column, the key path inside final_info for a final-info column.
         self._cols: dict[int, tuple[str, _Column, tuple | None]] = {}
@@ -432,13 +431,13 @@ class InfoReader:
         (``{}`` when their final infos were empty), each with its bool mask."""
         leaves = self._views.final_obs
         out = np.empty(len(ended), dtype=object)   # all None
-        single = leaves[0] if len(leaves) == 1 and leaves[0].ndim > 1 and not self._structured else None
+        single = leaves[0] if len(leaves) == 1 and leaves[0].ndim > 1 and self._obs_tree.is_leaf else None
         for pos in ended.nonzero()[0].tolist():   # np.flatnonzero costs 1 µs more
             env = pos if env_ids is None else int(env_ids[pos])
             if single is not None:
                 out[pos] = single[env].copy()
             else:   # np.array: a 0-d leaf stays an array, as the worker found it
-                out[pos] = assemble(self._obs_space, [np.array(leaf[env]) for leaf in leaves])
+                out[pos] = self._obs_tree.assemble([np.array(leaf[env]) for leaf in leaves])
         infos["final_obs"], infos["_final_obs"] = out, ended
         infos.setdefault("final_info", {})
         infos["_final_info"] = ended.copy()

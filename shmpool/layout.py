@@ -7,6 +7,7 @@ Every array is cache-line aligned so no two of them share a line.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
 from . import _core
 from .errors import SpacesDifferError
+from .spacetree import tree_of
 
 ALIGN = _core.LINE
 
@@ -37,38 +39,25 @@ class Leaf:
 SHARED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
-def leaves(space: spaces.Space, path: tuple = (), fallback: bool = False) -> list[Leaf]:
-    """Flatten a space into its array leaves, in gymnasium's iteration order.
+def leaves(space: spaces.Space, fallback: bool = False) -> list[Leaf]:
+    """The space's array leaves, in ``spacetree`` order (the wire's order).
 
     Any other leaf (Text, Sequence, Graph, OneOf, custom spaces) is refused, or
     with ``fallback`` left out: it travels pickled (``shmpool.fallback``)."""
-    if isinstance(space, spaces.Dict):
-        out: list[Leaf] = []
-        for key, sub in space.spaces.items():
-            out += leaves(sub, path + (key,), fallback)
-        return out
-    if isinstance(space, spaces.Tuple):
-        out = []
-        for i, sub in enumerate(space.spaces):
-            out += leaves(sub, path + (i,), fallback)
-        return out
-    if isinstance(space, SHARED_SPACES):
-        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype))]
-    if fallback:
-        return []
-    raise TypeError(
-        f"shmpool cannot lay out a {type(space).__name__} space in shared memory "
-        "(supported: Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of them)"
-    )
+    out = []
+    for leaf in tree_of(space).leaves:
+        if isinstance(leaf.space, SHARED_SPACES):
+            out.append(Leaf(leaf.path, tuple(leaf.space.shape), np.dtype(leaf.space.dtype)))
+        elif not fallback:
+            raise TypeError(
+                f"shmpool cannot lay out a {type(leaf.space).__name__} space in shared memory "
+                "(supported: Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of them)")
+    return out
 
 
 def all_shared(space: spaces.Space) -> bool:
     """Whether every leaf of ``space`` lives in shared memory (nothing travels pickled)."""
-    if isinstance(space, spaces.Dict):
-        return all(all_shared(sub) for sub in space.spaces.values())
-    if isinstance(space, spaces.Tuple):
-        return all(all_shared(sub) for sub in space.spaces)
-    return isinstance(space, SHARED_SPACES)
+    return all(isinstance(leaf.space, SHARED_SPACES) for leaf in tree_of(space).leaves)
 
 
 def same_layout(a: spaces.Space, b: spaces.Space) -> bool:
@@ -82,40 +71,9 @@ def same_layout(a: spaces.Space, b: spaces.Space) -> bool:
         return a == b
 
 
-def assemble(space: spaces.Space, arrays: list, start: int = 0):
-    """Rebuild the space's structure (dict/tuple) around a flat list of leaf arrays."""
-    value, _ = _assemble(space, arrays, start)
-    return value
-
-
-def _assemble(space, arrays, i):
-    if isinstance(space, spaces.Dict):
-        out = {}
-        for key, sub in space.spaces.items():
-            out[key], i = _assemble(sub, arrays, i)
-        return out, i
-    if isinstance(space, spaces.Tuple):
-        items = []
-        for sub in space.spaces:
-            item, i = _assemble(sub, arrays, i)
-            items.append(item)
-        return tuple(items), i
-    return arrays[i], i + 1
-
-
-def split(space: spaces.Space, value) -> list:
-    """The leaf values of one structured value, in ``leaves()`` order."""
-    if isinstance(space, spaces.Dict):
-        out = []
-        for key, sub in space.spaces.items():
-            out += split(sub, value[key])
-        return out
-    if isinstance(space, spaces.Tuple):
-        out = []
-        for sub, item in zip(space.spaces, value):
-            out += split(sub, item)
-        return out
-    return [value]
+def assemble(space: spaces.Space, arrays: Sequence) -> Any:
+    """The space's structure (dicts/tuples) around its leaf arrays in leaf order (``Views.obs``)."""
+    return tree_of(space).assemble(arrays)
 
 
 def _align(n: int) -> int:

@@ -4,13 +4,13 @@ from __future__ import annotations
 from math import isfinite
 
 import numpy as np
-from gymnasium.spaces import Dict, Tuple
 
 from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.autoreset import NEXT_STEP, SAME_STEP
 from shmpool.fallback import Lane
 from shmpool.infos import IN_SLOT, InfoWriter, column_dtype, unbatch_info
+from shmpool.spacetree import SpaceTree, tree_of
 
 
 class ResultError(Exception):
@@ -49,38 +49,13 @@ def _leaf_writer(arr: np.ndarray, strict: bool):
     return write if strict else cast
 
 
-def _plain_leaves(space, value) -> list | None:
-    """The leaf values of ``value`` (``layout.leaves`` order) when it is built of plain dicts and
-    tuples exactly as ``space`` is; None otherwise (an OrderedDict, a list, missing keys...)."""
-    if isinstance(space, Dict):
-        if type(value) is not dict or value.keys() != space.spaces.keys():
-            return None
-        out: list = []
-        for key, sub in space.spaces.items():
-            part = _plain_leaves(sub, value[key])
-            if part is None:
-                return None
-            out += part
-        return out
-    if isinstance(space, Tuple):
-        if type(value) is not tuple or len(value) != len(space.spaces):
-            return None
-        out = []
-        for sub, item in zip(space.spaces, value):
-            part = _plain_leaves(sub, item)
-            if part is None:
-                return None
-            out += part
-        return out
-    return [value]
-
-
-def _final_writer(rows: list[np.ndarray], obs_space):
+def _final_writer(rows: list[np.ndarray], obs_tree: SpaceTree):
     """SAME_STEP: ``write(i, obs)`` copies an ended episode's last observation into env ``i``'s
-    final_obs rows and returns True when every leaf is an ndarray of exactly its row's dtype and
-    shape, so that the parent hands back an equal array of the same type.  Otherwise it returns
-    False and the observation travels pickled, exactly as the env gave it."""
-    if len(rows) == 1 and not isinstance(obs_space, (Dict, Tuple)):
+    final_obs rows and returns True when the observation is built of plain dicts and tuples
+    exactly as the space is and every leaf is an ndarray of exactly its row's dtype and shape, so
+    that the parent hands back an equal value of the same types.  Otherwise it returns False and
+    the observation travels pickled, exactly as the env gave it (an OrderedDict, a list...)."""
+    if len(rows) == 1 and obs_tree.is_leaf:
         row = rows[0]
         shape, dtype = row.shape[1:], row.dtype
 
@@ -91,8 +66,10 @@ def _final_writer(rows: list[np.ndarray], obs_space):
             return True
         return write
 
+    split_exact = obs_tree.split_exact
+
     def write_leaves(i, obs) -> bool:
-        values = _plain_leaves(obs_space, obs)
+        values = split_exact(obs)
         if values is None or any(type(v) is not np.ndarray or v.dtype != r.dtype or v.shape != r.shape[1:]
                                  for v, r in zip(values, rows)):
             return False
@@ -123,17 +100,20 @@ class Shard:
         self.same_step = autoreset_mode == SAME_STEP
         self.next_step = autoreset_mode == NEXT_STEP
         self.pending_seeds: list = [None] * len(envs)
+        obs_tree, act_tree = tree_of(obs_space), tree_of(act_space)
         if self.same_step and views.final_obs:   # a final-obs slot (every obs leaf in shared memory)
-            self.write_final = _final_writer(views.final_obs, obs_space)
+            self.write_final = _final_writer(views.final_obs, obs_tree)
             self.infos.reserve_final_obs()
         else:   # no slot: final observations travel pickled
             self.write_final = _no_final_slot
         writers = [_leaf_writer(a, strict) for a in views.obs]
-        if len(writers) == 1 and not isinstance(obs_space, (Dict, Tuple)):
+        if len(writers) == 1 and obs_tree.is_leaf:
             self.write_obs = writers[0]
         else:
+            split_obs = obs_tree.split
+
             def write_obs(i, obs):
-                for w, v in zip(writers, L.split(obs_space, obs)):
+                for w, v in zip(writers, split_obs(obs)):
                     w(i, v)
             self.write_obs = write_obs
         # Recipes that can assemble their observation straight into their shared row
@@ -141,19 +121,21 @@ class Shard:
         # Not when the buffer is the env's state (Atari's frame stack): a trainer may
         # write into the views a step returns.
         self.bound: list = [_UNBOUND] * len(envs)
-        if len(views.obs) == 1 and not isinstance(obs_space, (Dict, Tuple)):
+        if len(views.obs) == 1 and obs_tree.is_leaf:
             rows = views.obs[0]
             for j, env in enumerate(envs):
                 bind = getattr(env, "bind_obs", None)
                 if bind is not None and not getattr(env, "obs_buffer_is_state", False):
                     self.bound[j] = bind(rows[start + j])
         acts = views.act
-        if len(acts) == 1 and not isinstance(act_space, (Dict, Tuple)):
+        if len(acts) == 1 and act_tree.is_leaf:
             single = acts[0]
             self.action = single.__getitem__
         else:
+            assemble_action = act_tree.assemble
+
             def action(i):
-                return L.assemble(act_space, [a[i] for a in acts])
+                return assemble_action([a[i] for a in acts])
             self.action = action
         self._fallback_lane(obs_space, act_space, writers)
 
@@ -294,16 +276,17 @@ class BatchShard:
         self.pending_seeds: list = [None] * n
         self.all_ids = np.arange(n, dtype=np.int64)
         rows = slice(start, self.stop)
-        env.bind(L.assemble(obs_space, [a[rows] for a in views.obs]), views.reward[rows],
+        env.bind(tree_of(obs_space).assemble([a[rows] for a in views.obs]), views.reward[rows],
                  views.terminated[rows], views.truncated[rows], autoreset_mode)
         self._acts = [a[rows] for a in views.act]
-        self._act_space = act_space
-        self._structured = len(self._acts) != 1 or isinstance(act_space, (Dict, Tuple))
+        act_tree = tree_of(act_space)
+        self._assemble_actions = act_tree.assemble
+        self._structured = len(self._acts) != 1 or not act_tree.is_leaf
 
     def actions(self, ids: np.ndarray):
         full = len(ids) == self.n
         leaves = [a if full else a[ids] for a in self._acts]
-        return L.assemble(self._act_space, leaves) if self._structured else leaves[0]
+        return self._assemble_actions(leaves) if self._structured else leaves[0]
 
     def _seeds(self, ids: np.ndarray, seeds) -> list:
         """Explicit seeds, else the seeds waiting for the first reset; those are used up."""
