@@ -98,7 +98,8 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
     - ``info``: the envs' own keys batched ``(n, ...)`` without ``_key`` masks, plus
       ``env_id`` (int32), ``players["env_id"]`` (int32) and ``elapsed_step`` (int32, counted
       here when the env does not report it); ``lives``/``terminated`` int32, ``reward``
-      float32 when the env reports them (the Atari tasks do).
+      float32 when the env reports them (the Atari tasks do), and the Atari tasks' ``ram``
+      (uint8 ``(n, 128)``) when built with ``info_ram=True``.
     """
 
     def __init__(self, env_fns: Any, num_envs: int | None = None, *, env_type: str = "gymnasium",

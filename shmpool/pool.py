@@ -125,7 +125,8 @@ class Pool(LifecycleFacts):
     env : str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]]
         A gymnasium id (built with ``gymnasium.make(env, **env_kwargs)``), one
         constructor (called ``num_envs`` times), or one constructor per env.
-        Constructors are cloudpickled once and called inside the workers.
+        Constructors are cloudpickled and unpickled once per env inside the workers, so each env
+        gets its own copy of what its constructor captured (as with one process per env).
     num_envs : int | None, default None
         How many envs; required with an id or one constructor, else ``len(env)``.
     num_workers : int | None, default None

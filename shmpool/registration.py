@@ -362,7 +362,8 @@ def make(
       False): ``reset()`` returns ``(obs, info)``.
     - ``**kwargs``: keywords named like VectorEnv/pool parameters
       (``wait_policy``, ``autoreset_mode``, ...) configure the pool, the rest go
-      to the env (the task's options, or ``gymnasium.make``).
+      to the env (the task's options, or ``gymnasium.make``).  ``info_ram=True`` (Atari)
+      adds EnvPool's ``info["ram"]``, which EnvPool always sends (it costs a pickled info).
 
     ``env.config`` / ``env.spec.config`` have EnvPool's keys (26 for an Atari task, 11 for
     CartPole-v1); ``docs/porting/envpool.md`` lists what differs from envpool 1.2.5.

@@ -18,10 +18,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
 import psutil
 
 from . import protocol as P
+from .constructors import ShardConstructors
 from .errors import EnvError, PoolResourceError, WorkerDiedError
 from .pids import alive
 from .workers import loop
@@ -99,7 +99,11 @@ class WorkerSet:
         me = (os.getpid(), psutil.Process().create_time(), threading.current_thread() is threading.main_thread())
         for k, (a, b) in enumerate(self.bounds):
             cpu = self.cpus[k] if self.pinned else None
-            self._args.append((k, cpu, me, cloudpickle.dumps(fns[a:b]), a, seeds[a:b]))
+            packed = ShardConstructors.pack(fns[a:b])
+            if k == self.hosted:
+                # Unpickled here too: the hosted envs get their own copies, not the trainer's objects.
+                hosted_fns = packed.unpack()
+            self._args.append((k, cpu, me, packed, a, seeds[a:b]))
             self.procs.append(None)
             self.conns.append(None)
             self.pids.append(0)
@@ -109,7 +113,7 @@ class WorkerSet:
             # Built after the processes are started, so their envs are built meanwhile.
             k = self.hosted
             a, b = self.bounds[k]
-            worker = HostedWorker(k, fns[a:b], a, seeds[a:b], deadline)
+            worker = HostedWorker(k, hosted_fns, a, seeds[a:b], deadline)
             self.procs[k], self.conns[k], self.pids[k] = worker, worker.conn, worker.pid
 
     def spawn(self, k: int) -> None:

@@ -15,8 +15,8 @@ import shmpool
 HAVE_ATARI = all(importlib.util.find_spec(m) is not None for m in ("ale_py", "cv2"))
 TASKS = ["CartPole-v1", pytest.param("Pong-v5", marks=pytest.mark.skipif(not HAVE_ATARI, reason="needs ale-py, cv2"))]
 IMPLS = ["envpool", "shmpool"]
-# Keys envpool 1.2.5 has and shmpool leaves out, each for its reason in docs/porting/envpool.md.
-LEFT_OUT_INFOS = {"ram"}   # 128 bytes per env per step would leave the shared-memory info table
+# Keys envpool 1.2.5 always has and shmpool gives only when asked, for the reason in docs/porting/envpool.md.
+LEFT_OUT_INFOS = {"ram"}   # an array info leaves the shared-memory info table: Pong gives it with info_ram=True
 
 
 def _envpool():
@@ -93,6 +93,22 @@ def test_same_config_keys_dtypes_and_info_keys_as_envpool(task, no_leaks):
         assert [np.asarray(x).dtype for x in sp_out[:4]] == [np.asarray(x).dtype for x in ep_out[:4]]
         ep_kinds = _kinds(ep_out[4])
         assert _kinds(sp_out[4]) == {k: v for k, v in ep_kinds.items() if k not in LEFT_OUT_INFOS}
+    finally:
+        ep.close()
+        sp.close()
+
+
+@pytest.mark.skipif(not HAVE_ATARI, reason="needs ale-py, cv2")
+def test_atari_info_ram_when_asked_has_envpools_keys_and_layout(no_leaks):
+    ep = make("envpool", "Pong-v5", env_type="gymnasium", num_envs=2, num_threads=1)
+    sp = make("shmpool", "Pong-v5", env_type="gymnasium", num_envs=2, num_threads=1, info_ram=True)
+    try:
+        for reset in (True, False):
+            ep_info = ep.reset()[1] if reset else ep.step(_actions(ep, 2))[4]
+            sp_info = sp.reset()[1] if reset else sp.step(_actions(sp, 2))[4]
+            assert _kinds(sp_info) == _kinds(ep_info)                 # ram included, uint8
+            assert sp_info["ram"].shape == ep_info["ram"].shape == (2, 128)
+        assert sp.config["info_ram"] is True                          # an option given to make is listed
     finally:
         ep.close()
         sp.close()
@@ -182,7 +198,7 @@ def test_atari_render(impl, no_leaks):
             env.render()
 
 
-# --- the old gym API and CleanRL's wrapper --------------------------------------------------
+# --- the old gym API, a statistics wrapper (CleanRL's script: tests/test_envpool_port.py) ---------------
 
 
 def test_gym_env_type_is_the_old_four_tuple_api(no_leaks):
@@ -203,37 +219,6 @@ def test_gym_env_type_is_the_old_four_tuple_api(no_leaks):
     with shmpool.make("CartPole-v1", env_type="gym", num_envs=2, num_threads=1, gym_reset_return_info=True) as env:
         obs, info = env.reset()
         assert info["env_id"].tolist() == [0, 1]
-
-
-class RecordEpisodeStatistics(gym.Wrapper):
-    """CleanRL's wrapper from ppo_atari_envpool.py (old gym 4-tuple API)."""
-
-    def __init__(self, env, deque_size=100):
-        super().__init__(env)
-        self.num_envs = getattr(env, "num_envs", 1)
-        self.episode_returns = None
-        self.episode_lengths = None
-
-    def reset(self, **kwargs):
-        observations = super().reset(**kwargs)
-        self.episode_returns = np.zeros(self.num_envs, dtype=np.float32)
-        self.episode_lengths = np.zeros(self.num_envs, dtype=np.int32)
-        self.lives = np.zeros(self.num_envs, dtype=np.int32)
-        self.returned_episode_returns = np.zeros(self.num_envs, dtype=np.float32)
-        self.returned_episode_lengths = np.zeros(self.num_envs, dtype=np.int32)
-        return observations
-
-    def step(self, action):
-        observations, rewards, dones, infos = super().step(action)
-        self.episode_returns += infos["reward"]
-        self.episode_lengths += 1
-        self.returned_episode_returns[:] = self.episode_returns
-        self.returned_episode_lengths[:] = self.episode_lengths
-        self.episode_returns *= 1 - infos["terminated"]
-        self.episode_lengths *= 1 - infos["terminated"]
-        infos["r"] = self.returned_episode_returns
-        infos["l"] = self.returned_episode_lengths
-        return observations, rewards, dones, infos
 
 
 class RecordEpisodeStatistics5(gym.Wrapper):
@@ -258,30 +243,6 @@ class RecordEpisodeStatistics5(gym.Wrapper):
         self.episode_returns[done] = 0
         self.episode_lengths[done] = 0
         return obs, rew, term, trunc, info
-
-
-@pytest.mark.skipif(not HAVE_ATARI, reason="needs ale-py, cv2")
-def test_cleanrl_envpool_script_loop_runs(no_leaks):
-    """What ppo_atari_envpool.py does with the env, with shmpool swapped in for envpool."""
-    envs = shmpool.make("Pong-v5", env_type="gym", num_envs=2, num_threads=1, episodic_life=True,
-                        reward_clip=True, seed=1)
-    envs.num_envs = 2
-    envs.single_action_space = envs.action_space
-    envs.single_observation_space = envs.observation_space
-    envs = RecordEpisodeStatistics(envs)
-    try:
-        assert isinstance(envs.action_space, gym.spaces.Discrete)
-        next_obs = envs.reset()
-        assert next_obs.shape == (2, 4, 84, 84)
-        for _ in range(5):
-            action = np.random.randint(envs.action_space.n, size=2)
-            next_obs, reward, next_done, info = envs.step(action)
-            for idx, d in enumerate(next_done):
-                if d and info["lives"][idx] == 0:
-                    pass
-        assert info["l"].tolist() == [5, 5] and info["r"].dtype == np.float32
-    finally:
-        envs.close()
 
 
 @pytest.mark.parametrize("task", TASKS)

@@ -61,16 +61,24 @@ def test_send_recv_matches_sync_vector_env(name, env_fn, no_leaks):
     ref.close()
 
 
+class WatchedCounter(CounterEnv):
+    """A CounterEnv listed on its class when built: the test watches the hosted envs there (each env's
+    constructor is unpickled for it, so a list captured by a closure would be that env's own copy)."""
+
+    built: list[CounterEnv] = []
+
+    def __init__(self) -> None:
+        super().__init__(tag=False)
+        WatchedCounter.built.append(self)
+
+
 def test_recv_steps_only_as_many_parent_shard_envs_as_its_batch_needs(no_leaks):
     """The envs built in this process can be watched directly: recv steps them one at a time
     and returns once its batch is full; the others sent wait for the next recv (a full drain
     here would hold the worker processes' next work back behind this shard's whole backlog)."""
-    made = []
-
-    def counter():
-        made.append(CounterEnv(tag=False))
-        return made[-1]
-    with shmpool.Pool(counter, 4, num_workers=1, batch_size=2, parent_shard=True) as pool:
+    WatchedCounter.built.clear()
+    made = WatchedCounter.built
+    with shmpool.Pool(WatchedCounter, 4, num_workers=1, batch_size=2, parent_shard=True) as pool:
         assert pool.parent_shard == 0 and len(made) == 4
         pool.reset()
         pool.send(np.zeros(4, dtype=np.int64))
@@ -103,14 +111,20 @@ def test_failing_constructor_in_the_parent_shard_names_the_env(no_leaks):
         shmpool.Pool(fns, num_workers=2, parent_shard=True)
 
 
+class ClosingCounter(CounterEnv):
+    """Lists its step count on the class when closed (the class is shared by the envs of this process;
+    a list captured by the constructor would be each env's own copy)."""
+
+    closed: list[int] = []
+
+    def close(self) -> None:
+        ClosingCounter.closed.append(self.n)
+
+
 def test_calls_side_infos_and_close_reach_the_parent_shard(no_leaks):
-    closed = []
-
-    class Closing(CounterEnv):
-        def close(self):
-            closed.append(self.n)
-
-    with shmpool.Pool(lambda: Closing(), 4, num_workers=2, parent_shard=True) as pool:
+    ClosingCounter.closed.clear()
+    closed = ClosingCounter.closed
+    with shmpool.Pool(ClosingCounter, 4, num_workers=2, parent_shard=True) as pool:
         pool.reset()
         _, _, _, _, infos = pool.step(np.zeros(4, np.int64))
         assert list(infos["tag"]) == ["t1"] * 4 and infos["_tag"].all()   # strings: the side channel

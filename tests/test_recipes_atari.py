@@ -117,10 +117,11 @@ def test_matches_envpool_exactly_without_noops(game, options):
     """``noop_max=1`` makes EnvPool's reset deterministic (zero no-ops, then FIRE), and with
     ``repeat_action_probability=0`` the ALE is too: every frame, reward and flag must agree."""
     ep = _envpool(f"{game}-v5", num_envs=1, seed=3, noop_max=1, **options)
-    env = AtariEnv(f"{game}-v5", noop_max=1, **options)
+    env = AtariEnv(f"{game}-v5", noop_max=1, info_ram=True, **options)
     o1, i1 = ep.reset()
     o2, i2 = env.reset(seed=123)
     np.testing.assert_array_equal(o1[0], o2)
+    np.testing.assert_array_equal(i1["ram"][0], i2["ram"])
     assert i1["lives"][0] == i2["lives"] and i1["elapsed_step"][0] == i2["elapsed_step"]
     ends = 0
     for a in _actions(env.action_space.n, 400):
@@ -130,6 +131,7 @@ def test_matches_envpool_exactly_without_noops(game, options):
         assert (r1[0], te1[0], tr1[0]) == (r2, te2, tr2)
         assert (i1["lives"][0], i1["reward"][0], bool(i1["terminated"][0]), i1["elapsed_step"][0]) == \
             (i2["lives"], i2["reward"], i2["terminated"], i2["elapsed_step"])
+        np.testing.assert_array_equal(i1["ram"][0], i2["ram"])       # info_ram=True: EnvPool's RAM bytes
         if te2 or tr2:   # EnvPool resets on the next step (its action is ignored)
             ends += 1
             np.testing.assert_array_equal(ep.step(np.array([0]))[0][0], env.reset()[0])

@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 
-import cloudpickle
 import psutil
 from threadpoolctl import threadpool_limits  # imported here so forked workers inherit it
 
@@ -19,6 +18,7 @@ from shmpool import _core
 from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.batched import BatchedEnvs, hosting_info
+from shmpool.constructors import ShardConstructors
 from shmpool.errors import PoolResourceError
 from shmpool.memory import drop_inherited_regions, receive_region
 
@@ -103,24 +103,24 @@ def _set(env, name: str, value) -> None:
         setattr(env, name, value)
 
 
-def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], env_fns_blob: bytes, start: int,
-         seeds: list) -> None:
-    """Entry point of worker ``index`` owning envs ``start..start+len(env_fns)-1``.
+def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], constructors: ShardConstructors,
+         start: int, seeds: list) -> None:
+    """Entry point of worker ``index`` owning envs ``start..start+len(constructors.per_env)-1``.
 
     ``parent`` is the pool process's (pid, psutil create_time, built on its main thread)."""
     watch = _setup_process(cpu, *parent)
     shed_sockets({conn.fileno()})   # the trainer's ports and connections are never a worker's
     try:
-        _run(conn, index, watch, env_fns_blob, start, seeds)
+        _run(conn, index, watch, constructors, start, seeds)
     except Exception as exc:
         # A bug outside env code: leave the traceback for the parent's error.
         _error(conn, None, "worker loop", exc)
         raise
 
 
-def _run(conn, index: int, watch: ParentWatch, env_fns_blob: bytes, start: int, seeds: list) -> None:
+def _run(conn, index: int, watch: ParentWatch, constructors: ShardConstructors, start: int, seeds: list) -> None:
     try:
-        fns = cloudpickle.loads(env_fns_blob)
+        fns = constructors.unpack()   # one object per env, as one process per env would have
     except Exception as exc:
         _error(conn, None, "unpickle env constructors", exc)
         return

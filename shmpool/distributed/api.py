@@ -73,7 +73,8 @@ class RayPool(LifecycleFacts):
     """Many envs in shmpool pools on several Ray nodes, with the API of :class:`shmpool.Pool`.
 
     ``env``: a gymnasium id (``**env_kwargs`` go to ``gymnasium.make``), one callable or a
-    list of callables, cloudpickled once and built on the nodes.
+    list of callables, cloudpickled and built on the nodes (each env with its own copy of what its
+    constructor captured, as in a Pool).
 
     ``nodes``: Ray node ids (hex) to use, in order; default every alive node with CPUs.
     ``pools_per_node``: pools per node, an int (each pool gets an even, contiguous share of
