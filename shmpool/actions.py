@@ -27,7 +27,7 @@ from gymnasium import spaces
 from . import _core
 from . import layout as L
 from .fallback import Lane, path_name, per_env_values
-from .spacetree import tree_of
+from .spacetree import MissingItems, tree_of
 
 
 class _Slot:
@@ -140,13 +140,20 @@ class ActionWriter:
             return
         # A leaf refused after others were written leaves stale slots behind,
         # which is harmless: slots are only read for envs that get dispatched.
-        for slot, part in zip(self.slots, self.split(actions)):
+        try:
+            parts = self.split(actions)
+        except MissingItems as exc:
+            raise ValueError(f"actions: {exc}") from None
+        for slot, part in zip(self.slots, parts):
             slot.write(part, ids, rows)
         return None
 
     def _write_with_lane(self, actions, ids: np.ndarray | None) -> list[tuple]:
         rows = self.num_envs if ids is None else len(ids)
-        shared, slow = self.lane.split(actions)
+        try:
+            shared, slow = self.lane.split(actions)
+        except MissingItems as exc:
+            raise ValueError(f"actions: {exc}") from None
         values = per_env_values(self.lane, slow, rows)   # checked before any slot is written
         for slot, part in zip(self.slots, shared):
             slot.write(part, ids, rows)

@@ -40,6 +40,10 @@ class Branch:
     fits: Callable[[Any], bool]
 
 
+class MissingItems(ValueError):
+    """A value of a Tuple space with fewer items than the space has."""
+
+
 @singledispatch
 def branch(space: spaces.Space) -> Branch | None:
     """The children of a composite space; None for a leaf: every space but Dict and Tuple
@@ -75,9 +79,14 @@ def _tuple_branch(space: spaces.Tuple) -> Branch:
         return type(value) is tuple and len(value) == n
 
     def take(value) -> tuple:
-        # Any iterable splits: items past n are ignored, and a shorter one gives fewer leaves, as
-        # zip over the children always did.
-        return value if fits(value) else tuple(islice(value, n))
+        # Any iterable splits and items past n are ignored, as gymnasium's iterate and concatenate
+        # index them; one short of items is refused (its missing leaves would keep stale values).
+        if fits(value):
+            return value
+        items = tuple(islice(value, n))
+        if len(items) < n:
+            raise MissingItems(f"a Tuple of {n} items, got {len(items)}")
+        return items
     return Branch(tuple(range(n)), tuple(space.spaces), take, tuple, fits)
 
 

@@ -270,6 +270,67 @@ def test_an_observation_of_none_is_refused_as_sync_vector_env_refuses_it(parent_
             pool.step(np.zeros(4, np.int64))
 
 
+class TupleEnv(gym.Env):
+    """Tuple observations and actions; ``short_obs_at``: from that step on the observation
+    lacks its last item."""
+
+    observation_space = spaces.Tuple((spaces.Box(-1, 1, (2,)), spaces.Discrete(3)))
+    action_space = spaces.Tuple((spaces.Discrete(2), spaces.Box(-1, 1, (1,))))
+
+    def __init__(self, short_obs_at: int | None = None):
+        self.short_obs_at, self.t = short_obs_at, 0
+
+    def _obs(self):
+        full = (np.full(2, self.t / 10, np.float32), self.t % 3)
+        return full[:1] if self.short_obs_at is not None and self.t >= self.short_obs_at else full
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("face", ["SyncVectorEnv", "AsyncVectorEnv", "Pool"])
+def test_a_tuple_action_lacking_an_item_is_refused_as_gymnasium_refuses_it(face, no_leaks):
+    # Was accepted: the missing leaf's slots kept the previous step's actions.
+    short = (np.zeros(2, np.int64),)
+    if face == "Pool":
+        with shmpool.Pool([TupleEnv] * 2, num_workers=1) as pool:
+            pool.reset()
+            with pytest.raises(ValueError, match=r"actions: a Tuple of 2 items, got 1"):
+                pool.step(short)
+            pool.step((np.zeros(2, np.int64), np.zeros((2, 1), np.float32)))   # still usable
+        return
+    envs = getattr(gym.vector, face)([TupleEnv] * 2)
+    try:
+        envs.reset()
+        with pytest.raises(IndexError):
+            envs.step(short)
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_a_tuple_observation_lacking_an_item_is_refused_as_sync_vector_env_refuses_it(parent_shard, no_leaks):
+    # Was accepted: the missing leaf kept the previous step's value in shared memory.
+    fns = [TupleEnv] * 3 + [functools.partial(TupleEnv, short_obs_at=2)]
+    ref = gym.vector.SyncVectorEnv(fns)
+    act = (np.zeros(4, np.int64), np.zeros((4, 1), np.float32))
+    ref.reset()
+    ref.step(act)
+    with pytest.raises(IndexError):
+        ref.step(act)
+    with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard) as pool:
+        pool.reset()
+        pool.step(act)
+        with pytest.raises(EnvError, match=r"env 3 .*observation: a Tuple of 2 items, got 1"):
+            pool.step(act)
+
+
 # --- 3. the shard stepped here follows a worker's rules ---------------------------------------
 
 

@@ -10,7 +10,7 @@ from shmpool import protocol as P
 from shmpool.autoreset import NEXT_STEP, SAME_STEP
 from shmpool.fallback import Lane
 from shmpool.infos import IN_SLOT, InfoWriter, column_dtype, unbatch_info
-from shmpool.spacetree import SpaceTree, tree_of
+from shmpool.spacetree import MissingItems, SpaceTree, tree_of
 
 
 class ResultError(Exception):
@@ -19,6 +19,16 @@ class ResultError(Exception):
 
 _UNBOUND = object()   # an env whose observation row is not its own buffer (no ``bind_obs``)
 _NONE_OBS = "observation is None: an env must return an observation of its space (SyncVectorEnv refuses it too)"
+
+
+def _observation_split(split):
+    """``split`` of an env's observation: a Tuple short of items is the env's fault (``ResultError``)."""
+    def split_observation(obs):
+        try:
+            return split(obs)
+        except MissingItems as exc:
+            raise ResultError(f"observation: {exc}") from None
+    return split_observation
 
 
 def _leaf_writer(arr: np.ndarray, strict: bool):
@@ -110,7 +120,7 @@ class Shard:
         if len(writers) == 1 and obs_tree.is_leaf:
             self.write_obs = writers[0]
         else:
-            split_obs = obs_tree.split
+            split_obs = _observation_split(obs_tree.split)
 
             def write_obs(i, obs):
                 for w, v in zip(writers, split_obs(obs)):
@@ -148,7 +158,7 @@ class Shard:
         self.slow_obs: list = [None] * len(self.envs)
         self.slow_actions = None
         if self.obs_lane is not None:
-            split, slow_obs, start = self.obs_lane.split, self.slow_obs, self.start
+            split, slow_obs, start = _observation_split(self.obs_lane.split), self.slow_obs, self.start
 
             def write_obs(i, obs):
                 shared, slow = split(obs)
