@@ -1,4 +1,4 @@
-"""Builds the Cython extensions: the wire (shmpool._core), async evenness (shmpool._evenness),
+"""Builds the Cython extensions: the wire (shmpool._core), async evenness (shmpool._lead),
 the EnvPool face's elapsed-step counts (shmpool._elapsed) and the Atari frame kernel
 (shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
 import numpy
@@ -13,8 +13,8 @@ extensions = [
         extra_compile_args=["-O2"],
     ),
     Extension(
-        "shmpool._evenness",
-        ["shmpool/_evenness.pyx"],
+        "shmpool._lead",
+        ["shmpool/_lead.pyx"],
         extra_compile_args=["-O2"],
     ),
     Extension(

@@ -9,7 +9,7 @@ prebuilt observation (so the transport is most of the cost):
 - ``Box only``: ``Dict(box=Box(16,) float32, pos=Box(2,) float32)``;
 - ``Box+Text``: ``Dict(box=Box(16,) float32, text=Text(16))``: the Text leaf cannot be laid
   out in shared memory by shmpool, so it travels pickled through each worker's pipe,
-  one env at a time (``shmpool.fallback``); gymnasium's ``AsyncVectorEnv`` keeps Text in
+  one env at a time (``shmpool.pickled``); gymnasium's ``AsyncVectorEnv`` keeps Text in
   shared memory as int32 character codes.
 
 Each system (``SyncVectorEnv``, ``AsyncVectorEnv`` with shared memory, ``shmpool sync``,

@@ -26,7 +26,7 @@ from gymnasium import spaces
 
 from . import _core
 from . import layout as L
-from .fallback import Lane, path_name, per_env_values
+from .pickled import PickledLeaves, path_name, per_env_values
 from .spacetree import MissingItems, tree_of
 
 
@@ -115,18 +115,18 @@ class ActionWriter:
         shared = [leaf for leaf in tree.leaves if isinstance(leaf.space, L.SHARED_SPACES)]
         self.slots = [_Slot(dst, leaf.space, path_name("actions", leaf.path), strict)
                       for dst, leaf in zip(views.act, shared)]
-        # Leaves that travel pickled (shmpool.fallback), or None.
-        self.lane = Lane.of(space)
+        # Leaves that travel pickled (shmpool.pickled), or None.
+        self.pickled = PickledLeaves.of(space)
         # The fast path of a sync step: one array of exactly the slots' shape and dtype.
-        self.fast = self.slots[0] if self.is_leaf and self.lane is None else None
+        self.fast = self.slots[0] if self.is_leaf and self.pickled is None else None
 
     def write(self, actions, ids: np.ndarray | None = None) -> list[tuple] | None:
         """``actions`` for every env (``ids`` None) or for ``ids``, in their order.
 
         Returns the values of the leaves that travel pickled, one tuple per env
-        (None when there are none): the caller sends them (``shmpool.fallback``)."""
-        if self.lane is not None:
-            return self._write_with_lane(actions, ids)
+        (None when there are none): the caller sends them (``shmpool.pickled``)."""
+        if self.pickled is not None:
+            return self._write_with_pickled(actions, ids)
         fast = self.fast
         if (ids is None and fast is not None and type(actions) is np.ndarray
                 and actions.dtype == fast.dtype and actions.shape == fast.dst.shape):
@@ -148,13 +148,13 @@ class ActionWriter:
             slot.write(part, ids, rows)
         return None
 
-    def _write_with_lane(self, actions, ids: np.ndarray | None) -> list[tuple]:
+    def _write_with_pickled(self, actions, ids: np.ndarray | None) -> list[tuple]:
         rows = self.num_envs if ids is None else len(ids)
         try:
-            shared, slow = self.lane.split(actions)
+            shared, pickled = self.pickled.split(actions)
         except MissingItems as exc:
             raise ValueError(f"actions: {exc}") from None
-        values = per_env_values(self.lane, slow, rows)   # checked before any slot is written
+        values = per_env_values(self.pickled, pickled, rows)   # checked before any slot is written
         for slot, part in zip(self.slots, shared):
             slot.write(part, ids, rows)
         return values

@@ -56,7 +56,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from .autoreset import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
+from .autoreset_modes import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
 from .spacetree import tree_of
 
 __all__ = ["BatchEnv", "Batched", "BatchedEnvs", "VectorEnvAdapter", "as_batch_env", "check_hosting",
@@ -72,7 +72,7 @@ class BatchEnv:
     metadata: dict = {}
     render_mode: str | None = None
     spec = None
-    #: autoreset modes this env implements (shmpool.autoreset names)
+    #: autoreset modes this env implements (shmpool.autoreset_modes names)
     autoreset_modes: tuple[str, ...] = (NEXT_STEP,)
     #: whether ``step`` accepts any subset of its envs (async send/recv needs it)
     supports_subsets: bool = True

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ._evenness import LeadLimit
+from ._lead import LeadLimit
 from .arguments import check_env_ids, env_id_array
 from .state import Lifecycle
 
@@ -72,7 +72,7 @@ class Dispatch:
 
     def take_in_turn(self, out: np.ndarray, b: int, take: Take) -> int:
         """``recv``'s take: finished envs in completion order, except that none gets more than
-        ``max_lead`` steps ahead of the least-advanced env out (``shmpool._evenness``)."""
+        ``max_lead`` steps ahead of the least-advanced env out (``shmpool._lead``)."""
         order, life = self.lead, self.life
         if self.max_lead is None:
             return take(out, b, "recv")

@@ -26,8 +26,8 @@ import numpy as np
 from gymnasium.spaces import Discrete, MultiDiscrete
 
 from ._elapsed import ElapsedSteps
-from .autoreset import SAME_STEP
-from .vector_env import VectorEnv
+from .autoreset_modes import SAME_STEP
+from .gymnasium_face import VectorEnv
 
 __all__ = ["ENV_TYPES", "EnvPoolEnv", "EnvPoolSpec", "base_config"]
 

@@ -39,16 +39,16 @@ class Leaf:
 SHARED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
-def leaves(space: spaces.Space, fallback: bool = False) -> list[Leaf]:
+def leaves(space: spaces.Space, allow_pickled: bool = False) -> list[Leaf]:
     """The space's array leaves, in ``spacetree`` order (the wire's order).
 
     Any other leaf (Text, Sequence, Graph, OneOf, custom spaces) is refused, or
-    with ``fallback`` left out: it travels pickled (``shmpool.fallback``)."""
+    with ``allow_pickled`` left out: it travels pickled (``shmpool.pickled``)."""
     out = []
     for leaf in tree_of(space).leaves:
         if isinstance(leaf.space, SHARED_SPACES):
             out.append(Leaf(leaf.path, tuple(leaf.space.shape), np.dtype(leaf.space.dtype)))
-        elif not fallback:
+        elif not allow_pickled:
             raise TypeError(
                 f"shmpool cannot lay out a {type(leaf.space).__name__} space in shared memory "
                 "(supported: Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of them)")
@@ -90,7 +90,7 @@ class Layout:
     act_leaves: list[Leaf]
     offsets: dict[str, int] = field(default_factory=dict)
     size: int = 0
-    has_slow_actions: bool = False   # action leaves that travel pickled: a version word per env
+    has_pickled_actions: bool = False   # action leaves that travel pickled: a version word per env
     final_obs: bool = False   # SAME_STEP: a second obs-shaped array per leaf for ended episodes' last obs
 
     @classmethod
@@ -101,9 +101,9 @@ class Layout:
         (only when every observation leaf lives in shared memory; else final observations
         travel pickled)."""
         final_obs = final_obs and all_shared(obs_space)
-        lay = cls(num_envs, list(shard_sizes), leaves(obs_space, fallback=True), leaves(act_space, fallback=True),
-                  final_obs=final_obs)
-        lay.has_slow_actions = not all_shared(act_space)
+        lay = cls(num_envs, list(shard_sizes), leaves(obs_space, allow_pickled=True),
+                  leaves(act_space, allow_pickled=True), final_obs=final_obs)
+        lay.has_pickled_actions = not all_shared(act_space)
         off = _align(_core.control_size(num_envs, shard_sizes))
 
         def put(name: str, nbytes: int) -> None:
@@ -124,7 +124,7 @@ class Layout:
         put("info_mask", num_envs * 8)
         put("info_registry", INFO_COLUMNS * INFO_ENTRY)
         put("info_values", INFO_COLUMNS * num_envs * 8)
-        if lay.has_slow_actions:
+        if lay.has_pickled_actions:
             put("act_version", num_envs * 4)
         lay.size = off
         return lay
@@ -154,8 +154,8 @@ class Views:
         self.info_registry = arr("info_registry", np.uint8, (INFO_COLUMNS * INFO_ENTRY,))
         self.info_values = arr("info_values", np.uint8, (INFO_COLUMNS, n, 8))
         self.registry_offset = o["info_registry"]
-        # Per env, how many pickled actions the parent has sent it (``shmpool.fallback``).
-        self.act_version = arr("act_version", np.uint32, (n,)) if layout.has_slow_actions else None
+        # Per env, how many pickled actions the parent has sent it (``shmpool.pickled``).
+        self.act_version = arr("act_version", np.uint32, (n,)) if layout.has_pickled_actions else None
 
 
 def observation_spaces(bounds: list[tuple[int, int]], described: list, mode: str) -> tuple:

@@ -32,14 +32,14 @@ from .arguments import (
     env_id_list,
     keywords_of,
 )
-from .autoreset import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
+from .autoreset_modes import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
 from .batched import check_hosting
 from .dispatch import Dispatch
-from .fallback import Lane, LatestValues, SlowActionSender, warn_slow
 from .infos import InfoReader
+from .pickled import LatestValues, PickledActionSender, PickledLeaves, warn_pickled
 from .plan import plan_pool
 from .region import Region
-from .resets import reset_request
+from .reset_args import reset_request
 from .restarts import RestartRecord, Restarts
 from .state import Lifecycle, LifecycleFacts, public_entry
 from .supervisor import Supervisor
@@ -76,7 +76,7 @@ class Pool(LifecycleFacts):
     ``UserWarning`` at construction names them): such a leaf is batched as a
     tuple with one value per env, as gymnasium's ``concatenate`` batches it,
     and its actions are any sequence with one value per env
-    (``shmpool.fallback``).
+    (``shmpool.pickled``).
 
     Arrays returned by ``step`` and ``reset`` are views into shared memory,
     valid until the next ``step``/``reset``/``recv`` overwrites them; pass
@@ -329,9 +329,9 @@ class Pool(LifecycleFacts):
         sizes = list(self.plan.shard_sizes)
         layout = L.Layout.build(self.num_envs, sizes, obs_space, act_space,
                                 final_obs=self.autoreset_mode == SAME_STEP)
-        # Leaves that cannot live in shared memory travel pickled (shmpool.fallback).
-        self._obs_lane = Lane.of(obs_space)
-        warn_slow(self._obs_lane, Lane.of(act_space), stacklevel=4)
+        # Leaves that cannot live in shared memory travel pickled (shmpool.pickled).
+        self._obs_pickled = PickledLeaves.of(obs_space)
+        warn_pickled(self._obs_pickled, PickledLeaves.of(act_space), stacklevel=4)
         self._region = region = Region(layout, sizes, self.plan.use_semaphores)
         self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
                                     self.autoreset_mode, self.strict)
@@ -341,19 +341,19 @@ class Pool(LifecycleFacts):
         self._views = views = region.views()
         self._actions = ActionWriter(act_space, layout, views, self.strict)
         self._dispatch = dispatch = Dispatch(region.wire, self._owner, life, self.batch_size, self.max_lead)
-        store_slow_obs = None
-        if self._obs_lane is None:
+        store_pickled_obs = None
+        if self._obs_pickled is None:
             self._obs_views = L.assemble(obs_space, views.obs)
         else:
             self._obs_views = None   # rebuilt per call around the latest pickled values
-            self._slow_obs = LatestValues(self._obs_lane, self.num_envs)
-            store_slow_obs = self._slow_obs.store
-        if self._actions.lane is not None:
-            self._slow_actions = SlowActionSender(views.act_version, self._owner, dispatch.all_ids)
+            self._pickled_obs = LatestValues(self._obs_pickled, self.num_envs)
+            store_pickled_obs = self._pickled_obs.store
+        if self._actions.pickled is not None:
+            self._pickled_actions = PickledActionSender(views.act_version, self._owner, dispatch.all_ids)
         fatal = _weak_method(self._kill_workers_now)   # the rooms must not keep the pool alive
         self._supervisor = supervisor = Supervisor(
             workers, dispatch, views.status, InfoReader(views, region.map, obs_space), life,
-            self.wait_policy, self.step_timeout, fatal, store_slow_obs)
+            self.wait_policy, self.step_timeout, fatal, store_pickled_obs)
         self._take = supervisor.take   # recv()'s take; in restart mode the restart room's
         if self._replacing:
             self._restarts = supervisor.restarts = restarts = Restarts(
@@ -410,12 +410,12 @@ class Pool(LifecycleFacts):
         self._life.check_step_async()
         if self.autoreset_mode == DISABLED:
             self._refuse_ended_envs()
-        slow = self._actions.write(actions)
-        versions = None if slow is None else self._slow_actions.stamp(None)
+        pickled = self._actions.write(actions)
+        versions = None if pickled is None else self._pickled_actions.stamp(None)
         self._dispatch.post_step(P.CMD_STEP)
         self._life.step_posted()
-        if slow is not None:
-            self._send_slow_actions(None, versions, slow)
+        if pickled is not None:
+            self._send_pickled_actions(None, versions, pickled)
 
     def _step_wait(self, timeout: float | None):
         life = self._life
@@ -434,7 +434,7 @@ class Pool(LifecycleFacts):
         v = self._views
         if self._copy:
             return self._out_obs(), v.reward.copy(), v.terminated.copy(), v.truncated.copy(), infos
-        obs = self._obs_views if self._obs_lane is None else self._out_obs()
+        obs = self._obs_views if self._obs_pickled is None else self._out_obs()
         return obs, v.reward, v.terminated, v.truncated, infos
 
     # --- public API: async --------------------------------------------------------------
@@ -471,19 +471,19 @@ class Pool(LifecycleFacts):
         try:
             if self.autoreset_mode == DISABLED:
                 self._refuse_ended_envs(ids)
-            slow = self._actions.write(actions, ids)
+            pickled = self._actions.write(actions, ids)
         except BaseException:
             dispatch.unclaim(ids)
             raise
-        versions = None if slow is None else self._slow_actions.stamp(ids)
+        versions = None if pickled is None else self._pickled_actions.stamp(ids)
         dispatch.dispatch(ids, reset=False)
-        if slow is not None:
-            self._send_slow_actions(ids, versions, slow)
+        if pickled is not None:
+            self._send_pickled_actions(ids, versions, pickled)
 
-    def _send_slow_actions(self, ids, versions, values: list[tuple]) -> None:
+    def _send_pickled_actions(self, ids, versions, values: list[tuple]) -> None:
         """After the dispatch (a worker reads them when its step needs them, so a large
-        message never waits for a worker that is not reading): see ``shmpool.fallback``."""
-        for k, msg in self._slow_actions.messages(ids, versions, values):
+        message never waits for a worker that is not reading): see ``shmpool.pickled``."""
+        for k, msg in self._pickled_actions.messages(ids, versions, values):
             try:
                 P.send(self._workers.conns[k], msg)
             except OSError:
@@ -504,10 +504,10 @@ class Pool(LifecycleFacts):
         rewards, terminated, truncated = v.reward.take(ids), v.terminated.take(ids), v.truncated.take(ids)
         infos = self._supervisor.collect(ids, "recv")
         rows = [a.take(ids, axis=0) for a in v.obs]
-        if self._obs_lane is None:
+        if self._obs_pickled is None:
             obs = L.assemble(self.single_observation_space, rows)
         else:  # after collect: it brings the pickled leaves
-            obs = self._obs_lane.assemble(rows, self._slow_obs.batch(ids.tolist()))
+            obs = self._obs_pickled.assemble(rows, self._pickled_obs.batch(ids.tolist()))
         infos["env_id"] = ids
         return obs, rewards, terminated, truncated, infos
 
@@ -656,9 +656,9 @@ class Pool(LifecycleFacts):
         return range(*self._workers.bounds[worker])
 
     def _out_obs(self):
-        if self._obs_lane is not None:
+        if self._obs_pickled is not None:
             arrays = [a.copy() for a in self._views.obs] if self._copy else self._views.obs
-            return self._obs_lane.assemble(arrays, self._slow_obs.batch(None))
+            return self._obs_pickled.assemble(arrays, self._pickled_obs.batch(None))
         if not self._copy:
             return self._obs_views
         return L.assemble(self.single_observation_space, [a.copy() for a in self._views.obs])

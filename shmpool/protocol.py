@@ -16,8 +16,8 @@ broken channel.  Message commands carry a call number and their answers repeat i
 answer left over from an abandoned call is dropped, never taken for the next call's.
 
 Parent to worker: :class:`MapRegion` (then the region's fd), :class:`Abort`,
-:class:`Reset`, :class:`Restart`, :class:`EnvCall`, :class:`SlowActions` (actions of leaves that
-cannot live in shared memory, sent after their step is dispatched: ``shmpool.fallback``), and
+:class:`Reset`, :class:`Restart`, :class:`EnvCall`, :class:`PickledActions` (actions of leaves that
+cannot live in shared memory, sent after their step is dispatched: ``shmpool.pickled``), and
 :class:`Continued` before a message too large to wait in the pipe (``send``).
 Worker to parent: :class:`Spaces`, :class:`Ready`, :class:`Failure` (an env or the
 worker raised; unasked), :class:`CallFailed` (the answer to a message that failed),
@@ -115,7 +115,7 @@ class EnvCall:
 
 
 @dataclass(frozen=True, slots=True)
-class SlowActions:
+class PickledActions:
     """Actions of the leaves that travel pickled: env ``env_ids[k]`` (global id) gets
     ``values[k]`` (one value per slow leaf) for its step numbered ``versions[k]``
     (the env's version word in shared memory once that step is dispatched)."""
@@ -133,7 +133,7 @@ class Continued:
     size: int
 
 
-ToWorker = MapRegion | Abort | Reset | Restart | EnvCall | SlowActions
+ToWorker = MapRegion | Abort | Reset | Restart | EnvCall | PickledActions
 
 
 # --- worker to parent ------------------------------------------------------------------
@@ -209,13 +209,13 @@ class CallFailed(Failure):
 @dataclass(frozen=True, slots=True)
 class Extra:
     """Non-numeric infos of env ``env_id``'s published result (status STATUS_EXTRA), and the
-    values of its observation leaves that travel pickled (``shmpool.fallback``), if any: each
+    values of its observation leaves that travel pickled (``shmpool.pickled``), if any: each
     a pickled blob (``pack``), so that a value the parent cannot rebuild is that env's error
     and never a message the parent cannot read."""
 
     env_id: int
     infos: bytes
-    slow_obs: bytes | None = None
+    pickled_obs: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +244,7 @@ def encode_for_worker(msg: ToWorker) -> bytes:
 
 
 def decode_from_parent(data: bytes) -> ToWorker | Continued:
-    return _checked(pickle.loads(data), (MapRegion, Abort, Reset, Restart, EnvCall, SlowActions, Continued))
+    return _checked(pickle.loads(data), (MapRegion, Abort, Reset, Restart, EnvCall, PickledActions, Continued))
 
 
 def encode_for_parent(msg: ToParent) -> bytes:

@@ -23,8 +23,8 @@ from gymnasium.envs.registration import EnvSpec, VectorizeMode
 
 from .arguments import POOL_KEYWORDS, check_count, check_seed, check_typos, keywords_of, know_own_tasks
 from .envpool_env import ENV_TYPES, RENDER_MODES, EnvPoolEnv, base_config
+from .gymnasium_face import VECTOR_PARAMETERS, VectorEnv
 from .topology import allowed_cpus
-from .vector_env import VECTOR_PARAMETERS, VectorEnv
 
 __all__ = ["TWIN_NAMESPACE", "list_tasks", "make", "make_vec", "register_envs", "register_task", "twin_id",
            "vector_entry_point"]

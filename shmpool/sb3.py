@@ -54,7 +54,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
                       "(or 'stable-baselines3>=2.3')") from _exc
 
 from .arguments import POOL_KEYWORDS, check_typos, is_ray_pool, keywords_of, make_by_id
-from .autoreset import SAME_STEP, parse_autoreset_mode
+from .autoreset_modes import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
 from .infos import unbatch_info
 from .pool import Pool

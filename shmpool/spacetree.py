@@ -2,11 +2,11 @@
 leaf values and assembled back.
 
 The one definition of leaf order, which the region's layout, the actions written into it, the
-pickled lane and the worker's shard all share: depth first, a Dict's keys in ``space.spaces``
+pickled leaves and the worker's shard all share: depth first, a Dict's keys in ``space.spaces``
 order (gymnasium keeps them sorted unless it was given an ``OrderedDict``), a Tuple's items in
 order.  Every other space is a leaf, custom ``Space`` subclasses included (the default branch
-of :func:`branch`); what becomes of a leaf (a shared-memory array or the pickled lane) is the
-caller's choice (``layout``, ``fallback``).
+of :func:`branch`); what becomes of a leaf (a shared-memory array, or a value that travels pickled) is the
+caller's choice (``layout``, ``pickled``).
 
 The space is walked once, when its :class:`SpaceTree` is built; ``split`` and ``assemble`` are
 closures made from that walk, so a step pays for no recursion over the space.

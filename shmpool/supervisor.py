@@ -24,7 +24,7 @@ from . import protocol as P
 from .dispatch import Dispatch
 from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
 from .infos import InfoReader, add_info, collides, merge_in_env_order
-from .resets import ResetRequest
+from .reset_args import ResetRequest
 from .state import CLOSED_DURING_CALL, Lifecycle
 from .workerset import SLICE_NS, WorkerSet
 
@@ -44,11 +44,11 @@ class Supervisor:
     Parts: the worker set, the dispatch room (wire, owners, in-flight marks), the region's
     status bytes, the info reader, the lifecycle, the pool's wait policy and step timeout;
     ``fatal()`` kills the workers and frees the region (the call then raises);
-    ``store_slow_obs(env_id, values)`` keeps observation leaves that travel pickled."""
+    ``store_pickled_obs(env_id, values)`` keeps observation leaves that travel pickled."""
 
     def __init__(self, workers: WorkerSet, dispatch: Dispatch, status: np.ndarray, infos: InfoReader,
                  life: Lifecycle, wait_policy, step_timeout: float | None, fatal: Callable[[], None],
-                 store_slow_obs: Callable[[int, object], None] | None = None) -> None:
+                 store_pickled_obs: Callable[[int, object], None] | None = None) -> None:
         self.workers = workers
         self.dispatch = dispatch
         self.wire = dispatch.wire
@@ -58,7 +58,7 @@ class Supervisor:
         self.wait_policy = wait_policy
         self.step_timeout = step_timeout
         self.fatal = fatal
-        self.store_slow_obs = store_slow_obs
+        self.store_pickled_obs = store_pickled_obs
         self.restarts: Replacing | None = None   # set by a pool built with on_worker_error="restart"
         # Side messages read before their env's turn: a worker sends them in its completion
         # order, and recv hands out an env it held back (max_lead) after envs that finished later.
@@ -102,13 +102,13 @@ class Supervisor:
             if type(msg) is P.Extra:
                 try:
                     extra = P.unpack(msg.infos)
-                    slow = None if msg.slow_obs is None else P.unpack(msg.slow_obs)
+                    pickled = None if msg.pickled_obs is None else P.unpack(msg.pickled_obs)
                 except Exception as exc:
                     errors.append((k, unreadable(env_id, op, "infos", exc)))
                     continue
                 extras.append((int(pos), extra))
-                if slow is not None:  # observation leaves that travel pickled (shmpool.fallback)
-                    self.store_slow_obs(env_id, slow)
+                if pickled is not None:  # observation leaves that travel pickled (shmpool.pickled)
+                    self.store_pickled_obs(env_id, pickled)
             else:
                 errors.append((k, msg))
         if unbatchable is not None and not errors:

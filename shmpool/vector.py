@@ -6,6 +6,7 @@ num_envs=8)`` builds a shmpool :class:`VectorEnv`; gymnasium's "module:id" form,
 ``gymnasium.make_vec("shmpool.vector:shmpool/CartPole-v1", 8)``, works without
 importing shmpool first.
 """
+from .gymnasium_face import VectorEnv, WaitTimeoutError
 from .registration import (
     TWIN_NAMESPACE,
     list_tasks,
@@ -16,7 +17,6 @@ from .registration import (
     twin_id,
     vector_entry_point,
 )
-from .vector_env import VectorEnv, WaitTimeoutError
 
 __all__ = [
     "TWIN_NAMESPACE",

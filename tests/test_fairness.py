@@ -12,7 +12,7 @@ import pytest
 
 import shmpool
 from shmpool import _core
-from shmpool._evenness import LeadLimit
+from shmpool._lead import LeadLimit
 from shmpool.arguments import EVEN_LEAD, check_max_lead
 
 

@@ -16,7 +16,7 @@ from shmpool.workers.shard import Shard
 
 import shmpool
 from shmpool import layout as L
-from shmpool.autoreset import SAME_STEP
+from shmpool.autoreset_modes import SAME_STEP
 from shmpool.infos import InfoReader
 
 N = 5

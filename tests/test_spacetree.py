@@ -10,7 +10,7 @@ import pytest
 from gymnasium import spaces
 
 from shmpool import layout as L
-from shmpool.fallback import Lane
+from shmpool.pickled import PickledLeaves
 from shmpool.spacetree import SpaceTree, branch, tree_of
 
 
@@ -154,8 +154,8 @@ def test_a_custom_space_is_one_leaf_refused_by_the_layout_and_pickled_by_the_lan
     assert tree.paths == (("box",), ("mine",))
     with pytest.raises(TypeError, match="cannot lay out a Custom space"):
         L.leaves(space)
-    assert [leaf.path for leaf in L.leaves(space, fallback=True)] == [("box",)]
-    lane = Lane.of(space)
+    assert [leaf.path for leaf in L.leaves(space, allow_pickled=True)] == [("box",)]
+    lane = PickledLeaves.of(space)
     assert lane.names("obs") == ["obs['mine']"] and lane.kinds == ["Custom"]
     value = {"box": np.zeros(2, np.float32), "mine": {"anything": 1}}
     shared, slow = lane.split(value)

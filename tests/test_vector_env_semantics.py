@@ -257,9 +257,9 @@ def test_observation_spaces_of_other_layouts(vec, mode, other, order):
             batch_differing_spaces(obs_spaces)
         error, message = type(expected.value), str(expected.value)
     elif mode == "same":
-        error, message = RuntimeError, shmpool.vector_env.SAME_MODE_DIFFERS
+        error, message = RuntimeError, shmpool.gymnasium_face.SAME_MODE_DIFFERS
     else:
-        error, message = RuntimeError, shmpool.vector_env.CUSTOM_MODE_DIFFERS
+        error, message = RuntimeError, shmpool.gymnasium_face.CUSTOM_MODE_DIFFERS
     with pytest.raises(Exception) as info:
         vec([recording(obs_space=s) for s in obs_spaces], observation_mode=CUSTOM_MODE if mode == "custom" else mode)
     assert type(info.value) is error and str(info.value) == message

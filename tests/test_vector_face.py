@@ -452,7 +452,7 @@ def test_env_error_is_both_env_error_and_env_type(no_leaks):
 
 
 def test_retyped_message_stays_readable():
-    from shmpool.vector_env import _retyped
+    from shmpool.gymnasium_face import _retyped
 
     err = shmpool.EnvError("env 1 raised in step: KeyError: 'k'\nmore", env_id=1, worker=0, phase="step",
                            remote_type="KeyError", remote_traceback="tb")

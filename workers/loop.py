@@ -22,7 +22,7 @@ from shmpool.constructors import ShardConstructors
 from shmpool.errors import PoolResourceError
 from shmpool.memory import drop_inherited_regions, receive_region
 
-from .inbox import SlowActionInbox
+from .inbox import PickledActionInbox
 from .inherited import shed_sockets
 from .shard import BatchShard, Shard
 
@@ -230,8 +230,8 @@ def bind_server(conn, index: int, built: BuiltEnvs, msg: P.MapRegion, region, se
             return None
     else:
         shard = Shard(built.envs, start, views, region, obs_space, act_space, msg.autoreset_mode, msg.strict)
-        if shard.act_lane is not None:
-            shard.slow_actions = SlowActionInbox(conn, views.act_version)
+        if shard.act_pickled is not None:
+            shard.pickled_actions = PickledActionInbox(conn, views.act_version)
     shard.pending_seeds = list(seeds)
     P.report(conn, P.Ready())
     return Server(conn, index, wire, views, shard, msg.policy, msg.slice_ns, watch)
@@ -329,7 +329,7 @@ class Server:
         self.outbox: list[bytes] = []   # side messages waiting for their results to be published
         self.phase = "step"             # what a failing info write is reported as
         self.closing: int | None = None  # the env whose close() runs
-        if shard.obs_lane is not None:  # observation leaves that travel pickled (shmpool.fallback)
+        if shard.obs_pickled is not None:  # observation leaves that travel pickled (shmpool.pickled)
             self._finish_env = self._finish_slow_env
 
     def serve(self) -> None:
@@ -391,8 +391,8 @@ class Server:
             # seen twice: only a message actually waiting is answered.
             while self.conn.poll(0):
                 msg = P.next_command(self.conn)
-                if type(msg) is P.SlowActions:  # for steps that needed none (autoreset, restart)
-                    self.shard.slow_actions.absorb(msg)
+                if type(msg) is P.PickledActions:  # for steps that needed none (autoreset, restart)
+                    self.shard.pickled_actions.absorb(msg)
                     continue
                 self.message(msg)
                 break
@@ -434,22 +434,22 @@ class Server:
 
     def _finish_slow_env(self, i: int, info) -> None:
         """``_finish_env`` when observation leaves travel pickled: every result that wrote
-        an observation sends them in its Extra (``shmpool.fallback``)."""
+        an observation sends them in its Extra (``shmpool.pickled``)."""
         try:
             extra = self.shard.infos.write(i, info) if info else None
             if not info:
                 self.views.info_mask[i] = 0
-            slow = self.shard.take_slow_obs(i)
-            if extra is None and slow is None:
+            pickled = self.shard.take_pickled_obs(i)
+            if extra is None and pickled is None:
                 self.views.status[i] = P.STATUS_OK
                 return
             infos = _pack_infos(extra or {})
             try:
-                slow_blob = None if slow is None else P.pack(slow)
+                pickled_blob = None if pickled is None else P.pack(pickled)
             except Exception as exc:  # the observation itself cannot be pickled
                 self._fail_env(i, "observation", exc)
                 return
-            self.outbox.append(P.encode_for_parent(P.Extra(i, infos, slow_blob)))
+            self.outbox.append(P.encode_for_parent(P.Extra(i, infos, pickled_blob)))
             self.views.status[i] = P.STATUS_EXTRA
         except Exception as exc:
             self._fail_env(i, self.phase, exc)
@@ -465,7 +465,7 @@ class Server:
         if shard.batched:  # the whole shard in one call of its batched env
             shard.run(shard.all_ids, False, self._finish_env, self._fail_env)
             return
-        step, slow = shard.step, shard.obs_lane is not None
+        step, pickled = shard.step, shard.obs_pickled is not None
         # The common case (no infos, no error) for the whole shard in two slice writes:
         # the exceptions below overwrite their env's status and mask.
         self.views.status[shard.start:shard.stop] = P.STATUS_OK
@@ -476,7 +476,7 @@ class Server:
             except Exception as exc:
                 self._fail_env(i, "step", exc)
                 continue
-            if info or slow:
+            if info or pickled:
                 self._finish_env(i, info)
 
     def drain(self, limit: int = -1) -> int:

@@ -7,9 +7,9 @@ import numpy as np
 
 from shmpool import layout as L
 from shmpool import protocol as P
-from shmpool.autoreset import NEXT_STEP, SAME_STEP
-from shmpool.fallback import Lane
+from shmpool.autoreset_modes import NEXT_STEP, SAME_STEP
 from shmpool.infos import IN_SLOT, InfoWriter, column_dtype, unbatch_info
+from shmpool.pickled import PickledLeaves
 from shmpool.spacetree import MissingItems, SpaceTree, tree_of
 
 
@@ -147,37 +147,37 @@ class Shard:
             def action(i):
                 return assemble_action([a[i] for a in acts])
             self.action = action
-        self._fallback_lane(obs_space, act_space, writers)
+        self._pickled_leaves(obs_space, act_space, writers)
 
-    def _fallback_lane(self, obs_space, act_space, writers) -> None:
-        """Leaves that cannot live in shared memory (``shmpool.fallback``): their
-        observation values wait in ``slow_obs`` for the result's side message, their
-        actions come from ``slow_actions`` (the worker loop sets it)."""
-        self.obs_lane = Lane.of(obs_space)
-        self.act_lane = act_lane = Lane.of(act_space)
-        self.slow_obs: list = [None] * len(self.envs)
-        self.slow_actions = None
-        if self.obs_lane is not None:
-            split, slow_obs, start = _observation_split(self.obs_lane.split), self.slow_obs, self.start
+    def _pickled_leaves(self, obs_space, act_space, writers) -> None:
+        """Leaves that cannot live in shared memory (``shmpool.pickled``): their
+        observation values wait in ``pickled_obs`` for the result's side message, their
+        actions come from ``pickled_actions`` (the worker loop sets it)."""
+        self.obs_pickled = PickledLeaves.of(obs_space)
+        self.act_pickled = act_pickled = PickledLeaves.of(act_space)
+        self.pickled_obs: list = [None] * len(self.envs)
+        self.pickled_actions = None
+        if self.obs_pickled is not None:
+            split, pickled_obs, start = _observation_split(self.obs_pickled.split), self.pickled_obs, self.start
 
             def write_obs(i, obs):
-                shared, slow = split(obs)
+                shared, pickled = split(obs)
                 for w, v in zip(writers, shared):
                     w(i, v)
-                slow_obs[i - start] = slow
+                pickled_obs[i - start] = pickled
             self.write_obs = write_obs
-        if act_lane is not None:
+        if act_pickled is not None:
             acts = self.views.act
 
             def action(i):
-                return act_lane.assemble([a[i] for a in acts], self.slow_actions.take(i))
+                return act_pickled.assemble([a[i] for a in acts], self.pickled_actions.take(i))
             self.action = action
 
-    def take_slow_obs(self, i: int) -> tuple | None:
-        """The pickled-lane observation values env ``i`` wrote since the last call (None: none)."""
+    def take_pickled_obs(self, i: int) -> tuple | None:
+        """The pickled observation values env ``i`` wrote since the last call (None: none)."""
         j = i - self.start
-        slow, self.slow_obs[j] = self.slow_obs[j], None
-        return slow
+        pickled, self.pickled_obs[j] = self.pickled_obs[j], None
+        return pickled
 
     def step(self, i: int):
         """Step env ``i`` under the autoreset mode; returns its info dict after
@@ -267,11 +267,11 @@ class BatchShard:
     async requests and publishes them; :meth:`reset_message` serves ``reset()``."""
 
     batched = True
-    obs_lane = act_lane = None
+    obs_pickled = act_pickled = None
 
     def __init__(self, env, start: int, views: L.Views, buf, obs_space, act_space,
                  autoreset_mode: str = NEXT_STEP, strict: bool = True) -> None:
-        if Lane.of(obs_space) is not None or Lane.of(act_space) is not None:
+        if PickledLeaves.of(obs_space) is not None or PickledLeaves.of(act_space) is not None:
             raise TypeError("a batched env's spaces must lie entirely in shared memory (Box, Discrete, "
                             "MultiDiscrete, MultiBinary and Dict/Tuple of them); Text, Sequence, Graph, OneOf "
                             "and custom spaces are only supported for envs stepped one at a time")

@@ -25,9 +25,9 @@ from ..arguments import (
     env_id_list,
     keywords_of,
 )
-from ..autoreset import NEXT_STEP
+from ..autoreset_modes import NEXT_STEP
 from ..errors import PoolClosedError
-from ..resets import check_reset_mask, seed_list
+from ..reset_args import check_reset_mask, seed_list
 from ..state import Lifecycle, LifecycleFacts
 from .action_check import ActionCheck
 from .actor import Resets, pools_on_nodes

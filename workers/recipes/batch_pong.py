@@ -52,7 +52,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from shmpool.autoreset import DISABLED, NEXT_STEP, SAME_STEP
+from shmpool.autoreset_modes import DISABLED, NEXT_STEP, SAME_STEP
 from shmpool.batched import Batched, BatchEnv
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

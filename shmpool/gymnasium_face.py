@@ -26,11 +26,11 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from .arguments import POOL_KEYWORDS, check_typos, is_ray_pool, keywords_of
-from .autoreset import NEXT_STEP, as_gymnasium, parse_autoreset_mode
+from .autoreset_modes import NEXT_STEP, as_gymnasium, parse_autoreset_mode
 from .background import BackgroundCall
 from .errors import EnvError, SpacesDifferError, rebuild_error
 from .pool import Pool
-from .resets import check_reset_mask, seed_list
+from .reset_args import check_reset_mask, seed_list
 
 if TYPE_CHECKING:
     from .distributed import RayPool

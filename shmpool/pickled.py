@@ -1,21 +1,21 @@
-"""The fallback lane: leaves that cannot live in shared memory travel pickled.
+"""Pickled leaves: the leaves that cannot live in shared memory travel pickled.
 
 Text, Sequence, Graph, OneOf and custom ``Space`` subclasses have no fixed shape
 and dtype, so ``layout`` gives them no array.  Their values go through each
 worker's pipe instead, one env at a time, while the other leaves of a Dict/Tuple
 stay in shared memory:
 
-- observations: the worker pickles the slow leaves of each result into the
+- observations: the worker pickles the pickled leaves of each result into the
   result's ``Extra`` side message (status ``STATUS_EXTRA``); the parent keeps each
   env's latest values (:class:`LatestValues`), so envs a partial reset leaves alone
   keep theirs, as their shared rows do;
 - actions: the parent bumps the env's version word in shared memory, dispatches,
-  then sends ``SlowActions`` on the pipe; a worker reads its pipe until it holds
+  then sends ``PickledActions`` on the pipe; a worker reads its pipe until it holds
   that version (``workers.inbox``).  Versions, not arrival order, pair values with
   steps, so an autoreset step or a restarted env that needs no action leaves
   nothing misaligned.
 
-Batched, a slow leaf is a tuple with one value per env: what gymnasium's
+Batched, a pickled leaf is a tuple with one value per env: what gymnasium's
 ``concatenate`` gives for these spaces (``AsyncVectorEnv(shared_memory=False)``).
 """
 from __future__ import annotations
@@ -37,10 +37,10 @@ def path_name(root: str, path: tuple) -> str:
     return root + "".join(f"[{p!r}]" for p in path)
 
 
-class Lane:
+class PickledLeaves:
     """Which leaves of one space travel pickled, and how to split and rebuild its values.
 
-    ``Lane.of(space)`` is None when every leaf is shared: callers keep their plain path."""
+    ``PickledLeaves.of(space)`` is None when every leaf is shared: callers keep their plain path."""
 
     def __init__(self, space: spaces.Space) -> None:
         self.space = space
@@ -53,20 +53,20 @@ class Lane:
         self.count = len(every)
 
     @classmethod
-    def of(cls, space: spaces.Space) -> Lane | None:
+    def of(cls, space: spaces.Space) -> PickledLeaves | None:
         return None if L.all_shared(space) else cls(space)
 
     def split(self, value) -> tuple[list, tuple]:
-        """One structured value: (shared leaf values, slow leaf values)."""
+        """One structured value: (shared leaf values, pickled leaf values)."""
         parts = self.tree.split(value)
         return [parts[k] for k in self.shared_at], tuple(parts[k] for k in self.slow_at)
 
-    def assemble(self, shared: Sequence, slow: Sequence) -> Any:
-        """The structured value (or batch) from shared leaves and slow leaves, each in leaf order."""
+    def assemble(self, shared: Sequence, pickled: Sequence) -> Any:
+        """The structured value (or batch) from shared leaves and pickled leaves, each in leaf order."""
         parts: list = [None] * self.count
         for k, value in zip(self.shared_at, shared):
             parts[k] = value
-        for k, value in zip(self.slow_at, slow):
+        for k, value in zip(self.slow_at, pickled):
             parts[k] = value
         return self.tree.assemble(parts)
 
@@ -74,12 +74,12 @@ class Lane:
         return [path_name(root, p) for p in self.paths]
 
 
-def warn_slow(obs_lane: Lane | None, act_lane: Lane | None, stacklevel: int = 3) -> None:
+def warn_pickled(obs_pickled: PickledLeaves | None, act_pickled: PickledLeaves | None, stacklevel: int = 3) -> None:
     """One UserWarning naming the leaves that travel pickled."""
     named = []
-    for lane, root in ((obs_lane, "obs"), (act_lane, "action")):
-        if lane is not None:
-            named += [f"{name} ({kind})" for name, kind in zip(lane.names(root), lane.kinds)]
+    for leaves, root in ((obs_pickled, "obs"), (act_pickled, "action")):
+        if leaves is not None:
+            named += [f"{name} ({kind})" for name, kind in zip(leaves.names(root), leaves.kinds)]
     if named:
         warnings.warn(
             f"shmpool: {', '.join(named)} cannot be laid out in shared memory; these leaves travel pickled "
@@ -88,30 +88,30 @@ def warn_slow(obs_lane: Lane | None, act_lane: Lane | None, stacklevel: int = 3)
 
 
 class LatestValues:
-    """Parent side: each env's latest values of the slow observation leaves."""
+    """Parent side: each env's latest values of the pickled observation leaves."""
 
-    def __init__(self, lane: Lane, num_envs: int) -> None:
-        self.columns: list[list] = [[None] * num_envs for _ in lane.slow_at]
+    def __init__(self, leaves: PickledLeaves, num_envs: int) -> None:
+        self.columns: list[list] = [[None] * num_envs for _ in leaves.slow_at]
 
     def store(self, env_id: int, values: tuple) -> None:
         for column, value in zip(self.columns, values):
             column[env_id] = value
 
     def batch(self, ids: Sequence[int] | None) -> list[tuple]:
-        """Per slow leaf, a tuple of the values of ``ids`` (every env when None)."""
+        """Per pickled leaf, a tuple of the values of ``ids`` (every env when None)."""
         if ids is None:
             return [tuple(column) for column in self.columns]
         return [tuple(column[i] for i in ids) for column in self.columns]
 
 
-def per_env_values(lane: Lane, batches: Sequence, rows: int) -> list[tuple]:
-    """The slow leaves of a batch of actions (``Lane.split``'s second part), as one
-    tuple per env with a value per slow leaf.
+def per_env_values(leaves: PickledLeaves, batches: Sequence, rows: int) -> list[tuple]:
+    """The pickled leaves of a batch of actions (``PickledLeaves.split``'s second part), as one
+    tuple per env with a value per pickled leaf.
 
-    A slow leaf's batch is any sequence with one value per env (gymnasium batches
+    A pickled leaf's batch is any sequence with one value per env (gymnasium batches
     these spaces as a ``Tuple``); each value reaches its env unchanged."""
     columns = []
-    for batch, path in zip(batches, lane.paths):
+    for batch, path in zip(batches, leaves.paths):
         try:
             values = list(batch)
         except TypeError:
@@ -123,7 +123,7 @@ def per_env_values(lane: Lane, batches: Sequence, rows: int) -> list[tuple]:
     return list(zip(*columns))
 
 
-class SlowActionSender:
+class PickledActionSender:
     """Parent side of pickled actions: number each env's step in its version word
     (before the dispatch), then send the values to the workers that own the envs."""
 
@@ -141,10 +141,10 @@ class SlowActionSender:
         return self.versions[ids]
 
     def messages(self, ids: np.ndarray | None, versions: np.ndarray, values: list[tuple]):
-        """``(worker, SlowActions)`` for each worker owning some of ``ids``."""
+        """``(worker, PickledActions)`` for each worker owning some of ``ids``."""
         ids = self.all_ids if ids is None else np.asarray(ids)
         owners = self.owner[ids]
         for k in np.unique(owners).tolist():
             rows = np.flatnonzero(owners == k).tolist()
-            yield k, P.SlowActions([int(ids[r]) for r in rows], [int(versions[r]) for r in rows],
+            yield k, P.PickledActions([int(ids[r]) for r in rows], [int(versions[r]) for r in rows],
                                    [values[r] for r in rows])

@@ -1,4 +1,4 @@
-"""Type stubs for the compiled async-evenness bookkeeping (see _evenness.pyx)."""
+"""Type stubs for the compiled async-evenness bookkeeping (see _lead.pyx)."""
 import numpy as np
 import numpy.typing as npt
 
