@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -29,9 +28,19 @@ from gymnasium import spaces
 
 from . import cli
 from ._timing import Case, run_interleaved
-from .report import Group, consoles, environment, fmt_ratio, fmt_summary, markdown_table, print_failures, show_table
-from .report import write_json as write_json_file
-from .subjects import ASYNC_VEC, POOL_ASYNC, POOL_SYNC, SYNC_VEC, SYSTEMS, GymVector, PoolAsync, PoolSync
+from .report import (
+    Group,
+    config_of,
+    consoles,
+    environment,
+    fmt_ratio,
+    fmt_summary,
+    markdown_table,
+    print_failures,
+    show_table,
+    write_results,
+)
+from .subjects import ASYNC_VEC, SYSTEMS, headline_cases
 
 BOX_ONLY, WITH_TEXT = "Box only", "Box+Text"
 
@@ -60,13 +69,7 @@ class DictObsEnv(gym.Env):
 
 def cases(kind: str, n: int) -> list[Case]:
     make_env = functools.partial(DictObsEnv, text=kind == WITH_TEXT)
-    actions = np.zeros(n, np.int64)
-    return [
-        Case(f"{SYNC_VEC} · {kind}", functools.partial(GymVector, SYNC_VEC, make_env, n, actions)),
-        Case(f"{ASYNC_VEC} · {kind}", functools.partial(GymVector, ASYNC_VEC, make_env, n, actions)),
-        Case(f"{POOL_SYNC} · {kind}", functools.partial(PoolSync, make_env, n, actions)),
-        Case(f"{POOL_ASYNC} · {kind}", functools.partial(PoolAsync, make_env, n, actions)),
-    ]
+    return headline_cases(make_env, make_env, n, np.zeros(n, np.int64), suffix=f" · {kind}")
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -101,11 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "Box+Text ÷ AsyncVectorEnv Box+Text"]
     show_table(out, "Env-only steps/s, median (min–max) over repetitions", header, rows)
     if args.json:
-        write_json_file(args.json, {"benchmark": "bench.fallback", "environment": env,
-                                    "config": {k: v for k, v in vars(args).items() if k != "json"},
-                                    "throughput": [g.to_json() for g in groups]})
-        Path(args.json).with_suffix(".md").write_text(markdown_table(header, rows) + "\n")
-        err.print(f"raw measurements written to {args.json}")
+        write_results(args.json, {"benchmark": "bench.fallback", "environment": env, "config": config_of(args),
+                                  "throughput": [g.to_json() for g in groups]}, markdown_table(header, rows), err)
     return 1 if print_failures(groups, err) else 0
 
 

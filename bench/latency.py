@@ -2,8 +2,7 @@
 
     python -m bench latency                                   # CartPole-v1, N=8,32,128 × batch 1,8,32
     python -m bench latency --task Ant-v5 --num-envs 8,32 --batch-size 1,4
-    python -m bench latency --quick --json /tmp/latency.json  # a few seconds, for tests
-    python -m bench plot bench/results/latency.json           # the PNG
+    python -m bench latency --quick --json /tmp/l.json --png /tmp/l.png  # a few seconds, for tests
 
 The terms are those of agent/observer latency studies: the trainer is the
 agent and every env (stepped in a worker) is an observer:
@@ -31,19 +30,16 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
-
-import shmpool
 
 from . import cli
-from ._timing import Case, Record, Sample, latency_loop, run_interleaved
+from ._timing import Case, Record, run_interleaved
 from .report import RESULTS, consoles, environment, fmt_rate, fmt_us, markdown_table, progress, write_json
-from .subjects import fixed_actions, pool_info
+from .subjects import POOL, Latency, fixed_actions, open_vec
 
 DEFAULT_TASK = "CartPole-v1"
 DEFAULT_NUM_ENVS = (8, 32, 128)
@@ -55,16 +51,6 @@ MEASURED = (1, 5, 10, 25, *REPORTED)              # low ones too: throughput p90
 
 
 # --- percentiles ------------------------------------------------------------------------------
-
-def percentiles_of(values: np.ndarray, qs: Sequence[int] = REPORTED) -> dict[str, float]:
-    """``{"p50": ..., "max": ...}`` with the same nearest-rank rule as :func:`latency_loop`."""
-    v = np.sort(np.asarray(values, dtype=np.float64))
-    if v.size == 0:
-        return {}
-    out = {f"p{q}": float(v[min(v.size - 1, v.size * q // 100)]) for q in qs}
-    out["max"] = float(v[-1])
-    return out
-
 
 def throughput_percentiles(latency_us: dict[str, float], units: int) -> dict[str, float]:
     """Seed 004's throughput percentiles: ``units / latency`` per call, so throughput pQ is latency p(100-Q)."""
@@ -80,111 +66,11 @@ def reported(latency_us: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in latency_us.items() if k == "max" or int(k[1:]) in REPORTED}
 
 
-# --- subjects ---------------------------------------------------------------------------------
-
-class SyncStep:
-    """``pool.step(actions)`` over all N envs: every env of a call waits for the whole call."""
-
-    mode = "sync"
-
-    def __init__(self, task: str, n: int, wait_policy: str | None) -> None:
-        kwargs = {} if wait_policy is None else {"wait_policy": wait_policy}
-        self.pool = shmpool.Pool(task, n, seed=0, **kwargs)
-        self.batch = n
-        self.info: dict[str, Any] = pool_info(self.pool)
-        try:
-            self.pool.reset()
-            self._step = functools.partial(self.pool.step, fixed_actions(self.pool.single_action_space, n))
-        except BaseException:
-            self.pool.close()
-            raise
-
-    def measure(self, seconds: float, warmup: float) -> Sample:
-        sample = latency_loop(self._step, seconds, warmup, percentiles=MEASURED)
-        self.info["observer_latency_us"] = dict(sample.latency_us)
-        self.info["observer_note"] = "sync: every env of a step sees the whole step call"
-        return sample
-
-    def close(self) -> None:
-        self.pool.close()
-
-
-class AsyncRecv:
-    """``recv()`` the first ``batch`` envs to finish, ``send()`` their next actions straight back.
-
-    Besides the per-call latency it logs, per call, the ids received and the
-    time ``recv()`` returned (two list appends, well under a µs); afterwards
-    each env step's observer latency is the time from the call that sent its
-    action (send follows that call's ``recv()`` at once) to the ``recv()``
-    that returned it."""
-
-    mode = "async"
-
-    def __init__(self, task: str, n: int, batch: int, wait_policy: str | None) -> None:
-        kwargs = {} if wait_policy is None else {"wait_policy": wait_policy}
-        self.pool = shmpool.Pool(task, n, batch_size=batch, seed=0, **kwargs)
-        self.n, self.batch = n, batch
-        self.info: dict[str, Any] = pool_info(self.pool)
-        try:
-            self.actions = fixed_actions(self.pool.single_action_space, batch)
-            self.pool.async_reset()
-        except BaseException:
-            self.pool.close()
-            raise
-        self.log = RecvLog()
-
-    def _step(self) -> None:
-        *_, infos = self.pool.recv()
-        ids = infos["env_id"]  # a fresh array per call
-        self.log.add(ids)
-        self.pool.send(self.actions, ids)
-
-    def measure(self, seconds: float, warmup: float) -> Sample:
-        sample = latency_loop(self._step, seconds, warmup, percentiles=MEASURED)
-        obs = self.log.observer_latencies(self.n, timed=sample.count)
-        self.info["observer_latency_us"] = percentiles_of(obs, MEASURED)
-        self.info["observer_steps"] = int(obs.size)
-        self.log.clear()
-        return sample
-
-    def close(self) -> None:
-        self.pool.close()
-
-
-class RecvLog:
-    """Which envs each async ``recv()`` returned, and when it returned: two list appends per call."""
-
-    def __init__(self) -> None:
-        self.clear()
-
-    def add(self, ids: np.ndarray) -> None:
-        self.times.append(time.perf_counter_ns())
-        self.ids.append(ids)
-
-    def clear(self) -> None:
-        self.ids: list[np.ndarray] = []
-        self.times: list[int] = []
-
-    def observer_latencies(self, n: int, timed: int) -> np.ndarray:
-        """:func:`observer_latencies` of the calls logged (``n`` envs, the last ``timed`` calls timed)."""
-        return observer_latencies(self.ids, self.times, n, timed)
-
-
-def observer_latencies(ids: Sequence[np.ndarray], times: Sequence[int], n: int, timed: int) -> np.ndarray:
-    """µs from the call that sent each env's action to the call that received its result.
-
-    ``ids[k]``/``times[k]``: the envs call k received and when its ``recv()``
-    returned (its ``send()`` follows at once).  Only the last ``timed`` calls
-    count; an env first seen in them (sent by ``async_reset``) is skipped."""
-    sent = np.full(n, -1, dtype=np.int64)
-    first_timed = len(ids) - timed
-    out = []
-    for k, (got, t) in enumerate(zip(ids, times)):
-        if k >= first_timed:
-            prev = sent[got]
-            out.append((t - prev[prev >= 0]) / 1e3)
-        sent[got] = t
-    return np.concatenate(out) if out else np.zeros(0)
+def open_cell(task: str, mode: str, n: int, batch: int, wait_policy: str | None) -> Latency:
+    """A fresh pool of ``n`` envs, ``batch`` per call, every call timed."""
+    vec = open_vec(POOL, task, n, batch=batch, asynchronous=mode == "async",
+                   **({} if wait_policy is None else {"wait_policy": wait_policy}))
+    return Latency(vec, fixed_actions(vec.action_space, n), MEASURED)
 
 
 # --- the plan ---------------------------------------------------------------------------------
@@ -206,10 +92,7 @@ def plan_cells(num_envs: Sequence[int], batch_sizes: Sequence[int], modes: Seque
 
 
 def cell_case(task: str, mode: str, n: int, b: int, wait_policy: str | None) -> Case:
-    name = f"{mode} N={n} batch={b}"
-    if mode == "sync":
-        return Case(name, functools.partial(SyncStep, task, n, wait_policy))
-    return Case(name, functools.partial(AsyncRecv, task, n, b, wait_policy))
+    return Case(f"{mode} N={n} batch={b}", functools.partial(open_cell, task, mode, n, b, wait_policy))
 
 
 def cell_json(task: str, mode: str, n: int, b: int, record: Record) -> dict[str, Any]:
@@ -219,6 +102,7 @@ def cell_json(task: str, mode: str, n: int, b: int, record: Record) -> dict[str,
     observer = info.pop("observer_latency_us", None)
     note = info.pop("observer_note", None)
     observer_steps = info.pop("observer_steps", None)
+    info.pop("driver_cpu_us_per_call", None)
     out["pool"] = info
     s = record.sample
     if s is not None:
@@ -320,6 +204,76 @@ def json_data(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[st
     }
 
 
+# --- the plot ---------------------------------------------------------------------------------
+
+PLOTTED = ("p50", "p75", "p90", "p95", "p99")
+
+
+def series(cells: Sequence[dict[str, Any]], x: str) -> dict[str, list[dict[str, Any]]]:
+    """Cells grouped into lines along ``x``, each sorted by ``x``; cells without a measurement are left out.
+
+    Sync cells always have batch = N, so they make one series whatever the x axis."""
+    other = "batch_size" if x == "num_envs" else "num_envs"
+    short = "N" if other == "num_envs" else "batch"
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in sorted((c for c in cells if "agent_latency_us" in c), key=lambda c: (c["mode"] != "sync", c[other], c[x])):
+        label = "sync (pool.step, batch = N)" if c["mode"] == "sync" else f"async, {short}={c[other]}"
+        groups.setdefault(label, []).append(c)
+    return groups
+
+
+def plot(data: dict[str, Any], path: str) -> None:
+    """One panel per series: the call's latency percentiles (µs, log, left axis), the env step's p50
+    (grey dash-dot) and the throughput in env steps/s (thick black, right axis) along the swept value."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    x = data.get("x_axis_name") or "num_envs"
+    groups = series(data["cells"], x)
+    if not groups:
+        raise ValueError("no measured cells to plot")
+    cols = min(2, len(groups))
+    rows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.2 * rows), squeeze=False)
+    colors = plt.get_cmap("viridis")([0.9, 0.7, 0.5, 0.3, 0.05])
+    xs_all = sorted({c[x] for pts in groups.values() for c in pts})
+    top = max(c["throughput"] for pts in groups.values() for c in pts)
+    for ax, (label, pts) in zip(axes.flat, groups.items()):
+        xs = [c[x] for c in pts]
+        for p, color in zip(PLOTTED, colors):
+            ax.plot(xs, [c["agent_latency_us"][p] for c in pts], "o-", color=color, lw=1.6, ms=4, label=f"call {p}")
+        env = [c.get("observer_latency_us", {}).get("p50") for c in pts]
+        if all(v is not None for v in env):
+            ax.plot(xs, env, "-.", color="0.55", lw=1.3, label="env step p50")
+        ax.set_yscale("log")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs_all)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(x)
+        ax.set_ylabel("latency, µs (log)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.set_title(label)
+        tp = ax.twinx()
+        tp.plot(xs, [c["throughput"] for c in pts], "s-", color="black", lw=2.4, ms=6, label="env steps/s")
+        tp.set_ylim(0, 1.15 * top)
+        tp.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_rate(v)))
+        tp.set_ylabel("throughput, env steps/s")
+        handles, labels = (a + b for a, b in zip(ax.get_legend_handles_labels(), tp.get_legend_handles_labels()))
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    env = data.get("environment", {})
+    fig.suptitle(f"shmpool latency — {data['cells'][0].get('task', '?')} · {env.get('cpu_model', '?')} · cpus "
+                 f"{env.get('sched_getaffinity', '?')} · {env.get('date', '')}\nper trainer call: sync pool.step over "
+                 "all N, async recv(batch) + send", fontsize=10)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05 if rows > 1 else 0.08, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # --- command line ----------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -329,6 +283,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", help="comma list of async batch sizes; those > N are skipped (default 1,8,32)")
     p.add_argument("--modes", default="sync,async", help="comma list of sync, async (default both)")
     p.add_argument("--wait-policy", help="the pool's wait_policy (default: the pool's automatic choice)")
+    p.add_argument("--png", metavar="PATH", help="plot latency percentiles and throughput along the swept value here "
+                                                 "(with --save: beside the tracked JSON)")
     cli.add_run_options(p, cli.RunDefaults(repeats=None, json=DEFAULT_JSON), quick="0.2 s, N=8, batch 1,8",
                         seconds_help="timed seconds per cell")
     args = cli.parse(p, argv)
@@ -363,9 +319,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = run(args, cells, err)
     results = [cell_json(args.task, mode, n, b, r) for (mode, n, b), r in zip(cells, records)]
     report(args, env, results, skipped)
+    data = json_data(args, env, results, skipped)
     if args.json:
-        write_json(args.json, json_data(args, env, results, skipped))
+        write_json(args.json, data)
         err.print(f"cells written to {args.json}")
+    png = args.png or (str(Path(args.json).with_suffix(".png")) if args.json and getattr(args, "save", False) else None)
+    if png and any("agent_latency_us" in c for c in results):
+        plot(data, png)
+        err.print(f"plot written to {png}")
     failed = [r for r in records if r.error is not None]
     for r in failed:
         err.print(f"{args.task} · {r.case} failed:", style="red", markup=False, highlight=False)

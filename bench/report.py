@@ -282,7 +282,8 @@ class Target:
     """A ratio a benchmark is expected to reach; ``at_most`` for "within N×" targets.
 
     ``moves`` says what the ratio depends on, printed with a MISS so that a reader knows
-    whether the miss is the code's or the machine's."""
+    whether the miss is the code's or the machine's.  ``informational``: a figure to watch that
+    no code change can reach (its own ``moves`` says why): shown, never a PASS or a MISS."""
 
     label: str
     goal: float
@@ -290,11 +291,14 @@ class Target:
     at_most: bool = False
     note: str = ""
     moves: str = ""
+    informational: bool = False
 
     @property
     def status(self) -> str:
         if self.value is None:
             return "not measured"
+        if self.informational:
+            return "informational"
         ok = self.value <= self.goal if self.at_most else self.value >= self.goal
         return "PASS" if ok else "MISS"
 
@@ -302,7 +306,7 @@ class Target:
         if self.value is None:
             return f"- {self.label}: not measured"
         text = f"- {self.label}: {fmt_ratio(self.value)} — {self.status}" + (f" ({self.note})" if self.note else "")
-        if self.status == "MISS" and self.moves:
+        if self.status in ("MISS", "informational") and self.moves:
             text += f". What moves it: {self.moves}"
         return text
 
