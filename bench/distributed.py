@@ -36,10 +36,10 @@ import gymnasium as gym
 import numpy as np
 
 from . import cli, envs
-from ._timing import Case, Record, Sample, latency_loop, run_interleaved
+from ._timing import Case, Record, percentiles_of, run_interleaved
 from .envs import EmptyEnv, gym_atari
-from .latency import RecvLog, percentiles_of
 from .report import RESULTS, markdown_table, write_json
+from .subjects import POOL, RAY, Latency, open_vec
 
 DEFAULT_JSON = str(RESULTS / "distributed.json")
 REPORTED = (50, 95, 99)
@@ -69,65 +69,19 @@ def task_available(task: str) -> str | None:
     return None
 
 
-# --- subjects ------------------------------------------------------------------------------------
-
-
-class Subject:
-    """One pool (local or Ray), stepped sync (``step``) or async (``recv`` + ``send``)."""
-
-    def __init__(self, system: str, task: str, mode: str, n: int, batch: int, cpus: list[int]) -> None:
-        import shmpool
-
-        env, kwargs = env_spec(task)
-        self.mode, self.n, self.batch = mode, n, batch
-        b = None if mode == "sync" else batch
-        if system == "local":
-            self.pool = shmpool.Pool(env, n, num_workers=len(cpus), cpus=cpus, batch_size=b, seed=0, **kwargs)
-            self.info: dict[str, Any] = {"workers": len(cpus), "cpus": cpus}
-        else:
-            from shmpool.distributed import RayPool
-
-            self.pool = RayPool(env, n, batch_size=b, seed=0, num_workers=1,
-                                per_pool_kwargs=[{"cpus": [c]} for c in cpus], **kwargs)
-            self.info = {"pools": self.pool.num_pools, "cpus": cpus, "sub_batch_sizes": self.pool.sub_batch_sizes}
-        try:
-            space = self.pool.single_action_space
-            self.actions = np.zeros((n if mode == "sync" else batch, *space.shape), dtype=space.dtype)
-            if mode == "sync":
-                self.pool.reset()
-            else:
-                self.pool.async_reset()
-        except BaseException:
-            self.pool.close()
-            raise
-        self.log = RecvLog()
-
-    def _sync(self) -> None:
-        self.pool.step(self.actions)
-
-    def _async(self) -> None:
-        *_, infos = self.pool.recv()
-        ids = infos["env_id"]
-        self.log.add(ids)
-        self.pool.send(self.actions, ids)
-
-    def measure(self, seconds: float, warmup: float) -> Sample:
-        step = self._sync if self.mode == "sync" else self._async
-        if warmup > 0:
-            latency_loop(step, warmup)
-        self.log.clear()
-        cpu = time.process_time()   # the driver's CPU, all its threads (Ray's core worker included)
-        sample = latency_loop(step, seconds, percentiles=MEASURED)
-        self.info["driver_cpu_us_per_call"] = 1e6 * (time.process_time() - cpu) / sample.count
-        if self.mode == "sync":
-            return sample
-        obs = self.log.observer_latencies(self.n, timed=sample.count)
-        self.info["observer_latency_us"] = percentiles_of(obs, REPORTED)
-        self.log.clear()
-        return sample
-
-    def close(self) -> None:
-        self.pool.close()
+def open_cell(system: str, task: str, mode: str, n: int, batch: int, cpus: list[int]) -> Latency:
+    """One pool (local: ``len(cpus)`` pinned workers; Ray: one pool of one worker per node's core),
+    every driver call timed."""
+    env, kwargs = env_spec(task)
+    if system == "local":
+        vec = open_vec(POOL, env, n, batch=batch, asynchronous=mode == "async", num_workers=len(cpus), cpus=cpus,
+                       **kwargs)
+    else:
+        vec = open_vec(RAY, env, n, batch=batch, asynchronous=mode == "async", num_workers=1,
+                       per_pool_kwargs=[{"cpus": [c]} for c in cpus], **kwargs)
+    vec.info["cpus"] = cpus
+    space = vec.action_space
+    return Latency(vec, np.zeros((batch, *space.shape), dtype=space.dtype), MEASURED)
 
 
 # --- the cluster ---------------------------------------------------------------------------------
@@ -195,11 +149,11 @@ def cell_json(task: str, mode: str, system: str, n: int, b: int, records: list[R
         out["calls"] = int(sum(r.sample.count for r in ok))
         out["agent_latency_us"] = {k: float(np.median([r.sample.latency_us[k] for r in ok]))
                                    for k in (*(f"p{q}" for q in REPORTED), "max")}
-        obs = [r.info.get("observer_latency_us") for r in ok if r.info.get("observer_latency_us")]
+        obs = [r.info["observer_latency_us"] for r in ok if mode == "async" and r.info.get("observer_latency_us")]
         if obs:
             out["observer_latency_us"] = {k: float(np.median([o[k] for o in obs])) for k in obs[0]}
         out["driver_cpu_us_per_call"] = float(np.median([r.info["driver_cpu_us_per_call"] for r in ok]))
-        measured = ("observer_latency_us", "driver_cpu_us_per_call")
+        measured = ("observer_latency_us", "driver_cpu_us_per_call", "observer_note", "observer_steps")
         out["pool"] = {k: v for k, v in ok[0].info.items() if k not in measured}
         out["setup_s"] = round(float(np.median([r.setup_s for r in ok])), 3)
     errors = [r.error for r in records if r.error]
@@ -320,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = []
         for key in dict.fromkeys((task, mode) for task, mode, *_ in cells):
             group = [c for c in cells if (c[0], c[1]) == key]
-            cases = [Case(f"{task} {mode} {system}", functools.partial(Subject, system, task, mode, n, b, args.cpus))
+            cases = [Case(f"{task} {mode} {system}", functools.partial(open_cell, system, task, mode, n, b, args.cpus))
                      for task, mode, system, n, b in group]
             print(f"{key[0]} {key[1]}: {', '.join(c.name.split()[-1] for c in cases)} × {args.repeats}",
                   file=sys.stderr, flush=True)

@@ -265,9 +265,10 @@ class Group:
         return out
 
 
-def print_failures(groups: Iterable[Group], err: Any) -> int:
-    """Every recorded failure with its traceback, on stderr; returns how many there were."""
-    failed = [(g, r) for g in groups for r in g.errors()]
+def print_failures(groups: Iterable[Any], err: Any) -> int:
+    """Every recorded failure of ``groups`` (each with ``records`` and ``where()``) with its traceback, on
+    stderr; returns how many there were."""
+    failed = [(g, r) for g in groups for r in g.records if r.error is not None]
     for g, r in failed:
         err.print(f"{g.where()} · {r.case} · rep {r.rep + 1} failed:", style="red", markup=False, highlight=False)
         sys.stderr.write(r.error.rstrip() + "\n")  # not through rich: no markup, no re-wrapping
