@@ -3,6 +3,7 @@
     python -m bench train                                  # CartPole-v1 N=8,32 every system
     python -m bench train --tasks Pong-v5,Ant-v5 --num-envs 32
     python -m bench train --busy-neighbour                 # another process burns one core throughout
+    python -m bench train --systems "SB3 PPO DummyVecEnv,SB3 PPO SubprocVecEnv,SB3 PPO ShmVecEnv"   # SB3's PPO
     python -m bench train --quick                          # a few seconds, for tests
 
 Results: the JSON (every repetition) at ``--json`` (default bench/results/train.json), the
@@ -21,7 +22,12 @@ only the vector env under it changes:
 - ``EnvPool``: EnvPool's own C++ task (``num_threads`` = allowed cores, ``batch_size = N``);
 - ``shmpool sync``: ``shmpool.make(task, num_envs=N)``, ``step`` of all N envs;
 - ``shmpool async``: the same with ``batch_size = N/2``: ``recv`` the first half of the
-  envs to finish, run the policy on that batch, ``send`` its actions back.
+  envs to finish, run the policy on that batch, ``send`` its actions back;
+- ``SB3 PPO DummyVecEnv``, ``SB3 PPO SubprocVecEnv``, ``SB3 PPO ShmVecEnv`` (on request): SB3's
+  own ``PPO("MlpPolicy", venv, device="cpu").learn`` instead of this loop, with rl-baselines3-zoo's
+  hyperparameters (CartPole-v1: ``n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
+  n_epochs=20, ent_coef=0.0``, learning rate and clip range from 1e-3 and 0.2; MuJoCo: SB3's
+  defaults under ``VecNormalize``); its last column is the share of the rollouts (policy and step).
 
 Tasks: ``CartPole-v1`` (gymnasium's env on every side but EnvPool's); ``Pong-v5`` (shmpool:
 its Atari recipe; gymnasium/SB3: ``ALE/Pong-v5`` with ``frameskip=1,
@@ -43,6 +49,8 @@ import functools
 import os
 import subprocess
 import sys
+import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +58,7 @@ from typing import Any
 import gymnasium as gym
 
 from . import cli
-from ._timing import Case, Record, Sample, run_interleaved, summarize
+from ._timing import Case, Record, Sample, clock, run_interleaved, summarize
 from .envs import gym_env_fn
 from .ppo import PPOConfig, Trainer, default_rollout_steps
 from .report import RESULTS, Group, Target, environment, fmt_ratio, fmt_summary, markdown_table, write_json
@@ -64,12 +72,17 @@ from .subjects import (
     POOL_SYNC_UNPINNED,
     SB3_DUMMY,
     SB3_SUBPROC,
+    SHM_VEC,
     SHMPOOL,
     SYNC_VEC,
     open_stepper,
+    open_vec,
 )
 
-SYSTEMS = (*ALL_SYSTEMS, POOL_SYNC_UNPINNED, POOL_SYNC_PROCESSES, POOL_ASYNC_PARENT)   # the default runs ALL_SYSTEMS
+SB3_PPO = {"SB3 PPO DummyVecEnv": SB3_DUMMY, "SB3 PPO SubprocVecEnv": SB3_SUBPROC, "SB3 PPO ShmVecEnv": SHM_VEC}
+SYSTEMS = (*ALL_SYSTEMS, POOL_SYNC_UNPINNED, POOL_SYNC_PROCESSES, POOL_ASYNC_PARENT, *SB3_PPO)   # default: ALL_SYSTEMS
+# Box bounds cast to float32 warn on every env built (workers too): noise in the middle of the table.
+BOX_PRECISION = ("Box low's precision lowered", "Box high's precision lowered")
 TASKS = ("CartPole-v1", "Pong-v5", "Ant-v5")
 DEFAULT_TASKS = ("CartPole-v1",)
 DEFAULT_NUM_ENVS = (8, 32)
@@ -102,6 +115,62 @@ class TrainingRun:
         self.env.close()
 
 
+def zoo_hyperparameters(task: str) -> tuple[dict[str, Any], bool]:
+    """rl-baselines3-zoo's PPO keywords for ``task`` and whether it runs under ``VecNormalize``."""
+    if task == "CartPole-v1":
+        def linear(start: float) -> Any:   # rl-zoo's ``lin_<start>``: start × the remaining progress (1 → 0)
+            return lambda remaining: remaining * start
+        return {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+                "ent_coef": 0.0, "learning_rate": linear(1e-3), "clip_range": linear(0.2)}, False
+    return {}, True   # the zoo's MuJoCo defaults: SB3's own PPO defaults, normalized
+
+
+class SB3Training:
+    """SB3's ``PPO.learn`` over one of SB3's VecEnvs, timed in whole rollout+update iterations as
+    :class:`TrainingRun` times its loop (a callback stops ``learn`` at the first rollout past the time)."""
+
+    def __init__(self, system: str, task: str, n: int) -> None:
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.vec_env import VecNormalize
+        kwargs, normalize = zoo_hyperparameters(task)
+        self.vec = open_vec(SB3_PPO[system], task, n, seed=SEED)
+        try:
+            venv = VecNormalize(self.vec.env) if normalize else self.vec.env
+            self.model = PPO("MlpPolicy", venv, seed=SEED, device="cpu", **kwargs)
+        except BaseException:
+            self.vec.close()
+            raise
+        self.info = {**self.vec.info, "n_steps": self.model.n_steps, "normalize": normalize}
+
+    def measure(self, seconds: float, warmup: float) -> Sample:
+        from stable_baselines3.common.callbacks import BaseCallback
+        model, marks = self.model, {"learn": clock(), "rollouts": 0.0}
+
+        class IterationClock(BaseCallback):
+            def _on_rollout_start(self) -> None:
+                now = marks["rollout"] = clock()
+                if "start" not in marks and now - marks["learn"] >= warmup:
+                    marks.update(start=now, steps=model.num_timesteps, rollouts=0.0)
+                elif "start" in marks and now - marks["start"] >= seconds:
+                    marks.update(end=now, steps=model.num_timesteps - marks["steps"])
+
+            def _on_rollout_end(self) -> None:
+                marks["rollouts"] += clock() - marks["rollout"]
+
+            def _on_step(self) -> bool:
+                return "end" not in marks
+
+        model.learn(total_timesteps=10**12, callback=IterationClock(), reset_num_timesteps=False)
+        return Sample(marks["steps"], marks["end"] - marks["start"], parts_s={"rollouts": marks["rollouts"]})
+
+    def close(self) -> None:
+        self.vec.close()
+
+
+def open_training(system: str, task: str, n: int, rollout_steps: int | None) -> TrainingRun | SB3Training:
+    return SB3Training(system, task, n) if system in SB3_PPO else TrainingRun(system, task, n, rollout_steps)
+
+
 # --- another job on the box ------------------------------------------------------------------------
 
 class BusyNeighbour:
@@ -119,7 +188,8 @@ class BusyNeighbour:
 
 def unavailable(system: str, task: str) -> str | None:
     """Why ``system`` cannot run ``task`` here (a missing package), or None."""
-    modules = {SB3_DUMMY: "stable_baselines3", SB3_SUBPROC: "stable_baselines3", ENVPOOL: "envpool"}
+    modules = {SB3_DUMMY: "stable_baselines3", SB3_SUBPROC: "stable_baselines3", ENVPOOL: "envpool",
+               **dict.fromkeys(SB3_PPO, "stable_baselines3")}
     try:
         if system in modules:
             __import__(modules[system])
@@ -144,7 +214,7 @@ def run(args: argparse.Namespace) -> tuple[list[Group], dict[str, str]]:
                 else:
                     skipped[f"{task} · {system}"] = reason
             for n in args.num_envs:
-                cases = [Case(s, functools.partial(TrainingRun, s, task, n, args.rollout_steps)) for s in systems]
+                cases = [Case(s, functools.partial(open_training, s, task, n, args.rollout_steps)) for s in systems]
 
                 def done(record: Record, where: str = f"{task} N={n}") -> None:
                     rate = "failed" if record.sample is None else f"{record.sample.rate:,.0f} steps/s"
@@ -162,8 +232,14 @@ def run(args: argparse.Namespace) -> tuple[list[Group], dict[str, str]]:
 
 # --- the report ------------------------------------------------------------------------------------
 
-HEADER = ("task", "N", "system", "env steps/s: median (min–max)", "÷ SyncVectorEnv", "÷ best gymnasium vector env",
-          "max/min over reps", "share of the loop in env.step")
+def header(groups: Sequence[Group]) -> tuple[str, ...]:
+    return ("task", "N", "system", "env steps/s: median (min–max)", f"÷ {anchor(groups[0]) if groups else SYNC_VEC}",
+            "÷ best gymnasium vector env", "max/min over reps", "share of the loop in env.step (SB3 PPO: rollouts)")
+
+
+def anchor(g: Group) -> str:
+    """What the ratios are taken against: SyncVectorEnv, or the first system when it did not run."""
+    return SYNC_VEC if g.ran(SYNC_VEC) or not g.cases else g.cases[0].name
 
 
 def best_gym(g: Group) -> str | None:
@@ -183,9 +259,9 @@ def rows(groups: Sequence[Group]) -> list[list[str]]:
         best = best_gym(g)
         for case in g.cases:
             sp = spread(g, case.name)
-            share = summarize(g.records, case.name, lambda s: s.parts_s["env.step"] / s.seconds)
+            share = summarize(g.records, case.name, lambda s: sum(s.parts_s.values()) / s.seconds)
             out.append([g.task, str(g.num_envs), case.name, fmt_summary(g.rate(case.name)),
-                        fmt_ratio(g.ratio(case.name, SYNC_VEC)),
+                        fmt_ratio(g.ratio(case.name, anchor(g))),
                         fmt_ratio(g.ratio(case.name, best)) if best else "—",
                         "—" if sp is None else f"{sp:.2f}",
                         "—" if share is None else f"{share.median:.0%}"])
@@ -244,7 +320,7 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Gro
         "median (min–max); ratios of medians in the same run; the last column is the median share of the "
         "loop's wall time spent inside the vector env's step (the rest: the policy, the update, the loop):",
         "",
-        markdown_table(HEADER, rows(groups)),
+        markdown_table(header(groups), rows(groups)),
     ]
     lines += [f"\n{where} skipped — {reason}" for where, reason in skipped.items()]
     goal_lines = [t.line() for t in goals] or ["- none for these cells (they are set for CartPole at every N and "
@@ -268,7 +344,7 @@ def plot(groups: Sequence[Group], path: Path, title: str) -> None:
         for i, system in enumerate(systems):
             xs, ys, lo, hi = [], [], [], []
             for j, g in enumerate(cells):
-                s, base = g.rate(system), g.rate(SYNC_VEC)
+                s, base = g.rate(system), g.rate(anchor(g))
                 if s is None or base is None:
                     continue
                 xs.append(j + (i - (len(systems) - 1) / 2) * width)
@@ -278,12 +354,13 @@ def plot(groups: Sequence[Group], path: Path, title: str) -> None:
             ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=system)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(cells)), [f"N={g.num_envs}" for g in cells])
-        ax.set_ylabel("env steps/s ÷ SyncVectorEnv (median, min–max)")
+        ax.set_ylabel(f"env steps/s ÷ {anchor(cells[0])} (median, min–max)")
         ax.set_title(task)
-    axes[0][0].legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))   # beside the bars
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -339,8 +416,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def eta(args: argparse.Namespace) -> str:
+    """What the run will take at least: every repetition's warm-up and timed seconds, and opening each system
+    (~2 s: pools, subprocesses); whole iterations overshoot ``--seconds``, slow ones (Ant, Pong) by more."""
+    reps = len(args.tasks) * len(args.num_envs) * len(args.systems) * args.repeats
+    total = reps * (args.seconds + args.warmup + 2.0)
+    return (f"{reps} repetitions ({len(args.tasks)} tasks × {len(args.num_envs)} N × {len(args.systems)} systems × "
+            f"{args.repeats}) of {args.seconds:g} s + {args.warmup:g} s warm-up: about {total / 60:.1f} min "
+            f"(ETA {time.strftime('%H:%M', time.localtime(time.time() + total))}), more where one iteration "
+            "outlasts --seconds")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    print(eta(args), file=sys.stderr, flush=True)
+    for message in BOX_PRECISION:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
+                                                          *(f"ignore:{m}" for m in BOX_PRECISION)]))   # children
     import torch
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
