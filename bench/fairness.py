@@ -43,10 +43,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .cli import comma_list, parser
+from .subjects import ENVPOOL, MAKE, open_vec
 
 DEFAULT_ROWS = [("CartPole-v1", 12, 4), ("CartPole-v1", 32, 16), ("Pong-v5", 8, 4), ("Pong-v5", 32, 16),
                 ("Ant-v5", 8, 4), ("Ant-v5", 32, 16)]
-ENVPOOL_IDS = {"CartPole-v1": "CartPole-v1", "Pong-v5": "Pong-v5", "Ant-v5": "Ant-v5"}
 
 
 class _Layout(NamedTuple):
@@ -104,14 +104,11 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     if mode == "sync":
         b = n
     if system == "envpool":
-        import envpool
-        env = envpool.make(ENVPOOL_IDS[task], env_type="gymnasium", num_envs=n, batch_size=b, num_threads=2, seed=0)
-        space = env.action_space
+        vec = open_vec(ENVPOOL, task, n, batch=b, num_threads=2)
     else:
-        import shmpool
-        env = shmpool.make(task, env_type="gymnasium", num_envs=n, batch_size=b, seed=0, wait_policy=policy,
-                           pin=pin, max_lead=max_lead, parent_shard=parent_shard)
-        space = env.single_action_space
+        vec = open_vec(MAKE, task, n, batch=b, env_type="gymnasium", wait_policy=policy, pin=pin, max_lead=max_lead,
+                       parent_shard=parent_shard)
+    env, space = vec.env, vec.action_space
     rng = np.random.default_rng(0)
     actions = np.stack([space.sample() for _ in range(b)]) if not hasattr(space, "n") else \
         rng.integers(0, space.n, size=b)
@@ -147,7 +144,7 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
         runqueue = [(_run_queue_wait(p) - w0) / wall for p, w0 in zip(pids, wait0)]
         own = (sum(parent.cpu_times()[:2]) - own0) / wall
     finally:
-        env.close()
+        vec.close()
     return {"spread": float(counts.max() / max(counts.min(), 1)), "sps": float(cycles * b / wall),
             "worker_cpu": cpu, "worker_runqueue": runqueue, "parent_cpu": own,
             "parent_core": cores.most_common(1)[0][0] if cores else None,

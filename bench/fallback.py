@@ -27,9 +27,8 @@ import numpy as np
 from gymnasium import spaces
 
 from . import cli
-from ._timing import Case, run_interleaved
+from ._timing import Case
 from .report import (
-    Group,
     config_of,
     consoles,
     environment,
@@ -37,7 +36,7 @@ from .report import (
     fmt_summary,
     markdown_table,
     print_failures,
-    show_table,
+    run_cells,
     write_results,
 )
 from .subjects import ASYNC_VEC, SYSTEMS, headline_cases
@@ -83,29 +82,24 @@ def parse_args(argv: Sequence[str] | None):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    out, err = consoles(160)
+    _, err = consoles()
     env = environment()
-    groups = []
-    rows = []
-    for n in args.num_envs:
-        cell = cases(BOX_ONLY, n) + cases(WITH_TEXT, n)
-        err.print(f"N={n}: {len(cell)} cases x {args.repeats} repetitions", highlight=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)   # the lane's own warning, expected here
-            records = run_interleaved(cell, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup)
-        group = Group("Dict obs", n, cell, records)
-        groups.append(group)
-        for system in SYSTEMS:
-            plain, text = f"{system} · {BOX_ONLY}", f"{system} · {WITH_TEXT}"
-            rows.append([str(n), system, fmt_summary(group.rate(plain)), fmt_summary(group.rate(text)),
-                         fmt_ratio(group.ratio(text, plain)),
-                         fmt_ratio(group.ratio(text, f"{ASYNC_VEC} · {WITH_TEXT}"))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # the lane's own warning, expected here
+        groups = run_cells([("Dict obs", n) for n in args.num_envs],
+                           lambda _, n: cases(BOX_ONLY, n) + cases(WITH_TEXT, n), args, err, 2 * len(SYSTEMS))
+    rows = [[str(g.num_envs), system, fmt_summary(g.rate(f"{system} · {BOX_ONLY}")),
+             fmt_summary(g.rate(f"{system} · {WITH_TEXT}")),
+             fmt_ratio(g.ratio(f"{system} · {WITH_TEXT}", f"{system} · {BOX_ONLY}")),
+             fmt_ratio(g.ratio(f"{system} · {WITH_TEXT}", f"{ASYNC_VEC} · {WITH_TEXT}"))]
+            for g in groups for system in SYSTEMS]
     header = ["N", "system", "Box only steps/s", "Box+Text steps/s", "Box+Text ÷ Box only",
               "Box+Text ÷ AsyncVectorEnv Box+Text"]
-    show_table(out, "Env-only steps/s, median (min–max) over repetitions", header, rows)
+    text = "Env-only steps/s, median (min–max) over repetitions:\n\n" + markdown_table(header, rows)
+    print(text, flush=True)
     if args.json:
         write_results(args.json, {"benchmark": "bench.fallback", "environment": env, "config": config_of(args),
-                                  "throughput": [g.to_json() for g in groups]}, markdown_table(header, rows), err)
+                                  "throughput": [g.to_json() for g in groups]}, text, err)
     return 1 if print_failures(groups, err) else 0
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 import shmpool
 
-from ._timing import Case, Record, Summary, summarize
+from ._timing import Case, Record, Summary, run_interleaved, summarize
 
 RESULTS = Path(__file__).resolve().parent / "results"   # bench/results: the default home of every results file
 
@@ -144,23 +144,6 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def show_table(out: Any, title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Print a table once: drawn by rich on a terminal, as markdown when the output is piped.
-
-    ``out`` is a ``rich.console.Console`` (the markdown of the whole report also goes to the results file)."""
-    if not out.is_terminal:
-        out.file.write(f"{title}:\n\n{markdown_table(header, rows)}\n\n")
-        out.file.flush()
-        return
-    from rich.table import Table
-    table = Table(title=title)
-    for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    out.print(table)
-
-
 def consoles(width: int = 200) -> tuple[Any, Any]:
     """(stdout, stderr) rich consoles; a piped stdout keeps wide lines rather than folding them to 80 columns."""
     from rich.console import Console
@@ -263,6 +246,26 @@ class Group:
                 "median_us": us and us.median,
             }
         return out
+
+
+def run_cells(cells: Sequence[tuple[str, int]], cases_of: Callable[[str, int], list[Case]], args: Any, err: Any,
+              per_cell: int) -> list[Group]:
+    """Every (task, N) cell's cases (``cases_of``, about ``per_cell`` of them), ``args.repeats`` interleaved
+    repetitions of ``args.seconds`` (``args.warmup`` untimed) each, with a progress bar on stderr."""
+    groups = []
+    with progress(err, len(cells) * per_cell * args.repeats) as update:
+        for task, n in cells:
+            def on_start(case: Case, rep: int, where: str = f"{task} N={n}") -> None:
+                update(description=f"{where} · {case.name} · rep {rep + 1}/{args.repeats}")
+
+            def on_done(r: Record) -> None:
+                update(advance=1, last="failed" if r.sample is None else f"{r.case}: {fmt_rate(r.sample.rate)}/s")
+
+            cases = cases_of(task, n)
+            records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
+                                      on_start=on_start, on_done=on_done)
+            groups.append(Group(task, n, cases, records))
+    return groups
 
 
 def print_failures(groups: Iterable[Any], err: Any) -> int:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from . import cli
-from ._timing import Case, Sample, run_interleaved, timed_loop
+from ._timing import Case, Sample, timed_loop
 from .envs import gym_env_fn, recipe_env
 from .recipe_cost import step_costs
 from .report import (
@@ -52,7 +52,7 @@ from .report import (
     fmt_summary,
     markdown_table,
     print_failures,
-    progress,
+    run_cells,
     say_skipped,
     version_of,
     write_results,
@@ -190,21 +190,6 @@ def make_plan(args: argparse.Namespace) -> tuple[list[tuple[str, int]], dict[str
     return cells, skipped
 
 
-def run(cells: list[tuple[str, int]], args: argparse.Namespace, with_envpool: bool, err: Any) -> list[Group]:
-    groups = []
-    with progress(err, len(cells) * len(TASK_SYSTEMS) * args.repeats) as update:
-        for task, n in cells:
-            def on_start(case: Case, rep: int, where: str = f"{task} N={n}") -> None:
-                update(description=f"{where} · {case.name} · rep {rep + 1}/{args.repeats}")
-
-            cases = (batch_pong_cases(n, pool_workers(n)) if task == BATCH_PONG
-                     else task_cases(task, n, with_envpool))
-            records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
-                                      on_start=on_start, on_done=lambda _: update(advance=1))
-            groups.append(Group(task, n, cases, records))
-    return groups
-
-
 # --- the report ------------------------------------------------------------------------------
 
 HEADER = ("task", "N", *TASK_SYSTEMS, "shmpool sync ÷ EnvPool sync", "shmpool async ÷ EnvPool async",
@@ -329,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(f"[yellow]EnvPool rows unavailable[/yellow] — {envpool_note}", highlight=False)
     env = {**environment(), "envpool": envpool if not args.no_envpool else None, "ale_py": version_of("ale_py"),
            "os_cpu_count": os.cpu_count()}
-    groups = run(cells, args, envpool_note is None, err)
+    groups = run_cells(cells, lambda task, n: batch_pong_cases(n, pool_workers(n)) if task == BATCH_PONG else
+                       task_cases(task, n, envpool_note is None), args, err, len(TASK_SYSTEMS))
     costs = {}
     for task in dict.fromkeys(t for t, _ in cells if t != BATCH_PONG):
         err.print(f"single-core cost per step: {task}", highlight=False)
