@@ -22,7 +22,7 @@ COMMANDS = {
     "throughput": ("bench.throughput", "EnvPool's table: frames/s per system against the number of cores "
                                        "(--cpus, --numa), or against N (--num-envs: the PoolVecEnv sweep)"),
     "latency": ("bench.latency", "per-call and per-env-step latency percentiles of sync step and async "
-                                 "recv/send, over N and batch size (--png plots them)"),
+                                 "recv/send over N and batch size (--png plots them; --ray: RayPool beside Pool)"),
     "fairness": ("bench.fairness", "async evenness: per-env step counts max/min with batch_size < num_envs beside "
                                    "EnvPool, and each worker's CPU and run-queue share"),
     "autoreset": ("bench.autoreset", "SAME_STEP autoreset (ShmVecEnv, VectorEnv, Pool) against the NEXT_STEP "
@@ -31,8 +31,6 @@ COMMANDS = {
                                    "observation"),
     "deploy": ("bench.deploy", "env-only and a GPU-shaped loop under a CPU quota (--cpu-quota, root), and the "
                                "workers' CPU while the trainer is busy elsewhere"),
-    "distributed": ("bench.distributed", "RayPool on a local Ray cluster against one local Pool on the same "
-                                         "cores: per-call overhead and latency percentiles"),
     "recipe-cost": ("bench.recipe_cost", "single-core µs per env.step: a recipe against gymnasium's env, its "
                                          "physics floor and the Python around it"),
 }

@@ -4,24 +4,10 @@
     python -m bench autoreset --tasks CartPole-v1,Acrobot-v1 --num-envs 8,32 --repeats 5
     python -m bench autoreset --quick                          # N=8, 0.2 s, 1 repeat (the tests)
 
-Env-only: every system steps N copies of ``gym.make(task)`` with one fixed batch of seeded
-random actions (``bench.subjects.fixed_random_actions``; on CartPole every env keeps pushing one
-way, so episodes end every ~10 steps and a step of 32 envs ends about three of them).  Systems,
-interleaved (repetition 1 of every system, then repetition 2, ...):
-
-- ``Pool NEXT_STEP``: ``shmpool.Pool(task, N).step`` — the pool's default mode, the anchor;
-- ``Pool SAME_STEP``: the same pool with ``autoreset_mode="same_step"``: an ending step resets at
-  once and returns the last observation in ``infos["final_obs"]``;
-- ``VectorEnv SAME_STEP``: ``shmpool.VectorEnv(..., autoreset_mode=SAME_STEP)`` (copied observations,
-  gymnasium's face);
-- ``ShmVecEnv``: ``shmpool.sb3.ShmVecEnv`` (SAME_STEP, SB3's list of info dicts with
-  ``terminal_observation``), through SB3's ``VecEnv.step``;
-- ``SyncVectorEnv SAME_STEP`` and ``SB3 DummyVecEnv``: the one-process references for scale.
-
-Ratios are of medians, against ``Pool NEXT_STEP`` of the same run.  The target: ShmVecEnv's
-env-only throughput within 5 % of the NEXT_STEP pool's (issue 11).  What separates them is what
-SAME_STEP adds per ended episode (the final observation, its info) and what SB3's face adds per
-step (copying the observations, one info dict per env).
+Env-only, seeded random actions: Pool NEXT_STEP (the anchor), Pool SAME_STEP, VectorEnv SAME_STEP,
+ShmVecEnv, and SyncVectorEnv SAME_STEP / SB3 DummyVecEnv for scale; steps/s and transitions/s (NEXT_STEP's
+reset slots left out).  Target: ShmVecEnv within 5 % of the NEXT_STEP pool.  How to read it:
+bench/README.md, "autoreset".
 """
 from __future__ import annotations
 

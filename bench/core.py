@@ -5,20 +5,10 @@
     python -m bench.core --save                 # ... into the tracked bench/results/core.json and core.md
     python -m bench.core --quick                # a few seconds, for tests
 
-Env-only throughput: every system steps N copies of the same env with one fixed batch of
-actions (no policy, no trainer): ``SyncVectorEnv`` (gymnasium's for-loop, in this process),
-``AsyncVectorEnv`` (one process per env, shared-memory observations), ``shmpool sync``
-(``Pool.step`` of all N envs, one shard per allowed core: on 2 cores one pinned worker and the
-parent's own shard) and ``shmpool async`` (``Pool(batch_size=N/2)``: ``recv`` the first N/2 envs to
-finish, ``send`` their actions straight back).  Then the round trip: one empty env on one worker,
-parent and worker pinned to different cores, µs per step, and ``× ping-pong`` against two pinned
-processes handing one shared word back and forth in C (the hardware's floor).
-
-Columns: median env steps/s over the repetitions (min–max), ratios of those medians.  Expect on an
-idle 2-core machine: shmpool sync 1.6–1.9× ``SyncVectorEnv`` on CartPole and 1.8–1.9× on Ant-v5,
-``AsyncVectorEnv`` 4–8× slower than ``SyncVectorEnv`` on CartPole, a round trip of 6–10 µs.  A busy
-machine (the load average in the header) moves every ratio; only ratios from one run compare.
-Repetitions are interleaved across the systems of a cell, each opening a fresh env/pool (not timed).
+Env-only: SyncVectorEnv, AsyncVectorEnv, shmpool sync (Pool.step of all N) and async (batch N/2) step N
+copies of one env with one fixed batch of actions; env steps/s, median (min–max), ratios of medians.  Then
+one empty env's round trip against a C spin ping-pong.  On an idle 2-core machine expect sync 1.6–1.9×
+SyncVectorEnv; a busy one moves every ratio.  How to read it: bench/README.md, "core".
 """
 from __future__ import annotations
 

@@ -4,17 +4,9 @@
     python -m bench deploy --cpu-quota 1      # inside a child cgroup limited to 1 CPU (root; v1 or v2)
     python -m bench deploy --wait-policy block/block   # the pool with other waiting (parent/workers)
 
-Two loops, each over gymnasium's ``SyncVectorEnv`` and ``shmpool.Pool`` (default settings, sync
-``step``), CartPole-v1, interleaved repetitions:
-
-- **env-only**: ``step`` with fixed actions as fast as it goes; env steps/s.
-- **trainer-shaped**: every ``step`` is followed by 3 ms of sleep (a GPU computing the policy)
-  and 0.5 ms of this process's CPU (the host side of the trainer); ms per iteration, and the
-  workers' CPU time over the wall time (what they burn while nobody waits on them).
-
-``--cpu-quota Q`` makes a cgroup with ``Q`` CPUs' worth of quota (``docker --cpus=Q``, a
-Kubernetes CPU limit), moves this process into it (the workers are born there) and removes it
-at the end: the pool reads the quota and sizes itself (``repr`` below says what it chose).
+SyncVectorEnv against shmpool.Pool (default settings), CartPole-v1: env-only steps/s, and a
+trainer-shaped loop (3 ms sleep for a GPU + 0.5 ms host CPU per step) in ms per iteration with the
+workers' CPU over wall time.  How to read it: bench/README.md, "deploy".
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The envs the benchmarks step besides plain ``gym.make(id)``: one home, importable alone.
 
 Only gymnasium and numpy are imported here (ale_py and the recipes lazily), so worker processes,
-Ray nodes (``bench.distributed`` pickles this module by value) and other bench
+Ray nodes (``bench latency --ray`` pickles this module by value) and other bench
 modules such as ``bench.recipe_cost`` can use it without pulling in a benchmark.
 """
 from __future__ import annotations

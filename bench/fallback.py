@@ -3,18 +3,8 @@
     python -m bench fallback                    # N=8,32, every system, 3 interleaved repetitions
     python -m bench fallback --quick            # a few seconds, for tests
 
-What it compares.  Env-only throughput of two tiny envs whose step returns a
-prebuilt observation (so the transport is most of the cost):
-
-- ``Box only``: ``Dict(box=Box(16,) float32, pos=Box(2,) float32)``;
-- ``Box+Text``: ``Dict(box=Box(16,) float32, text=Text(16))``: the Text leaf cannot be laid
-  out in shared memory by shmpool, so it travels pickled through each worker's pipe,
-  one env at a time (``shmpool.fallback``); gymnasium's ``AsyncVectorEnv`` keeps Text in
-  shared memory as int32 character codes.
-
-Each system (``SyncVectorEnv``, ``AsyncVectorEnv`` with shared memory, ``shmpool sync``,
-``shmpool async`` with batch N/2) steps both envs; ``Box+Text ÷ Box only`` is the ratio of
-median steps/s, the lane's price per system.  Only ratios from one run compare.
+Two tiny envs whose step returns a prebuilt observation; the Text leaf travels pickled per env through
+each worker's pipe.  ``Box+Text ÷ Box only`` is the lane's price per system.
 """
 from __future__ import annotations
 

@@ -1,30 +1,11 @@
 """Single-core cost of one ``env.step``: shmpool's MuJoCo/Atari recipe vs gymnasium's env.
 
-``python -m bench.recipe_cost --task Ant-v5 [--steps 5000 --repeats 3]`` (``--task all``
-for every MuJoCo recipe; ``--task Pong-v5`` or any Atari ``<Game>-v5`` for the Atari recipe).
-Every side gets the same float32 actions (Atari: the same action indices).  The machine is a noisy
-VM, so the sides are interleaved finely: blocks of ``--block`` steps alternate between
-them (recipe, gymnasium, gymnasium unwrapped, bare mj_step, recipe, ...), and the whole
-run is repeated ``--repeats`` times; the median µs/step is printed.  Resets at episode
-ends are not timed.
+    python -m bench recipe-cost --task Ant-v5 [--steps 5000 --repeats 3]   # --task all: every MuJoCo recipe
 
-Columns: ``recipe``; ``physics`` (the part of the recipe's step spent in ``data.ctrl[:] =
-a``, ``mj_step(nstep=frame_skip)`` and, for contact-force tasks, ``mj_rnePostConstraint``:
-the floor); ``gymnasium`` (``gym.make``: TimeLimit, OrderEnforcing, PassiveEnvChecker);
-``ratio`` = gymnasium / recipe; ``gym unwrapped`` (the bare v5 env under a TimeLimit);
-and, with physics stubbed out (``mj_step`` and ``mj_rnePostConstraint`` replaced by
-no-ops, so physics cost and its drift drop out), the Python overhead per step of the
-recipe and of gymnasium.
-
-Atari (``measure_atari``): ``recipe`` is ``AtariEnv`` with EnvPool's defaults, ``gymnasium``
-is ``ALE/<Game>-v5`` (frameskip=1, no sticky actions) + ``AtariPreprocessing`` +
-``FrameStackObservation(4)``; ``physics`` is the native floor of one agent step measured
-in a bare loop on its own ALE (``frame_skip`` ``ale.act`` calls, two screen reads, the
-max-pool and the ``cv2.resize``); the overheads are recipe/gymnasium minus that floor.
-``gym unwrapped`` has no Atari counterpart (``None``).
-
-``bench tasks`` prints the same measurement beside its throughput table (:func:`step_costs`),
-with EnvPool's C++ env on one thread stepping N=32 per call.
+Blocks of ``--block`` steps alternate between the sides (recipe, gymnasium, gymnasium unwrapped), the
+median µs/step of ``--repeats`` runs is printed; physics = the recipe's ctrl write + mj_step (Atari: the
+native floor in a bare loop); Python overhead = the step with physics stubbed out.  bench tasks prints
+the same beside its table.  How to read it: bench/README.md, "recipe-cost".
 """
 from __future__ import annotations
 

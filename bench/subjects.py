@@ -8,7 +8,7 @@ actions of the envs they last received and ``recv`` the next ``batch`` to finish
 
 Three ways to drive a Vec: :class:`EnvOnly` (one fixed batch of actions, env steps counted:
 ``bench core``, ``tasks``, ``throughput``...), :class:`Latency` (every call timed, and every
-env step of an async pool: ``bench latency``, ``distributed``), and ``bench.ppo.Trainer``
+env step of an async pool: ``bench latency``, with ``--ray`` too), and ``bench.ppo.Trainer``
 (a policy in the loop: ``bench train``; :func:`open_stepper` names its systems).
 """
 from __future__ import annotations

@@ -4,29 +4,10 @@
     python -m bench.tasks --json /tmp/tasks.json # also write every raw measurement
     python -m bench.tasks --quick                # a few seconds, for tests
 
-For each (task, N), one run measures, with interleaved repetitions (each opens
-a fresh env/pool; opening is not timed):
-
-- gymnasium ``SyncVectorEnv`` and ``AsyncVectorEnv`` (shared memory) over ``gym.make(task)``
-  (Pong-v5: ``ALE/Pong-v5`` with ``frameskip=1, repeat_action_probability=0`` under
-  ``AtariPreprocessing`` + ``FrameStackObservation(4)``, the same preprocessing);
-- shmpool sync (``pool.step``) and async (``batch_size = N/2``: ``recv``, then
-  ``send`` the batch straight back) over shmpool's recipe for the task;
-- EnvPool sync (``step`` of all N, ``batch_size = N``) and async (``batch_size =
-  N/2``, ``async_reset``, ``recv``, ``send(action, env_id)``) over EnvPool's C++ env,
-  with ``num_threads`` = shmpool's number of workers.
-
-Every system gets the same fixed, seeded array of random actions drawn uniformly from
-the action space (async systems send its first ``batch_size`` rows).  The action
-distribution matters: MuJoCo's cost per step depends on how many contacts the bodies
-make, and full-range random actions make an Ant flail and touch the floor a lot, so
-compare numbers only between runs with the same actions.  Throughput is env steps/s.
-
-Then each task's single-core µs per step (``bench recipe-cost``: the recipe, its physics,
-gymnasium's env, the Python around them; EnvPool on one thread), and ``BatchPong-v0``: a
-natively batched Pong in shmpool's workers (``Pool(Batched(BatchPong), N)``, one numpy call per
-shard) against one ``BatchPong(N)`` in this process and the same game one env at a time
-(``SyncVectorEnv(PongEnv)`` and a plain loop, at most 1,024 envs: their cost per env is flat in N).
+gymnasium Sync/Async over the equivalent wrappers, shmpool sync/async over its recipe, EnvPool sync/async
+over its C++ env (num_threads = shmpool's workers), one fixed array of seeded uniform random actions for
+all; then each task's single-core µs per step (bench recipe-cost, EnvPool on one thread) and BatchPong-v0
+in shmpool's workers against one env at a time.  How to read it: bench/README.md, "tasks".
 """
 from __future__ import annotations
 

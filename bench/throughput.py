@@ -1,4 +1,4 @@
-"""EnvPool's throughput table: FPS of every system against the number of cores, env-only.
+"""EnvPool's throughput table: FPS of every system against the number of cores (or of envs), env-only.
 
     python -m bench throughput --task CartPole-v1 --workers 1,2
     python -m bench throughput --task Ant-v5 --workers 1,2 --recipe --md t.md --json t.json --png t.png
@@ -6,25 +6,10 @@
     python -m bench throughput --num-envs 1,2,4,8,16 --systems sb3-dummy,sb3,shmvecenv   # the PoolVecEnv sweep
     python -m bench throughput --quick          # a few seconds
 
-Rows are systems, columns the number of workers W (cores).  A cell with W workers
-limits every system to the first W cores of the allowed set (``--cpus`` or the
-process's affinity), taskset-like: the benchmark process itself (parent loop,
-gymnasium/SB3 subprocesses, EnvPool threads) runs with its affinity set to those
-W cores for the whole cell and gets its old affinity back afterwards; on top of
-that shmpool pins its W workers one per core and EnvPool gets ``num_threads=W``
-(pinned with ``thread_affinity_offset`` when the W cores are consecutive).
-Every system steps ``num_envs = envs_per_worker × W`` envs (default 8 × W) with
-one fixed array of seeded random actions; async rows use ``batch_size =
-num_envs / 2``.  A cell is FPS = env steps/s × frame_skip (EnvPool's unit);
-warm-up is not timed.  ``--numa`` adds the numa+async rows: one pool per NUMA
-node of the cell's cores, each pinned to its node and created while the parent
-runs on that node (so the pages it touches are first-touched there, as are the
-workers' own), driven round-robin from one thread, throughput summed.
-
-``--num-envs 1,2,4,...`` sweeps N instead (the PoolVecEnv blog's experiment: N envs on few
-workers): every column has the whole core budget, shmpool and EnvPool take min(N, cores)
-workers/threads; the ``SB3 DummyVecEnv`` and ``ShmVecEnv`` rows (``--systems``) put SB3's
-one-process VecEnv and shmpool's SB3 face beside ``SB3 SubprocVecEnv``.
+A column with W workers limits every system to the first W allowed cores (the process's affinity,
+children included); shmpool pins W workers, EnvPool runs W threads; N = 8 × W, async batch N/2; FPS =
+env steps/s × frame skip.  --numa: one pool per NUMA node, summed.  --num-envs: columns are N on the whole
+core budget.  How to read it: bench/README.md, "throughput".
 """
 from __future__ import annotations
 

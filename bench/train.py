@@ -6,41 +6,13 @@
     python -m bench train --systems "SB3 PPO DummyVecEnv,SB3 PPO SubprocVecEnv,SB3 PPO ShmVecEnv"   # SB3's PPO
     python -m bench train --quick                          # a few seconds, for tests
 
-Results: the JSON (every repetition) at ``--json`` (default bench/results/train.json), the
-printed report beside it as ``.md`` and a plot of each system's ratio to SyncVectorEnv as ``.png``.
-
-Env-only benchmarks (``python -m bench.core``) step envs with nothing else running.  A
-trainer also runs a policy forward pass on every step's observations and, every
-``--rollout-steps`` steps, a PPO update (a few epochs of minibatches, backward, Adam) —
-with torch's own threads, which take the cores the env workers need.  This loop
-(``bench.ppo``: a small MLP, CleanRL's PPO settings) is the same for every system;
-only the vector env under it changes:
-
-- ``SyncVectorEnv``, ``AsyncVectorEnv`` (shared memory): gymnasium's vector envs;
-- ``SB3 DummyVecEnv``, ``SB3 SubprocVecEnv``: stable-baselines3's, through their VecEnv
-  API (same-step autoreset: the obs after a ``done`` is the next episode's first);
-- ``EnvPool``: EnvPool's own C++ task (``num_threads`` = allowed cores, ``batch_size = N``);
-- ``shmpool sync``: ``shmpool.make(task, num_envs=N)``, ``step`` of all N envs;
-- ``shmpool async``: the same with ``batch_size = N/2``: ``recv`` the first half of the
-  envs to finish, run the policy on that batch, ``send`` its actions back;
-- ``SB3 PPO DummyVecEnv``, ``SB3 PPO SubprocVecEnv``, ``SB3 PPO ShmVecEnv`` (on request): SB3's
-  own ``PPO("MlpPolicy", venv, device="cpu").learn`` instead of this loop, with rl-baselines3-zoo's
-  hyperparameters (CartPole-v1: ``n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
-  n_epochs=20, ent_coef=0.0``, learning rate and clip range from 1e-3 and 0.2; MuJoCo: SB3's
-  defaults under ``VecNormalize``); its last column is the share of the rollouts (policy and step).
-
-Tasks: ``CartPole-v1`` (gymnasium's env on every side but EnvPool's); ``Pong-v5`` (shmpool:
-its Atari recipe; gymnasium/SB3: ``ALE/Pong-v5`` with ``frameskip=1,
-repeat_action_probability=0`` + ``AtariPreprocessing`` + ``FrameStackObservation(4)``;
-EnvPool: its ``Pong-v5``, which also presses FIRE on reset); ``Ant-v5`` (shmpool: its
-MuJoCo recipe; EnvPool: its bundled MuJoCo).
-
-A repetition opens the system (not timed), trains for whole rollout+update iterations
-until ``--seconds`` have passed, and counts env steps.  Repetitions are interleaved:
-repetition 1 of every system of a (task, N) cell, then repetition 2, ...  Reported:
-median steps/s with min–max, the ratio of medians to ``SyncVectorEnv`` and to the best
-gymnasium vector env (Sync or Async, whichever is faster in this run), and each system's
-max/min over repetitions.
+The loop (bench/ppo.py: a policy forward every step, a PPO update every rollout, torch at its own
+threads) is the same for every system; only the vector env under it changes: gymnasium Sync/Async, SB3
+Dummy/Subproc, EnvPool, shmpool.make sync/async (N/2), and on request SB3's own PPO.learn (rl-zoo
+hyperparameters) over SB3's VecEnvs and ShmVecEnv.  A repetition trains whole rollout+update iterations
+for --seconds.  Reported: steps/s median (min–max), ratios to SyncVectorEnv and to the best gymnasium
+vector env, the spread over repetitions, the share of the loop inside env.step.  --save writes
+results/train.json, .md and .png.  How to read it: bench/README.md, "train".
 """
 from __future__ import annotations
 
