@@ -98,19 +98,11 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     cores: collections.Counter[int] = collections.Counter()   # the parent's core, sampled
     every = np.arange(n)
     try:
-        if mode == "sync":
-            env.reset()
+        vec.reset()
 
-            def cycle() -> np.ndarray:
-                env.step(actions)
-                return every
-        else:
-            env.async_reset()
-
-            def cycle() -> np.ndarray:
-                ids = np.asarray(env.recv()[-1]["env_id"])
-                env.send(actions, ids)
-                return ids
+        def cycle() -> np.ndarray:
+            out = vec.raw_step(actions)
+            return every if mode == "sync" else np.asarray(out[-1]["env_id"])
         for _ in range(warmup):
             cycle()
         pids = _worker_pids(env)

@@ -30,10 +30,23 @@ from typing import Any
 import gymnasium as gym
 
 from . import cli
-from ._timing import Case, Record, Sample, clock, run_interleaved, summarize
+from ._timing import Case, Sample, clock, summarize
 from .envs import gym_env_fn
 from .ppo import PPOConfig, Trainer, default_rollout_steps
-from .report import RESULTS, Group, Target, environment, fmt_ratio, fmt_summary, markdown_table, write_json
+from .report import (
+    RESULTS,
+    Group,
+    Target,
+    config_of,
+    consoles,
+    environment,
+    fmt_ratio,
+    fmt_summary,
+    markdown_table,
+    print_failures,
+    run_cells,
+    write_results,
+)
 from .subjects import (
     ALL_SYSTEMS,
     ENVPOOL,
@@ -172,34 +185,20 @@ def unavailable(system: str, task: str) -> str | None:
     return None
 
 
-def run(args: argparse.Namespace) -> tuple[list[Group], dict[str, str]]:
-    """Every (task, N) cell, its systems interleaved; returns the groups and the skipped (task, system)."""
-    groups, skipped = [], {}
+def run(args: argparse.Namespace, err: Any) -> tuple[list[Group], dict[str, str]]:
+    """Every (task, N) cell, its systems interleaved; returns the groups and the skipped (task · system)."""
+    skipped = {f"{t} · {s}": why for t in args.tasks for s in args.systems if (why := unavailable(s, t))}
+
+    def cases(task: str, n: int) -> list[Case]:
+        return [Case(s, functools.partial(open_training, s, task, n, args.rollout_steps)) for s in args.systems
+                if f"{task} · {s}" not in skipped]
     neighbour = BusyNeighbour() if args.busy_neighbour else None
     try:
-        for task in args.tasks:
-            systems = []
-            for system in args.systems:
-                reason = unavailable(system, task)
-                if reason is None:
-                    systems.append(system)
-                else:
-                    skipped[f"{task} · {system}"] = reason
-            for n in args.num_envs:
-                cases = [Case(s, functools.partial(open_training, s, task, n, args.rollout_steps)) for s in systems]
-
-                def done(record: Record, where: str = f"{task} N={n}") -> None:
-                    rate = "failed" if record.sample is None else f"{record.sample.rate:,.0f} steps/s"
-                    print(f"{where} · {record.case} · rep {record.rep + 1}/{args.repeats}: {rate}",
-                          file=sys.stderr, flush=True)
-
-                records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
-                                          on_done=done)
-                groups.append(Group(task, n, cases, records))
+        return run_cells([(t, n) for t in args.tasks for n in args.num_envs], cases, args, err,
+                         len(args.systems)), skipped
     finally:
         if neighbour is not None:
             neighbour.close()
-    return groups, skipped
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -336,23 +335,6 @@ def plot(groups: Sequence[Group], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_results(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Group], skipped: dict[str, str],
-                  goals: Sequence[Target], text: str) -> list[Path]:
-    """JSON (every repetition), markdown (the printed report) and PNG: ``args.json`` and beside it."""
-    path = Path(args.json)
-    config = {k: v for k, v in vars(args).items() if k != "json"}
-    write_json(path, {"benchmark": "bench.train", "environment": env, "config": config, "skipped": skipped,
-                      "cells": [g.to_json() for g in groups], "targets": [t.to_json() for t in goals]})
-    md, png = path.with_suffix(".md"), path.with_suffix(".png")
-    md.write_text(text + "\n")
-    written = [path, md]
-    if groups:
-        plot(groups, png, f"PPO-shaped loop, torch {env['torch_threads']} threads"
-             + (", one core busy elsewhere" if args.busy_neighbour else ""))
-        written.append(png)
-    return written
-
-
 # --- command line ------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -411,17 +393,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.torch_threads)
     env = {**environment(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
            "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "MKL_", "KMP_"))}}
-    groups, skipped = run(args)
+    _, err = consoles()
+    groups, skipped = run(args, err)
     goals = targets(groups, args.busy_neighbour)
     text = markdown(args, env, groups, skipped, goals)
     print(text, flush=True)
     if args.json:
-        for path in write_results(args, env, groups, skipped, goals, text):
-            print(f"written: {path}", file=sys.stderr)
-    failed = [(g, r) for g in groups for r in g.errors()]
-    for g, r in failed:
-        print(f"{g.task} N={g.num_envs} · {r.case} · rep {r.rep + 1} failed:\n{r.error}", file=sys.stderr)
-    return 1 if failed else 0
+        write_results(args.json, {"benchmark": "bench.train", "environment": env, "config": config_of(args),
+                                  "skipped": skipped, "cells": [g.to_json() for g in groups],
+                                  "targets": [t.to_json() for t in goals]}, text, err)
+        if groups:
+            plot(groups, Path(args.json).with_suffix(".png"), f"PPO-shaped loop, torch {env['torch_threads']} "
+                 "threads" + (", one core busy elsewhere" if args.busy_neighbour else ""))
+    return 1 if print_failures(groups, err) else 0
 
 
 if __name__ == "__main__":
