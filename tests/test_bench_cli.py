@@ -98,3 +98,23 @@ def test_docs_list_the_same_commands_as_the_cli():
 def test_unknown_command_is_named(capsys):
     proc = subprocess.run([sys.executable, "-m", "bench", "poolvec"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown command 'poolvec'" in proc.stderr and "throughput" in proc.stderr
+
+
+def test_every_command_the_docs_quote_exists_with_its_options():
+    root = Path(__file__).resolve().parent.parent
+    texts = [p.read_text() for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]]
+    quoted = {m.strip() for t in texts for m in re.findall(r"python -m bench[ .][^`\"\n]*", t)}
+    checked = 0
+    for line in sorted(quoted):
+        words = line.split()   # python -m bench.core ... / python -m bench <command> ...
+        name = words[2][len("bench."):] if words[2].startswith("bench.") else words[3]
+        if name == "--help":
+            continue
+        options = [w.split("=")[0] for w in words if w.startswith("--")]
+        proc = subprocess.run([sys.executable, "-m", "bench", name.replace("_", "-"), "--help"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (line, proc.stderr)
+        for option in options:
+            assert option in proc.stdout, (line, option)
+        checked += 1
+    assert checked >= 10
