@@ -69,7 +69,8 @@ def test_quick_run_reports_every_system_it_ran(capsys, monkeypatch):
     assert train.main(["--quick", "--seconds", "0.2"]) == 0
     # Box bounds' precision warnings stay out of the table, here and in the processes the run starts
     with warnings.catch_warnings(record=True) as caught:
-        warnings.warn("Box low's precision lowered by casting to float32, current low.dtype=float64", UserWarning)
+        warnings.warn("Box low's precision lowered by casting to float32, current low.dtype=float64", UserWarning,
+                      stacklevel=1)
     assert caught == [] and "ignore:Box high's precision lowered" in os.environ["PYTHONWARNINGS"]
     out = capsys.readouterr().out
     assert "| CartPole-v1 | 8 | SyncVectorEnv |" in out
