@@ -9,6 +9,7 @@ the same beside its table.  How to read it: bench/README.md, "recipe-cost".
 """
 from __future__ import annotations
 
+import importlib
 import statistics
 import time
 from collections.abc import Callable
@@ -22,10 +23,10 @@ from .subjects import ACTION_SEED, ENVPOOL, open_vec
 
 try:
     import mujoco
-
-    from shmpool.workers.recipes.mujoco import TASKS
 except ImportError:   # Atari only
-    mujoco, TASKS = None, {}
+    mujoco = None
+# shmpool's MuJoCo recipes by task id (imported by name: a recipe module is not a first-party import everywhere)
+TASKS = {} if mujoco is None else importlib.import_module("shmpool.workers.recipes.mujoco").TASKS
 
 Runner = Callable[[np.ndarray], int]   # steps a block of actions, returns elapsed ns
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from shmpool.batched import Batched
+
 from . import cli
 from ._timing import Case, Sample, timed_loop
 from .envs import gym_env_fn, recipe_env
@@ -145,7 +147,6 @@ class PongLoop(PongInProcess):
 
 
 def batch_pong_cases(n: int, workers: int) -> list[Case]:
-    from shmpool.batched import Batched
     from shmpool.workers.recipes.batch_pong import BatchPong, PongEnv
     base = min(n, BASELINE_ENVS)   # one env at a time costs the same per env whatever N
     return [Case(BP_POOL, functools.partial(env_only, POOL, Batched(BatchPong), n, pong_actions(n),
