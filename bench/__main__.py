@@ -1,51 +1,66 @@
 """``python -m bench <command> [options]``: one entry point for every benchmark.
 
 Each command is a module of this package with a ``main(argv) -> int``; ``python -m bench``
-alone runs ``core``.  ``python -m bench <command> --help`` shows its options.
+alone runs ``core``.  ``python -m bench <command> --help`` says what it measures, its options
+and how to read it; docs/benchmarks.md lists the same commands.
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
+# command -> (module, what it measures): the one list `--help` prints and docs/benchmarks.md repeats.
 COMMANDS = {
-    "core": "bench.core",            # env-only steps/s vs gymnasium's vector envs, and the raw round trip
-    "train": "bench.train",          # env steps/s inside a PPO-shaped training loop, per vector-env system
-    "fairness": "bench.fairness",    # how evenly async recv serves the envs, and waiting beside a trainer
-    "tasks": "bench.tasks",          # the Pong/Ant recipes vs EnvPool and gymnasium, env-only
-    "soak": "bench.soak",            # leaks under random use
-    "recipe-cost": "bench.recipe_cost",  # single-core µs per step: recipe vs gymnasium's env
-    "throughput": "bench.throughput",  # EnvPool's table: FPS per system and core count
-    "latency": "bench.latency",      # step/recv latency percentiles, per call and per env step
-    "autoreset": "bench.autoreset",  # SAME_STEP autoreset (ShmVecEnv, VectorEnv) vs the NEXT_STEP pool, env-only
-    "poolvec": "bench.poolvec",      # SB3's DummyVecEnv vs SubprocVecEnv vs ShmVecEnv over N, fitted overhead
-    "plot": "bench.plot",            # a latency JSON -> PNG
-    "batch-pong": "bench.batch_pong",  # a natively batched env vs one env at a time
-    "distributed": "bench.distributed",  # RayPool on a local Ray cluster vs one local Pool
-    "fallback": "bench.fallback",    # what leaves that travel pickled (Text) cost against Box-only Dict obs
-    "deploy": "bench.deploy",        # under a CPU quota, and the workers' CPU while a trainer is busy elsewhere
-    "sb3-ppo": "bench.sb3_ppo",      # SB3 PPO learn() wall time over DummyVecEnv, SubprocVecEnv, ShmVecEnv
-    "cleanrl": "bench.cleanrl",      # CleanRL's own ppo.py / ppo_continuous_action.py, the one-line vector-env swap
+    "core": ("bench.core", "env-only steps/s of shmpool sync/async against gymnasium's Sync/AsyncVectorEnv "
+                           "(CartPole-v1, Ant-v5), and the empty-env round trip against a C spin ping-pong"),
+    "cleanrl": ("bench.cleanrl", "CleanRL's own ppo.py / ppo_continuous_action.py, only the vector-env line "
+                                 "swapped: SPS as the scripts print it, and whether training was identical"),
+    "train": ("bench.train", "env steps/s inside a PPO-shaped training loop (or SB3's PPO.learn) per vector-env "
+                             "system: gymnasium, SB3, EnvPool, shmpool"),
+    "tasks": ("bench.tasks", "the built-in Pong-v5/Ant-v5 recipes against EnvPool and gymnasium, env-only, with "
+                             "single-core µs per step, and BatchPong-v0 against one env at a time"),
+    "throughput": ("bench.throughput", "EnvPool's table: frames/s per system against the number of cores "
+                                       "(--cpus, --numa), or against N (--num-envs: the PoolVecEnv sweep)"),
+    "latency": ("bench.latency", "per-call and per-env-step latency percentiles of sync step and async "
+                                 "recv/send over N and batch size (--png plots them; --ray: RayPool beside Pool)"),
+    "fairness": ("bench.fairness", "async evenness: per-env step counts max/min with batch_size < num_envs beside "
+                                   "EnvPool, and each worker's CPU and run-queue share"),
+    "autoreset": ("bench.autoreset", "SAME_STEP autoreset (ShmVecEnv, VectorEnv, Pool) against the NEXT_STEP "
+                                     "pool, env-only: steps/s and transitions/s"),
+    "fallback": ("bench.fallback", "what leaves that travel pickled (a Text leaf) cost against a Box-only Dict "
+                                   "observation"),
+    "deploy": ("bench.deploy", "env-only and a GPU-shaped loop under a CPU quota (--cpu-quota, root), and the "
+                               "workers' CPU while the trainer is busy elsewhere"),
+    "recipe-cost": ("bench.recipe_cost", "single-core µs per env.step: a recipe against gymnasium's env, its "
+                                         "physics floor and the Python around it"),
 }
+
+
+def usage() -> str:
+    """The docstring and one line per command: what it measures."""
+    width = max(map(len, COMMANDS))
+    return __doc__.strip() + "\n\ncommands:\n" + "\n".join(
+        f"  {name:{width}}  {what}" for name, (_, what) in COMMANDS.items())
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
-        print("\ncommands: " + ", ".join(COMMANDS))
+        print(usage())
         return 0
     name, rest = (argv[0], argv[1:]) if argv and not argv[0].startswith("-") else ("core", argv)
     if name not in COMMANDS:
         print(f"unknown command {name!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    module = COMMANDS[name][0]
     try:
-        module = importlib.import_module(COMMANDS[name])
+        loaded = importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name != COMMANDS[name]:
+        if exc.name != module:
             raise   # the command's own dependency is missing: its message says which
-        print(f"{name}: {COMMANDS[name]} is not in this checkout", file=sys.stderr)
+        print(f"{name}: {module} is not in this checkout", file=sys.stderr)
         return 2
-    return module.main(rest)
+    return loaded.main(rest)
 
 
-raise SystemExit(main(sys.argv[1:]))
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

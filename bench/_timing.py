@@ -1,4 +1,4 @@
-"""Generic timing for the benchmarks: timed loops, interleaved repetitions, summaries.
+"""The one timing spine of the benchmarks: timed loops, interleaved repetitions, percentiles, summaries.
 
 The machines are noisy (VMs with host steal), so a comparison between systems
 is only fair when drift hits them alike: :func:`run_interleaved` runs
@@ -13,6 +13,8 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
 
 clock = time.perf_counter
 
@@ -101,6 +103,32 @@ def timed_loop(step: Callable[[], object], units_per_call: int, seconds: float, 
         calls += 1
         now = clock()
     return Sample(calls * units_per_call, now - start)
+
+
+def counted_loop(step: Callable[[], object], units_per_call: int, total: int, warmup: float = 0.0) -> Sample:
+    """:func:`timed_loop` for a fixed amount of work: call ``step`` until ``total`` units are done."""
+    end = clock() + warmup
+    while clock() < end:
+        step()
+    done = 0
+    start = clock()
+    while done < total:
+        step()
+        done += units_per_call
+    return Sample(done, clock() - start)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long one repetition runs: ``seconds`` of stepping, or ``total_steps`` units when given."""
+
+    seconds: float
+    total_steps: int | None = None
+
+    def run(self, step: Callable[[], object], units: int, warmup: float) -> Sample:
+        if self.total_steps is not None:
+            return counted_loop(step, units, self.total_steps, warmup)
+        return timed_loop(step, units, self.seconds, warmup)
 
 
 def latency_loop(step: Callable[[], object], seconds: float, warmup: float = 0.0,
@@ -220,3 +248,51 @@ class Summary:
 def summarize(records: Iterable[Record], case: str, value: Callable[[Sample], float]) -> Summary | None:
     """Summary of ``value(sample)`` over the successful repetitions of ``case``."""
     return Summary.of(value(r.sample) for r in records if r.case == case and r.sample is not None)
+
+
+# --- per-call and per-env-step latency ---------------------------------------------------------
+
+def percentiles_of(values: Sequence[float] | np.ndarray, qs: Sequence[int]) -> dict[str, float]:
+    """``{"p50": ..., "max": ...}`` with the same nearest-rank rule as :func:`latency_loop`."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    if v.size == 0:
+        return {}
+    out = {f"p{q}": float(v[min(v.size - 1, v.size * q // 100)]) for q in qs}
+    out["max"] = float(v[-1])
+    return out
+
+
+class RecvLog:
+    """Which envs each async ``recv()`` returned, and when it returned: two list appends per call."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def add(self, ids: np.ndarray) -> None:
+        self.times.append(time.perf_counter_ns())
+        self.ids.append(ids)
+
+    def clear(self) -> None:
+        self.ids: list[np.ndarray] = []
+        self.times: list[int] = []
+
+    def observer_latencies(self, n: int, timed: int) -> np.ndarray:
+        """:func:`observer_latencies` of the calls logged (``n`` envs, the last ``timed`` calls timed)."""
+        return observer_latencies(self.ids, self.times, n, timed)
+
+
+def observer_latencies(ids: Sequence[np.ndarray], times: Sequence[int], n: int, timed: int) -> np.ndarray:
+    """µs from the call that sent each env's action to the call that received its result.
+
+    ``ids[k]``/``times[k]``: the envs call k received and when its ``recv()``
+    returned (its ``send()`` follows at once).  Only the last ``timed`` calls
+    count; an env first seen in them (sent by ``async_reset``) is skipped."""
+    sent = np.full(n, -1, dtype=np.int64)
+    first_timed = len(ids) - timed
+    out = []
+    for k, (got, t) in enumerate(zip(ids, times)):
+        if k >= first_timed:
+            prev = sent[got]
+            out.append((t - prev[prev >= 0]) / 1e3)
+        sent[got] = t
+    return np.concatenate(out) if out else np.zeros(0)

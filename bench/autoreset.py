@@ -4,24 +4,10 @@
     python -m bench autoreset --tasks CartPole-v1,Acrobot-v1 --num-envs 8,32 --repeats 5
     python -m bench autoreset --quick                          # N=8, 0.2 s, 1 repeat (the tests)
 
-Env-only: every system steps N copies of ``gym.make(task)`` with one fixed batch of seeded
-random actions (``bench.subjects.fixed_random_actions``; on CartPole every env keeps pushing one
-way, so episodes end every ~10 steps and a step of 32 envs ends about three of them).  Systems,
-interleaved (repetition 1 of every system, then repetition 2, ...):
-
-- ``Pool NEXT_STEP``: ``shmpool.Pool(task, N).step`` — the pool's default mode, the anchor;
-- ``Pool SAME_STEP``: the same pool with ``autoreset_mode="same_step"``: an ending step resets at
-  once and returns the last observation in ``infos["final_obs"]``;
-- ``VectorEnv SAME_STEP``: ``shmpool.VectorEnv(..., autoreset_mode=SAME_STEP)`` (copied observations,
-  gymnasium's face);
-- ``ShmVecEnv``: ``shmpool.sb3.ShmVecEnv`` (SAME_STEP, SB3's list of info dicts with
-  ``terminal_observation``), through SB3's ``VecEnv.step``;
-- ``SyncVectorEnv SAME_STEP`` and ``SB3 DummyVecEnv``: the one-process references for scale.
-
-Ratios are of medians, against ``Pool NEXT_STEP`` of the same run.  The target: ShmVecEnv's
-env-only throughput within 5 % of the NEXT_STEP pool's (issue 11).  What separates them is what
-SAME_STEP adds per ended episode (the final observation, its info) and what SB3's face adds per
-step (copying the observations, one info dict per env).
+Env-only, seeded random actions: Pool NEXT_STEP (the anchor), Pool SAME_STEP, VectorEnv SAME_STEP,
+ShmVecEnv, and SyncVectorEnv SAME_STEP / SB3 DummyVecEnv for scale; steps/s and transitions/s (NEXT_STEP's
+reset slots left out).  Target: ShmVecEnv within 5 % of the NEXT_STEP pool.  How to read it:
+bench/README.md, "autoreset".
 """
 from __future__ import annotations
 
@@ -29,33 +15,42 @@ import argparse
 import functools
 import itertools
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
-import shmpool
-
 from . import cli
-from ._timing import Case, Sample, Summary, run_interleaved, timed_loop
+from ._timing import Case, Sample, Summary, timed_loop
 from .report import (
     Group,
     Target,
+    config_of,
     consoles,
     environment,
     fmt_ratio,
     fmt_summary,
     markdown_table,
     print_failures,
-    show_table,
-    write_json,
+    run_cells,
+    version_of,
+    write_results,
 )
-from .subjects import ACTION_SEED, fixed_random_actions, pool_info
+from .subjects import (
+    ACTION_SEED,
+    POOL,
+    SB3_DUMMY,
+    SHM_VEC,
+    SYNC_VEC,
+    VECTOR,
+    Vec,
+    fixed_random_actions,
+    open_vec,
+)
 
-POOL_NEXT, POOL_SAME, VECTOR_SAME, SHM_VEC = "Pool NEXT_STEP", "Pool SAME_STEP", "VectorEnv SAME_STEP", "ShmVecEnv"
-SYNC_SAME, DUMMY = "SyncVectorEnv SAME_STEP", "SB3 DummyVecEnv"
+POOL_NEXT, POOL_SAME, VECTOR_SAME = "Pool NEXT_STEP", "Pool SAME_STEP", "VectorEnv SAME_STEP"
+SYNC_SAME, DUMMY = "SyncVectorEnv SAME_STEP", SB3_DUMMY
 SYSTEMS = (POOL_NEXT, POOL_SAME, VECTOR_SAME, SHM_VEC, SYNC_SAME, DUMMY)
 DEFAULT_JSON = None
 ACTION_SETS = 64
@@ -66,14 +61,11 @@ class Stepping:
     bookkeeping per step (which envs ended): NEXT_STEP's autoreset slots (the step after an
     end, which resets instead of stepping) are counted so transitions can be told from slots."""
 
-    def __init__(self, env: Any, system: str, n: int, actions: list[np.ndarray], info: dict[str, Any]) -> None:
-        self.env, self.n, self.info = env, n, info
+    def __init__(self, vec: Vec, next_step: bool, actions: list[np.ndarray]) -> None:
+        self.vec, self.n, self.info = vec, vec.num_envs, dict(vec.info)
         self.ended = self.reset_slots = 0
-        next_step = system == POOL_NEXT
-        sb3 = system in (SHM_VEC, DUMMY)
-        done = np.zeros(n, dtype=bool)
-        cycle = itertools.cycle(actions)
-        step = env.step
+        done = np.zeros(self.n, dtype=bool)
+        cycle, step, sb3 = itertools.cycle(actions), vec.env.step, vec.sb3
 
         def one() -> None:
             out = step(next(cycle))
@@ -94,7 +86,7 @@ class Stepping:
         return sample
 
     def close(self) -> None:
-        self.env.close()
+        self.vec.close()
 
 
 def _actions(space: gym.Space, n: int, kind: str) -> list[np.ndarray]:
@@ -108,57 +100,18 @@ def _actions(space: gym.Space, n: int, kind: str) -> list[np.ndarray]:
 
 
 def _open(system: str, task: str, n: int, action_kind: str) -> Stepping:
-    make = functools.partial(gym.make, task)
-    if system in (POOL_NEXT, POOL_SAME):
-        mode = "next_step" if system == POOL_NEXT else "same_step"
-        env = shmpool.Pool(task, n, seed=0, autoreset_mode=mode)
-        info = pool_info(env)
-    elif system == VECTOR_SAME:
-        env = shmpool.VectorEnv(task, n, seed=0, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        info = pool_info(env.pool)
-    elif system == SHM_VEC:
-        from shmpool.sb3 import ShmVecEnv
-        env = ShmVecEnv([make] * n, seed=0)
-        info = pool_info(env.pool)
-    elif system == SYNC_SAME:
-        env = gym.vector.SyncVectorEnv([make] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        info = {}
-    elif system == DUMMY:
-        from stable_baselines3.common.vec_env import DummyVecEnv
-        env = DummyVecEnv([make] * n)
-        info = {}
-    else:
-        raise ValueError(f"unknown system {system!r}; systems: {', '.join(SYSTEMS)}")
+    same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    kind, options = {POOL_NEXT: (POOL, {"autoreset_mode": "next_step"}),
+                     POOL_SAME: (POOL, {"autoreset_mode": "same_step"}), VECTOR_SAME: (VECTOR, same_step),
+                     SHM_VEC: (SHM_VEC, {}), SYNC_SAME: (SYNC_VEC, same_step), DUMMY: (SB3_DUMMY, {})}[system]
+    vec = open_vec(kind, task, n, **options)
     try:
-        actions = _actions(gym.make(task).action_space, n, action_kind)
-        if system in (SHM_VEC, DUMMY):
-            env.reset()
-        else:
-            env.reset(seed=0)
+        actions = _actions(vec.action_space, n, action_kind)
+        vec.reset()
     except BaseException:
-        env.close()
+        vec.close()
         raise
-    return Stepping(env, system, n, actions, info)
-
-
-def _have_sb3() -> bool:
-    try:
-        import stable_baselines3  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def run(args: argparse.Namespace, err: Any) -> list[Group]:
-    systems = [s for s in SYSTEMS if _have_sb3() or s not in (SHM_VEC, DUMMY)]
-    groups = []
-    for task in args.tasks:
-        for n in args.num_envs:
-            cases = [Case(s, functools.partial(_open, s, task, n, args.actions)) for s in systems]
-            err.print(f"{task} N={n}: {len(cases)} systems × {args.repeats} repetitions", highlight=False)
-            records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup)
-            groups.append(Group(task, n, cases, records))
-    return groups
+    return Stepping(vec, system == POOL_NEXT, actions)
 
 
 HEADER = ["task", "N", "system", "env steps/s: median (min–max)", f"÷ {POOL_NEXT}",
@@ -228,23 +181,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    out, err = consoles(180)
+    _, err = consoles()
     env = environment()
-    groups = run(args, err)
+    systems = [s for s in SYSTEMS if version_of("stable_baselines3") or s not in (SHM_VEC, DUMMY)]
+    groups = run_cells([(t, n) for t in args.tasks for n in args.num_envs],
+                       lambda task, n: [Case(s, functools.partial(_open, s, task, n, args.actions)) for s in systems],
+                       args, err, len(systems))
     goals = targets(groups)
-    print(f"shmpool autoreset benchmark — {header_line(args, env)}\n", file=out.file, flush=True)
-    show_table(out, TITLE, HEADER, rows(groups))
-    print("\n".join(["### Targets (medians of this run)", "", *(t.line() for t in goals)]), file=out.file, flush=True)
+    text = "\n".join([f"## shmpool autoreset benchmark — {env['date']}", "", header_line(args, env), "",
+                      TITLE + ":", "", markdown_table(HEADER, rows(groups)), "",
+                      "### Targets (medians of this run)", "", *(t.line() for t in goals)])
+    print(text, flush=True)
     if args.json:
-        write_json(args.json, {"benchmark": "bench.autoreset", "environment": env,
-                               "config": {k: v for k, v in vars(args).items() if k != "json"},
-                               "throughput": [g.to_json() for g in groups],
-                               "targets": [t.to_json() for t in goals]})
-        text = "\n".join([f"## shmpool autoreset benchmark — {env['date']}", "", header_line(args, env), "",
-                          TITLE + ":", "", markdown_table(HEADER, rows(groups)), "",
-                          "### Targets (medians of this run)", "", *(t.line() for t in goals)])
-        Path(args.json).with_suffix(".md").write_text(text + "\n")
-        err.print(f"raw measurements written to {args.json}, the report to {Path(args.json).with_suffix('.md')}")
+        write_results(args.json, {"benchmark": "bench.autoreset", "environment": env, "config": config_of(args),
+                                  "throughput": [g.to_json() for g in groups],
+                                  "targets": [t.to_json() for t in goals]}, text, err)
     return 1 if print_failures(groups, err) else 0
 
 

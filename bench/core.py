@@ -5,35 +5,10 @@
     python -m bench.core --save                 # ... into the tracked bench/results/core.json and core.md
     python -m bench.core --quick                # a few seconds, for tests
 
-What it compares.  Env-only throughput: every system steps N copies of the same env
-with one fixed batch of actions (no policy, no trainer), and the table gives env steps
-per second:
-
-- ``SyncVectorEnv``: gymnasium's for-loop over the N envs, in this process;
-- ``AsyncVectorEnv``: gymnasium's one process per env (shared-memory observations);
-- ``shmpool sync``: ``Pool.step`` of all N envs, one shard per allowed core (on 2 cores: one
-  pinned worker process, and the last shard stepped by this process, ``parent_shard``);
-- ``shmpool async``: ``Pool(batch_size=N/2)``: ``recv`` returns the first N/2 envs to
-  finish, their actions go straight back with ``send``; a row counts the env steps received.
-
-Columns: median env steps/s over the repetitions with (min–max); ``sync ÷ SyncVectorEnv``
-and the others are ratios of those medians.  Then the round trip: one empty env (a step
-that does nothing) on one worker, parent and worker pinned to different cores, in µs
-per step; ``× ping-pong`` divides it by the C spin ping-pong (two pinned processes
-handing one shared word back and forth: the hardware's floor for one round trip).
-
-What to expect on a 2-core machine, idle: shmpool sync 1.6–1.9× ``SyncVectorEnv`` on
-CartPole (the ceiling is ~2.4×: two shards stepped at once, each a bit faster per step
-than the for-loop) and 1.8–1.9× on Ant-v5; ``AsyncVectorEnv`` 4–8× slower than
-``SyncVectorEnv`` on CartPole; a round trip of 6–10 µs, 30–50× the ping-pong (both ends
-run Python).  Other processes on the box move every ratio: shmpool's workers need
-both cores, ``SyncVectorEnv`` needs one, so a busy machine (see the load average in the
-header) can push shmpool below 1×.  Only ratios from one run compare: absolute numbers
-move 2–3× between runs of these VMs.
-
-Repetitions are interleaved across the systems of a (task, N) cell and each repetition
-opens a fresh env/pool (opening is not timed), so no idle pool is waiting — possibly
-spinning — while another system is timed.
+Env-only: SyncVectorEnv, AsyncVectorEnv, shmpool sync (Pool.step of all N) and async (batch N/2) step N
+copies of one env with one fixed batch of actions; env steps/s, median (min–max), ratios of medians.  Then
+one empty env's round trip against a C spin ping-pong.  On an idle 2-core machine expect sync 1.6–1.9×
+SyncVectorEnv; a busy one moves every ratio.  How to read it: bench/README.md, "core".
 """
 from __future__ import annotations
 
@@ -44,22 +19,21 @@ import multiprocessing as mp
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-import shmpool
 from shmpool import _core
 
 from . import cli
-from ._timing import Case, Sample, Summary, latency_loop, run_interleaved
+from ._timing import Case, Sample, Summary, latency_loop
 from .envs import EmptyEnv, gym_env_fn
 from .report import (
     RESULTS,
     Group,
     Target,
+    config_of,
     consoles,
     environment,
     fmt_ratio,
@@ -67,22 +41,21 @@ from .report import (
     fmt_us,
     markdown_table,
     print_failures,
-    progress,
+    run_cells,
     say_skipped,
-    show_table,
     write_results,
 )
 from .subjects import (
     ASYNC_VEC,
+    POOL,
     POOL_ASYNC,
     POOL_SYNC,
     SYNC_VEC,
     SYSTEMS,
-    GymVector,
-    PoolAsync,
-    PoolSync,
+    action_space_of,
     fixed_actions,
-    pool_info,
+    headline_cases,
+    open_vec,
 )
 
 DEFAULT_TASKS = ("CartPole-v1", "Ant-v5")
@@ -94,20 +67,10 @@ DEFAULT_JSON = str(RESULTS / "core.json")   # and the markdown report beside it,
 ROUND_TRIP_POLICIES = {"shmpool empty env, default wait": "auto", "shmpool empty env, wait_policy='spin'": "spin"}
 
 
-# --- throughput subjects: bench.subjects ----------------------------------------------------------
-
 def throughput_cases(task: str, n: int) -> list[Case]:
     """The four systems of one (task, N) cell, all stepped with the same actions."""
     make_env = gym_env_fn(task)
-    probe = make_env()
-    actions = fixed_actions(probe.action_space, n)
-    probe.close()
-    return [
-        Case(SYNC_VEC, functools.partial(GymVector, SYNC_VEC, make_env, n, actions)),
-        Case(ASYNC_VEC, functools.partial(GymVector, ASYNC_VEC, make_env, n, actions)),
-        Case(POOL_SYNC, functools.partial(PoolSync, task, n, actions)),
-        Case(POOL_ASYNC, functools.partial(PoolAsync, task, n, actions)),
-    ]
+    return headline_cases(make_env, task, n, fixed_actions(action_space_of(make_env), n))
 
 
 # --- round-trip subjects ---------------------------------------------------------------------
@@ -195,23 +158,23 @@ class PoolRoundTrip:
     def __init__(self, wait_policy: str, parent_cpu: int, worker_cpu: int) -> None:
         # The pool is created before the parent pins itself: ``cpus=`` must lie
         # inside the parent's own affinity mask.
-        self.pool = shmpool.Pool(EmptyEnv, 1, num_workers=1, cpus=[worker_cpu], wait_policy=wait_policy, seed=0)
-        self.info = {**pool_info(self.pool), "parent_cpu": parent_cpu}
+        self.vec = open_vec(POOL, EmptyEnv, 1, num_workers=1, cpus=[worker_cpu], wait_policy=wait_policy)
+        self.info = {**self.vec.info, "parent_cpu": parent_cpu}
         self._saved_affinity = os.sched_getaffinity(0)
         try:
-            self.pool.reset()
+            self.vec.reset()
             os.sched_setaffinity(0, {parent_cpu})
         except BaseException:
             self.close()
             raise
-        self._step = functools.partial(self.pool.step, np.zeros(1, dtype=np.int64))
+        self._step = self.vec.stepping(np.zeros(1, dtype=np.int64))
 
     def measure(self, seconds: float, warmup: float) -> Sample:
         return latency_loop(self._step, seconds, warmup)
 
     def close(self) -> None:
         os.sched_setaffinity(0, self._saved_affinity)
-        self.pool.close()
+        self.vec.close()
 
 
 def round_trip_cases(parent_cpu: int, worker_cpu: int) -> list[Case]:
@@ -225,16 +188,6 @@ def round_trip_cases(parent_cpu: int, worker_cpu: int) -> list[Case]:
 
 # --- the run ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Plan:
-    """What to run: throughput cells per task, skipped tasks with the reason, the round-trip cpus."""
-
-    cells: list[tuple[str, int]]
-    skipped: dict[str, str]
-    round_trip_cpus: tuple[int, int] | None
-    round_trip_note: str | None
-
-
 def unavailable(task: str) -> str | None:
     """Why ``task`` cannot be made here (e.g. mujoco missing), or None."""
     try:
@@ -244,70 +197,33 @@ def unavailable(task: str) -> str | None:
     return None
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
-    cells, skipped = [], {}
-    for task in args.tasks:
-        reason = unavailable(task)
-        if reason is not None:
-            skipped[task] = reason
-            continue
-        sizes = args.num_envs or DEFAULT_NUM_ENVS.get(task, OTHER_NUM_ENVS)
-        cells += [(task, n) for n in sizes]
-    cpus, note = None, None
+def round_trip_cpus(args: argparse.Namespace) -> tuple[tuple[int, int] | None, str]:
+    """The two cores of the round trip, or None and why it is not run."""
     allowed = sorted(os.sched_getaffinity(0))
     if args.no_roundtrip:
-        note = "not run (--no-roundtrip)"
-    elif len(allowed) < 2:
-        note = f"not run: needs two cores, this process may use only {allowed}"
-    else:
-        cpus = (allowed[0], allowed[1])
-    return Plan(cells, skipped, cpus, note)
-
-
-def run(plan: Plan, args: argparse.Namespace, err: Any) -> tuple[list[Group], Group | None]:
-    """Measure every throughput cell, then the round trips, with a progress bar on stderr."""
-    rt_cases = round_trip_cases(*plan.round_trip_cpus) if plan.round_trip_cpus is not None else []
-    total = (len(plan.cells) * len(SYSTEMS) + len(rt_cases)) * args.repeats
-    with progress(err, total) as update:
-        def measure(task: str, n: int, cases: list[Case]) -> Group:
-            def on_start(case: Case, rep: int) -> None:
-                where = task if task == "round trip" else f"{task} N={n}"
-                update(description=f"{where} · {case.name} · rep {rep + 1}/{args.repeats}")
-
-            records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
-                                      on_start=on_start, on_done=lambda _: update(advance=1))
-            return Group(task, n, cases, records)
-
-        groups = [measure(task, n, throughput_cases(task, n)) for task, n in plan.cells]
-        round_trip = measure("round trip", 1, rt_cases) if rt_cases else None
-    return groups, round_trip
+        return None, "not run (--no-roundtrip)"
+    if len(allowed) < 2:
+        return None, f"not run: needs two cores, this process may use only {allowed}"
+    return (allowed[0], allowed[1]), ""
 
 
 # --- the report ------------------------------------------------------------------------------
 
-THROUGHPUT_TITLE = "Env-only throughput, env steps/s: median (min–max); ratios of medians"
 THROUGHPUT_HEADER = ("task", "N", *SYSTEMS, "sync ÷ SyncVectorEnv", "sync ÷ AsyncVectorEnv", "async ÷ SyncVectorEnv")
-ROUND_TRIP_TITLE = ("Round trip, one empty env on one worker, parent and worker pinned to different cores "
-                    "(µs per step = elapsed / steps; p50/p99 per call; × ping-pong = ÷ the C spin ping-pong's µs)")
 ROUND_TRIP_HEADER = ("round trip", "µs per step: median (min–max)", "× ping-pong", "p50 µs", "p99 µs",
                      "p50 × ping-pong", "wait policy (parent / worker)")
-READING = """Reading it: `shmpool sync` steps all N envs per call, `shmpool async` uses batch_size = N/2 (each `recv`
-returns the first N/2 envs to finish, whose actions go straight back with `send`). Two shards on two
-cores (sync: one worker process, and this process stepping the other shard where it would wait) can
-reach about 2.4× SyncVectorEnv on CartPole at best; other processes running on the box take from
-shmpool's two cores first (SyncVectorEnv needs only one core), so on a busy machine sync ÷ SyncVectorEnv
-can fall below 1×. "× ping-pong" is how many C spin
-ping-pongs one pool step of an empty env costs: both ends of a pool step run Python (~2 µs in the
-parent, ~3.5 µs in the worker), so 30–50× is expected; the spin policy shows the floor of the wait itself."""
+READING = """Reading it: two shards on two cores (sync: one worker process, and this process stepping the other
+shard where it would wait) can reach about 2.4× SyncVectorEnv on CartPole at best; other processes on
+the box take from shmpool's two cores first (SyncVectorEnv needs one), so on a busy machine sync ÷
+SyncVectorEnv can fall below 1×. "× ping-pong" is how many C spin ping-pongs one pool step of an empty
+env costs: both ends of a pool step run Python (~2 µs in the parent, ~3.5 µs in the worker), so 30–50×
+is expected; the spin policy shows the floor of the wait itself."""
 
 
 def throughput_rows(groups: Sequence[Group]) -> list[list[str]]:
-    return [
-        [g.task, str(g.num_envs), *(fmt_summary(g.rate(s)) for s in SYSTEMS),
-         fmt_ratio(g.ratio(POOL_SYNC, SYNC_VEC)), fmt_ratio(g.ratio(POOL_SYNC, ASYNC_VEC)),
-         fmt_ratio(g.ratio(POOL_ASYNC, SYNC_VEC))]
-        for g in groups
-    ]
+    return [[g.task, str(g.num_envs), *(fmt_summary(g.rate(s)) for s in SYSTEMS),
+             fmt_ratio(g.ratio(POOL_SYNC, SYNC_VEC)), fmt_ratio(g.ratio(POOL_SYNC, ASYNC_VEC)),
+             fmt_ratio(g.ratio(POOL_ASYNC, SYNC_VEC))] for g in groups]
 
 
 def round_trip_rows(group: Group) -> list[list[str]]:
@@ -341,14 +257,14 @@ def targets(groups: Sequence[Group], round_trip: Group | None, load: float) -> l
             f"{len(os.sched_getaffinity(0))} cores) take cores from shmpool's workers first")
 
     def round_trip_target(label: str, name: str) -> Target:
+        # Informational: a C handoff is ~0.2 µs, a pool step runs Python at both ends.
         moves = ("both ends of a pool step run Python (~6 µs together) against a C handoff of ~0.2 µs: "
                  "not reachable from Python; the wait policy and the CPU move it")
-        if round_trip is None:
-            return Target(label, 5.0, None, at_most=True)
-        floor = round_trip.us(PINGPONG)
-        p50 = _over(round_trip.latency(name, "p50"), floor)
-        note = "" if p50 is None else f"per-call p50: {fmt_ratio(p50)}"
-        return Target(label, 5.0, _over(round_trip.us(name), floor), at_most=True, note=note, moves=moves)
+        floor = round_trip.us(PINGPONG) if round_trip else None
+        p50 = _over(round_trip.latency(name, "p50"), floor) if round_trip else None
+        return Target(f"empty-env round trip ({label}) against 5× the spin ping-pong (informational)", 5.0,
+                      _over(round_trip.us(name), floor) if round_trip else None, at_most=True,
+                      note="" if p50 is None else f"per-call p50: {fmt_ratio(p50)}", moves=moves, informational=True)
 
     default, spin = ROUND_TRIP_POLICIES
     return [
@@ -361,55 +277,30 @@ def targets(groups: Sequence[Group], round_trip: Group | None, load: float) -> l
                      "and pipes on 2 cores); it holds when AsyncVectorEnv runs ~8× slower than SyncVectorEnv"),
         Target("Ant-v5 N=8 env-only: shmpool sync ≥ 1.8× SyncVectorEnv", 1.8, ratio("Ant-v5", 8, POOL_SYNC, SYNC_VEC),
                moves=f"physics-bound: the ceiling is the number of cores (2×); {busy}"),
-        round_trip_target("empty-env round trip (default wait) within 5× of the spin ping-pong", default),
-        round_trip_target("empty-env round trip (wait_policy='spin') within 5× of the spin ping-pong", spin),
+        round_trip_target("default wait", default),
+        round_trip_target("wait_policy='spin'", spin),
     ]
 
 
-def markdown(args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: list[Group],
-             round_trip: Group | None, goals: list[Target]) -> str:
-    """The whole report as markdown (the results file)."""
-    lines = [
-        f"## shmpool core benchmark — {env['date']}",
-        "",
-        header_line(args, env),
-        "",
-        THROUGHPUT_TITLE + ":",
-        "",
-        markdown_table(THROUGHPUT_HEADER, throughput_rows(groups)),
-    ]
-    lines += [f"\n{task} skipped — {reason}" for task, reason in plan.skipped.items()]
+def report(args: argparse.Namespace, env: dict[str, Any], skipped: dict[str, str], groups: list[Group],
+           round_trip: Group | None, round_trip_note: str, goals: list[Target]) -> str:
+    """The whole report as markdown: printed once, and the results file."""
+    lines = [f"## shmpool core benchmark — {env['date']}", "",
+             f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · load average "
+             f"{env['loadavg_at_start'][0]:.2f} at start · python {env['python']}, numpy {env['numpy']}, "
+             f"gymnasium {env['gymnasium']}, mujoco {env['mujoco']} · {args.repeats} interleaved repetitions × "
+             f"{args.seconds:g} s (warm-up {args.warmup:g} s)", "",
+             "Env-only throughput, env steps/s: median (min–max); ratios of medians:", "",
+             markdown_table(THROUGHPUT_HEADER, throughput_rows(groups))]
+    lines += [f"\n{task} skipped — {reason}" for task, reason in skipped.items()]
     if round_trip is not None:
-        lines += ["", ROUND_TRIP_TITLE + ":", "", markdown_table(ROUND_TRIP_HEADER, round_trip_rows(round_trip))]
+        lines += ["", "Round trip, one empty env on one worker, parent and worker pinned to different cores (µs per "
+                  "step = elapsed / steps; p50/p99 per call; × ping-pong = ÷ the C spin ping-pong's µs):", "",
+                  markdown_table(ROUND_TRIP_HEADER, round_trip_rows(round_trip))]
     else:
-        lines += ["", f"Round trip {plan.round_trip_note}."]
+        lines += ["", f"Round trip {round_trip_note}."]
     lines += ["", READING, "", "### Targets (medians of this run)", "", *(t.line() for t in goals)]
     return "\n".join(lines)
-
-
-def header_line(args: argparse.Namespace, env: dict[str, Any]) -> str:
-    return (f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · load average "
-            f"{env['loadavg_at_start'][0]:.2f} at start · python {env['python']}, numpy {env['numpy']}, "
-            f"gymnasium {env['gymnasium']}, mujoco {env['mujoco']} · {args.repeats} interleaved repetitions × "
-            f"{args.seconds:g} s (warm-up {args.warmup:g} s)")
-
-
-def report(args: argparse.Namespace, env: dict[str, Any], plan: Plan, groups: list[Group],
-           round_trip: Group | None, out: Any) -> tuple[list[Target], str]:
-    """Print each table once (rich on a terminal, markdown when piped), the reading and the targets;
-    returns the targets and the markdown report."""
-    goals = targets(groups, round_trip, env["loadavg_at_start"][0])
-    print(f"shmpool core benchmark — {header_line(args, env)}\n", file=out.file, flush=True)
-    show_table(out, THROUGHPUT_TITLE, THROUGHPUT_HEADER, throughput_rows(groups))
-    for task, reason in plan.skipped.items():
-        print(f"{task} skipped — {reason}", file=out.file)
-    if round_trip is not None:
-        show_table(out, ROUND_TRIP_TITLE, ROUND_TRIP_HEADER, round_trip_rows(round_trip))
-    else:
-        print(f"Round trip {plan.round_trip_note}.", file=out.file)
-    print("\n".join([READING, "", "### Targets (medians of this run)", "", *(t.line() for t in goals)]),
-          file=out.file, flush=True)
-    return goals, markdown(args, env, plan, groups, round_trip, goals)
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -429,18 +320,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    out, err = consoles(180)
-    plan = make_plan(args)
-    say_skipped(plan.skipped, err)
+    _, err = consoles()
+    skipped = {t: why for t in args.tasks if (why := unavailable(t))}
+    say_skipped(skipped, err)
     env = environment()
-    groups, round_trip = run(plan, args, err)
-    goals, text = report(args, env, plan, groups, round_trip, out)
+    cells = [(t, n) for t in args.tasks if t not in skipped for n in args.num_envs or DEFAULT_NUM_ENVS.get(t, (8, 32))]
+    groups = run_cells(cells, throughput_cases, args, err, len(SYSTEMS))
+    cpus, note = round_trip_cpus(args)
+    round_trip = None if cpus is None else run_cells([("round trip", 1)], lambda *_: round_trip_cases(*cpus), args,
+                                                     err, 2 + len(ROUND_TRIP_POLICIES))[0]
+    goals = targets(groups, round_trip, env["loadavg_at_start"][0])
+    text = report(args, env, skipped, groups, round_trip, note, goals)
+    print(text, flush=True)
     if args.json:
         write_results(args.json, {
-            "benchmark": "bench.core", "environment": env, "config": {k: v for k, v in vars(args).items()
-                                                                       if k != "json"},
-            "skipped": plan.skipped, "throughput": [g.to_json() for g in groups],
-            "round_trip": round_trip.to_json() if round_trip is not None else {"note": plan.round_trip_note},
+            "benchmark": "bench.core", "environment": env, "config": config_of(args), "skipped": skipped,
+            "throughput": [g.to_json() for g in groups],
+            "round_trip": round_trip.to_json() if round_trip is not None else {"note": note},
             "targets": [t.to_json() for t in goals]}, text, err)
     return 1 if print_failures(groups + ([round_trip] if round_trip else []), err) else 0
 

@@ -4,17 +4,9 @@
     python -m bench deploy --cpu-quota 1      # inside a child cgroup limited to 1 CPU (root; v1 or v2)
     python -m bench deploy --wait-policy block/block   # the pool with other waiting (parent/workers)
 
-Two loops, each over gymnasium's ``SyncVectorEnv`` and ``shmpool.Pool`` (default settings, sync
-``step``), CartPole-v1, interleaved repetitions:
-
-- **env-only**: ``step`` with fixed actions as fast as it goes; env steps/s.
-- **trainer-shaped**: every ``step`` is followed by 3 ms of sleep (a GPU computing the policy)
-  and 0.5 ms of this process's CPU (the host side of the trainer); ms per iteration, and the
-  workers' CPU time over the wall time (what they burn while nobody waits on them).
-
-``--cpu-quota Q`` makes a cgroup with ``Q`` CPUs' worth of quota (``docker --cpus=Q``, a
-Kubernetes CPU limit), moves this process into it (the workers are born there) and removes it
-at the end: the pool reads the quota and sizes itself (``repr`` below says what it chose).
+SyncVectorEnv against shmpool.Pool (default settings), CartPole-v1: env-only steps/s, and a
+trainer-shaped loop (3 ms sleep for a GPU + 0.5 ms host CPU per step) in ms per iteration with the
+workers' CPU over wall time.  How to read it: bench/README.md, "deploy".
 """
 from __future__ import annotations
 
@@ -26,13 +18,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import psutil
 
-import shmpool
-
 from .cli import parser
+from .subjects import POOL, SYNC_VEC, Vec, open_vec
 
 CGROUP = Path("/sys/fs/cgroup")
 GPU_WAIT_S = 0.003
@@ -77,15 +67,15 @@ def parse_wait_policy(text: str) -> str | tuple[str, str]:
     return (parent, workers) if workers else parent
 
 
-def _open(system: str, n: int, wait_policy: str | tuple[str, str] = "auto"):
+def _open(system: str, n: int, wait_policy: str | tuple[str, str] = "auto") -> tuple[Vec, list[int], str]:
     if system == "SyncVectorEnv":
-        env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n)
-        env.reset(seed=0)
-        return env, [], system
-    pool = shmpool.Pool("CartPole-v1", n, seed=0, wait_policy=wait_policy)
-    pool.reset()
+        vec = open_vec(SYNC_VEC, "CartPole-v1", n)
+        vec.reset()
+        return vec, [], system
+    vec = open_vec(POOL, "CartPole-v1", n, wait_policy=wait_policy)
+    vec.reset()
     # Worker processes only: a shard this process steps (parent_shard) is the loop's own CPU.
-    return pool, [pid for pid in pool.worker_pids if pid != os.getpid()], repr(pool)
+    return vec, [pid for pid in vec.env.worker_pids if pid != os.getpid()], repr(vec.env)
 
 
 def _worker_cpu(pids: list[int]) -> float:
@@ -101,11 +91,11 @@ def _burn(seconds: float) -> None:
 def measure(system: str, n: int, seconds: float, trainer: bool,
             wait_policy: str | tuple[str, str] = "auto") -> dict:
     """One repetition: env steps/s (env-only) or ms per iteration and workers' CPU share (trainer)."""
-    env, pids, described = _open(system, n, wait_policy)
-    actions = np.zeros(n, dtype=np.int64)
+    vec, pids, described = _open(system, n, wait_policy)
+    step = vec.stepping(np.zeros(n, dtype=np.int64))
     try:
         def once() -> None:
-            env.step(actions)
+            step()
             if trainer:
                 time.sleep(GPU_WAIT_S)
                 _burn(HOST_CPU_S)
@@ -118,7 +108,7 @@ def measure(system: str, n: int, seconds: float, trainer: bool,
         wall = time.perf_counter() - t0
         cpu = (_worker_cpu(pids) - c0) / wall if pids else None
     finally:
-        env.close()
+        vec.close()
     return {"system": system, "steps_per_s": calls * n / wall, "ms_per_iter": 1e3 * wall / calls,
             "worker_cpu_share": cpu, "described": described}
 

@@ -1,7 +1,7 @@
 """The envs the benchmarks step besides plain ``gym.make(id)``: one home, importable alone.
 
-Only gymnasium and numpy are imported here (ale_py lazily), so worker processes,
-Ray nodes (``bench.distributed`` pickles this module by value) and other bench
+Only gymnasium and numpy are imported here (ale_py and the recipes lazily), so worker processes,
+Ray nodes (``bench latency --ray`` pickles this module by value) and other bench
 modules such as ``bench.recipe_cost`` can use it without pulling in a benchmark.
 """
 from __future__ import annotations
@@ -55,3 +55,16 @@ def gym_env_fn(task: str) -> Callable[[], gym.Env]:
     if task in ATARI_TASKS:
         return functools.partial(gym_atari, task)
     return functools.partial(gym.make, task)
+
+
+def recipe_env(task: str) -> Callable[[], gym.Env] | None:
+    """shmpool's own recipe constructor for ``task`` (what ``shmpool.make(task)`` steps), or None when
+    shmpool has none or its optional dependency (mujoco, ale_py) is missing."""
+    try:
+        if task in ATARI_TASKS:
+            from shmpool.workers.recipes import atari
+            return functools.partial(atari.AtariEnv, atari.GAMES[task])
+        from shmpool.workers.recipes import mujoco
+    except ImportError:
+        return None
+    return mujoco.TASKS.get(task)

@@ -6,29 +6,10 @@
     python -m bench.fairness --layouts auto,processes --max-leads auto,none   # beside the issue-day default
     python -m bench.fairness --quick               # a few seconds
 
-Each row builds the pool as a new user would (``shmpool.make(task, env_type="gymnasium",
-num_envs=N, batch_size=B, seed=0)``, plus ``wait_policy`` and ``pin``) and EnvPool as
-``envpool.make(task, env_type="gymnasium", num_envs=N, batch_size=B, num_threads=2, seed=0)``;
-``async_reset``, a warm-up, then ``cycles`` × (``recv``, ``send`` random actions back to the
-envs it returned), counting each env's steps through ``info["env_id"]``.
-
-Columns: ``spread`` = max/min of the per-env step counts (1.00 = every env advanced
-equally; the median over repetitions, min-max beside it), ``steps/s`` = env steps per second
-of the counted cycles, and for shmpool, per worker: its CPU share of the wall time (psutil;
-it includes the time a worker yields while it waits for commands) and its **run-queue**
-share, the time it was woken but not running (``/proc/<pid>/schedstat``: another task held
-its core, or an idle virtual core was still waking); the parent's CPU share and the core it
-was seen on most (sampled every 64 cycles) tell whose core the parent's work takes.
-Targets (EnvPool reaches 1.00-1.02 here): spread ≤ 1.25 on CartPole, ≤ 1.10 on Pong-v5 and Ant-v5.
-``--max-leads auto,none`` adds rows without shmpool's lead limit (pure completion order) to see its cost.
-``--layouts`` picks where the shards run: ``auto`` (``parent_shard="auto"``, the default: on a crowded
-machine, and unless torch's threads leave a core free, the pool's own process steps one shard inside
-``recv``), ``parent`` (``parent_shard=True``: always so) and ``processes`` (``parent_shard=False``: every
-shard a worker process, the default before the parent's shard). A shard the parent steps has its CPU in
-the parent column; its worker columns read NaN. ``--layouts auto,processes --max-leads auto,none`` puts
-today's default beside the default on the day evenness was asked for (processes, completion order).
-``--modes async,sync`` adds sync rows (``step`` on all N envs at once; spread is 1.00 by construction),
-whose per-worker columns show each worker's CPU and run-queue shares while a step waits for both.
+spread = max/min of the per-env step counts (1.00: every env advanced equally; EnvPool 1.00–1.02),
+steps/s, per worker its CPU and run-queue share of the wall time, the parent's share and core.
+--layouts: auto, parent (parent_shard=True), processes (parent_shard=False); --modes async,sync adds
+sync rows.  How to read it: bench/README.md, "fairness".
 """
 from __future__ import annotations
 
@@ -43,10 +24,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .cli import comma_list, parser
+from .subjects import ENVPOOL, MAKE, open_vec
 
 DEFAULT_ROWS = [("CartPole-v1", 12, 4), ("CartPole-v1", 32, 16), ("Pong-v5", 8, 4), ("Pong-v5", 32, 16),
                 ("Ant-v5", 8, 4), ("Ant-v5", 32, 16)]
-ENVPOOL_IDS = {"CartPole-v1": "CartPole-v1", "Pong-v5": "Pong-v5", "Ant-v5": "Ant-v5"}
 
 
 class _Layout(NamedTuple):
@@ -104,14 +85,11 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     if mode == "sync":
         b = n
     if system == "envpool":
-        import envpool
-        env = envpool.make(ENVPOOL_IDS[task], env_type="gymnasium", num_envs=n, batch_size=b, num_threads=2, seed=0)
-        space = env.action_space
+        vec = open_vec(ENVPOOL, task, n, batch=b, num_threads=2)
     else:
-        import shmpool
-        env = shmpool.make(task, env_type="gymnasium", num_envs=n, batch_size=b, seed=0, wait_policy=policy,
-                           pin=pin, max_lead=max_lead, parent_shard=parent_shard)
-        space = env.single_action_space
+        vec = open_vec(MAKE, task, n, batch=b, env_type="gymnasium", wait_policy=policy, pin=pin, max_lead=max_lead,
+                       parent_shard=parent_shard)
+    env, space = vec.env, vec.action_space
     rng = np.random.default_rng(0)
     actions = np.stack([space.sample() for _ in range(b)]) if not hasattr(space, "n") else \
         rng.integers(0, space.n, size=b)
@@ -120,19 +98,11 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     cores: collections.Counter[int] = collections.Counter()   # the parent's core, sampled
     every = np.arange(n)
     try:
-        if mode == "sync":
-            env.reset()
+        vec.reset()
 
-            def cycle() -> np.ndarray:
-                env.step(actions)
-                return every
-        else:
-            env.async_reset()
-
-            def cycle() -> np.ndarray:
-                ids = np.asarray(env.recv()[-1]["env_id"])
-                env.send(actions, ids)
-                return ids
+        def cycle() -> np.ndarray:
+            out = vec.raw_step(actions)
+            return every if mode == "sync" else np.asarray(out[-1]["env_id"])
         for _ in range(warmup):
             cycle()
         pids = _worker_pids(env)
@@ -147,7 +117,7 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
         runqueue = [(_run_queue_wait(p) - w0) / wall for p, w0 in zip(pids, wait0)]
         own = (sum(parent.cpu_times()[:2]) - own0) / wall
     finally:
-        env.close()
+        vec.close()
     return {"spread": float(counts.max() / max(counts.min(), 1)), "sps": float(cycles * b / wall),
             "worker_cpu": cpu, "worker_runqueue": runqueue, "parent_cpu": own,
             "parent_core": cores.most_common(1)[0][0] if cores else None,

@@ -3,35 +3,33 @@
     python -m bench fallback                    # N=8,32, every system, 3 interleaved repetitions
     python -m bench fallback --quick            # a few seconds, for tests
 
-What it compares.  Env-only throughput of two tiny envs whose step returns a
-prebuilt observation (so the transport is most of the cost):
-
-- ``Box only``: ``Dict(box=Box(16,) float32, pos=Box(2,) float32)``;
-- ``Box+Text``: ``Dict(box=Box(16,) float32, text=Text(16))``: the Text leaf cannot be laid
-  out in shared memory by shmpool, so it travels pickled through each worker's pipe,
-  one env at a time (``shmpool.pickled``); gymnasium's ``AsyncVectorEnv`` keeps Text in
-  shared memory as int32 character codes.
-
-Each system (``SyncVectorEnv``, ``AsyncVectorEnv`` with shared memory, ``shmpool sync``,
-``shmpool async`` with batch N/2) steps both envs; ``Box+Text ÷ Box only`` is the ratio of
-median steps/s, the lane's price per system.  Only ratios from one run compare.
+Two tiny envs whose step returns a prebuilt observation; the Text leaf travels pickled per env through
+each worker's pipe.  ``Box+Text ÷ Box only`` is the price of the pickled leaf per system.
 """
 from __future__ import annotations
 
 import functools
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
 from . import cli
-from ._timing import Case, run_interleaved
-from .report import Group, consoles, environment, fmt_ratio, fmt_summary, markdown_table, print_failures, show_table
-from .report import write_json as write_json_file
-from .subjects import ASYNC_VEC, POOL_ASYNC, POOL_SYNC, SYNC_VEC, SYSTEMS, GymVector, PoolAsync, PoolSync
+from ._timing import Case
+from .report import (
+    config_of,
+    consoles,
+    environment,
+    fmt_ratio,
+    fmt_summary,
+    markdown_table,
+    print_failures,
+    run_cells,
+    write_results,
+)
+from .subjects import ASYNC_VEC, SYSTEMS, headline_cases
 
 BOX_ONLY, WITH_TEXT = "Box only", "Box+Text"
 
@@ -60,13 +58,7 @@ class DictObsEnv(gym.Env):
 
 def cases(kind: str, n: int) -> list[Case]:
     make_env = functools.partial(DictObsEnv, text=kind == WITH_TEXT)
-    actions = np.zeros(n, np.int64)
-    return [
-        Case(f"{SYNC_VEC} · {kind}", functools.partial(GymVector, SYNC_VEC, make_env, n, actions)),
-        Case(f"{ASYNC_VEC} · {kind}", functools.partial(GymVector, ASYNC_VEC, make_env, n, actions)),
-        Case(f"{POOL_SYNC} · {kind}", functools.partial(PoolSync, make_env, n, actions)),
-        Case(f"{POOL_ASYNC} · {kind}", functools.partial(PoolAsync, make_env, n, actions)),
-    ]
+    return headline_cases(make_env, make_env, n, np.zeros(n, np.int64), suffix=f" · {kind}")
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -80,32 +72,24 @@ def parse_args(argv: Sequence[str] | None):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    out, err = consoles(160)
+    _, err = consoles()
     env = environment()
-    groups = []
-    rows = []
-    for n in args.num_envs:
-        cell = cases(BOX_ONLY, n) + cases(WITH_TEXT, n)
-        err.print(f"N={n}: {len(cell)} cases x {args.repeats} repetitions", highlight=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)   # the lane's own warning, expected here
-            records = run_interleaved(cell, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup)
-        group = Group("Dict obs", n, cell, records)
-        groups.append(group)
-        for system in SYSTEMS:
-            plain, text = f"{system} · {BOX_ONLY}", f"{system} · {WITH_TEXT}"
-            rows.append([str(n), system, fmt_summary(group.rate(plain)), fmt_summary(group.rate(text)),
-                         fmt_ratio(group.ratio(text, plain)),
-                         fmt_ratio(group.ratio(text, f"{ASYNC_VEC} · {WITH_TEXT}"))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # the lane's own warning, expected here
+        groups = run_cells([("Dict obs", n) for n in args.num_envs],
+                           lambda _, n: cases(BOX_ONLY, n) + cases(WITH_TEXT, n), args, err, 2 * len(SYSTEMS))
+    rows = [[str(g.num_envs), system, fmt_summary(g.rate(f"{system} · {BOX_ONLY}")),
+             fmt_summary(g.rate(f"{system} · {WITH_TEXT}")),
+             fmt_ratio(g.ratio(f"{system} · {WITH_TEXT}", f"{system} · {BOX_ONLY}")),
+             fmt_ratio(g.ratio(f"{system} · {WITH_TEXT}", f"{ASYNC_VEC} · {WITH_TEXT}"))]
+            for g in groups for system in SYSTEMS]
     header = ["N", "system", "Box only steps/s", "Box+Text steps/s", "Box+Text ÷ Box only",
               "Box+Text ÷ AsyncVectorEnv Box+Text"]
-    show_table(out, "Env-only steps/s, median (min–max) over repetitions", header, rows)
+    text = "Env-only steps/s, median (min–max) over repetitions:\n\n" + markdown_table(header, rows)
+    print(text, flush=True)
     if args.json:
-        write_json_file(args.json, {"benchmark": "bench.fallback", "environment": env,
-                                    "config": {k: v for k, v in vars(args).items() if k != "json"},
-                                    "throughput": [g.to_json() for g in groups]})
-        Path(args.json).with_suffix(".md").write_text(markdown_table(header, rows) + "\n")
-        err.print(f"raw measurements written to {args.json}")
+        write_results(args.json, {"benchmark": "bench.fallback", "environment": env, "config": config_of(args),
+                                  "throughput": [g.to_json() for g in groups]}, text, err)
     return 1 if print_failures(groups, err) else 0
 
 

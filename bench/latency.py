@@ -1,49 +1,37 @@
-"""Latency percentiles: how long one ``pool.step`` / ``pool.recv`` round takes, batch vs no batch.
+"""Latency percentiles: how long one ``pool.step`` / ``pool.recv`` round takes, batch vs no batch, locally or
+through RayPool.
 
     python -m bench latency                                   # CartPole-v1, N=8,32,128 × batch 1,8,32
     python -m bench latency --task Ant-v5 --num-envs 8,32 --batch-size 1,4
-    python -m bench latency --quick --json /tmp/latency.json  # a few seconds, for tests
-    python -m bench plot bench/results/latency.json           # the PNG
+    python -m bench latency --quick --json /tmp/l.json --png /tmp/l.png  # a few seconds, for tests
+    python -m bench latency --ray 2 --task Pong --num-envs 16 --batch-size 8 --repeats 3   # RayPool beside Pool
 
-The terms are those of agent/observer latency studies: the trainer is the
-agent and every env (stepped in a worker) is an observer:
-
-- **agent latency**: one trainer call — ``pool.step(actions)`` over all N envs
-  (sync), or ``pool.recv()`` of the first ``batch_size`` envs to finish plus
-  ``pool.send()`` of their next actions (async).  Percentiles over every call.
-- **agent throughput**: env steps per second of one call, ``batch / latency``
-  (the usual definition), so its p90 is the batch over the latency's p10.
-- **observer latency**: per env step, from the trainer sending that env's
-  action to the ``recv()`` that returns its result — dispatch, the env's step
-  and the wait for the rest of its batch.  In sync mode every env of a step
-  sees the whole ``step`` call.
-- **observer throughput**: ``1 / observer latency`` (steps/s of one env).
-
-"No batch" is ``batch_size=1`` (each env answered as soon as it finishes),
-"batch" is ``batch_size=N`` (the sync row, and async with batch = N); the
-sweep fills in between.  Each cell opens a fresh pool (not timed), warms it
-up, times it for ``--seconds`` and closes it, so no idle pool competes with
-the one being measured.  The overall rate (env steps / elapsed) is the
-``steps/s`` column.
+Agent latency: one trainer call (sync step over N, or async recv of a batch + send), percentiles over
+every call; agent throughput: batch / latency.  Observer latency: one env step, from the call that sent
+its action to the recv that returned it.  Each cell opens a fresh pool.  ``--ray NODES`` starts a local
+Ray cluster (1 CPU a node) and runs every cell also through RayPool (one pool of one pinned worker per
+node) beside a local Pool with as many workers on the same cores: overhead = RayPool's p50 minus the
+local Pool's.  Tasks: gymnasium ids, ``empty`` (a step that does nothing) and ``Pong`` (gymnasium's
+Pong-v5 with EnvPool's preprocessing).  How to read it: bench/README.md, "latency".
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-import shmpool
-
-from . import cli
-from ._timing import Case, Record, Sample, latency_loop, run_interleaved
-from .report import RESULTS, consoles, environment, fmt_rate, fmt_us, markdown_table, progress, write_json
-from .subjects import fixed_actions, pool_info
+from . import cli, envs
+from ._timing import Case, Record, percentiles_of, run_interleaved
+from .report import RESULTS, config_of, consoles, environment, fmt_rate, fmt_us, markdown_table, progress, write_json
+from .subjects import POOL, RAY, Latency, fixed_actions, open_vec
 
 DEFAULT_TASK = "CartPole-v1"
 DEFAULT_NUM_ENVS = (8, 32, 128)
@@ -54,140 +42,21 @@ REPORTED = (50, 75, 90, 95, 99)                   # the percentiles in the table
 MEASURED = (1, 5, 10, 25, *REPORTED)              # low ones too: throughput p90 = batch / latency p10
 
 
-# --- percentiles ------------------------------------------------------------------------------
-
-def percentiles_of(values: np.ndarray, qs: Sequence[int] = REPORTED) -> dict[str, float]:
-    """``{"p50": ..., "max": ...}`` with the same nearest-rank rule as :func:`latency_loop`."""
-    v = np.sort(np.asarray(values, dtype=np.float64))
-    if v.size == 0:
-        return {}
-    out = {f"p{q}": float(v[min(v.size - 1, v.size * q // 100)]) for q in qs}
-    out["max"] = float(v[-1])
-    return out
-
-
 def throughput_percentiles(latency_us: dict[str, float], units: int) -> dict[str, float]:
     """Seed 004's throughput percentiles: ``units / latency`` per call, so throughput pQ is latency p(100-Q)."""
-    out = {}
-    for q in REPORTED:
-        lat = latency_us.get(f"p{100 - q}")
-        if lat:
-            out[f"p{q}"] = units * 1e6 / lat
-    return out
+    return {f"p{q}": units * 1e6 / lat for q in REPORTED if (lat := latency_us.get(f"p{100 - q}"))}
 
 
 def reported(latency_us: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in latency_us.items() if k == "max" or int(k[1:]) in REPORTED}
 
 
-# --- subjects ---------------------------------------------------------------------------------
+# --- the cells --------------------------------------------------------------------------------
 
-class SyncStep:
-    """``pool.step(actions)`` over all N envs: every env of a call waits for the whole call."""
+def env_spec(task: str) -> Any:
+    """What the pools step: a gymnasium id, or bench.envs' constructor for ``empty`` and ``Pong``."""
+    return {"empty": envs.EmptyEnv, "Pong": functools.partial(envs.gym_atari, "Pong-v5")}.get(task, task)
 
-    mode = "sync"
-
-    def __init__(self, task: str, n: int, wait_policy: str | None) -> None:
-        kwargs = {} if wait_policy is None else {"wait_policy": wait_policy}
-        self.pool = shmpool.Pool(task, n, seed=0, **kwargs)
-        self.batch = n
-        self.info: dict[str, Any] = pool_info(self.pool)
-        try:
-            self.pool.reset()
-            self._step = functools.partial(self.pool.step, fixed_actions(self.pool.single_action_space, n))
-        except BaseException:
-            self.pool.close()
-            raise
-
-    def measure(self, seconds: float, warmup: float) -> Sample:
-        sample = latency_loop(self._step, seconds, warmup, percentiles=MEASURED)
-        self.info["observer_latency_us"] = dict(sample.latency_us)
-        self.info["observer_note"] = "sync: every env of a step sees the whole step call"
-        return sample
-
-    def close(self) -> None:
-        self.pool.close()
-
-
-class AsyncRecv:
-    """``recv()`` the first ``batch`` envs to finish, ``send()`` their next actions straight back.
-
-    Besides the per-call latency it logs, per call, the ids received and the
-    time ``recv()`` returned (two list appends, well under a µs); afterwards
-    each env step's observer latency is the time from the call that sent its
-    action (send follows that call's ``recv()`` at once) to the ``recv()``
-    that returned it."""
-
-    mode = "async"
-
-    def __init__(self, task: str, n: int, batch: int, wait_policy: str | None) -> None:
-        kwargs = {} if wait_policy is None else {"wait_policy": wait_policy}
-        self.pool = shmpool.Pool(task, n, batch_size=batch, seed=0, **kwargs)
-        self.n, self.batch = n, batch
-        self.info: dict[str, Any] = pool_info(self.pool)
-        try:
-            self.actions = fixed_actions(self.pool.single_action_space, batch)
-            self.pool.async_reset()
-        except BaseException:
-            self.pool.close()
-            raise
-        self.log = RecvLog()
-
-    def _step(self) -> None:
-        *_, infos = self.pool.recv()
-        ids = infos["env_id"]  # a fresh array per call
-        self.log.add(ids)
-        self.pool.send(self.actions, ids)
-
-    def measure(self, seconds: float, warmup: float) -> Sample:
-        sample = latency_loop(self._step, seconds, warmup, percentiles=MEASURED)
-        obs = self.log.observer_latencies(self.n, timed=sample.count)
-        self.info["observer_latency_us"] = percentiles_of(obs, MEASURED)
-        self.info["observer_steps"] = int(obs.size)
-        self.log.clear()
-        return sample
-
-    def close(self) -> None:
-        self.pool.close()
-
-
-class RecvLog:
-    """Which envs each async ``recv()`` returned, and when it returned: two list appends per call."""
-
-    def __init__(self) -> None:
-        self.clear()
-
-    def add(self, ids: np.ndarray) -> None:
-        self.times.append(time.perf_counter_ns())
-        self.ids.append(ids)
-
-    def clear(self) -> None:
-        self.ids: list[np.ndarray] = []
-        self.times: list[int] = []
-
-    def observer_latencies(self, n: int, timed: int) -> np.ndarray:
-        """:func:`observer_latencies` of the calls logged (``n`` envs, the last ``timed`` calls timed)."""
-        return observer_latencies(self.ids, self.times, n, timed)
-
-
-def observer_latencies(ids: Sequence[np.ndarray], times: Sequence[int], n: int, timed: int) -> np.ndarray:
-    """µs from the call that sent each env's action to the call that received its result.
-
-    ``ids[k]``/``times[k]``: the envs call k received and when its ``recv()``
-    returned (its ``send()`` follows at once).  Only the last ``timed`` calls
-    count; an env first seen in them (sent by ``async_reset``) is skipped."""
-    sent = np.full(n, -1, dtype=np.int64)
-    first_timed = len(ids) - timed
-    out = []
-    for k, (got, t) in enumerate(zip(ids, times)):
-        if k >= first_timed:
-            prev = sent[got]
-            out.append((t - prev[prev >= 0]) / 1e3)
-        sent[got] = t
-    return np.concatenate(out) if out else np.zeros(0)
-
-
-# --- the plan ---------------------------------------------------------------------------------
 
 def plan_cells(num_envs: Sequence[int], batch_sizes: Sequence[int], modes: Sequence[str]
                ) -> tuple[list[tuple[str, int, int]], list[dict[str, Any]]]:
@@ -196,78 +65,151 @@ def plan_cells(num_envs: Sequence[int], batch_sizes: Sequence[int], modes: Seque
     for n in num_envs:
         if "sync" in modes:
             cells.append(("sync", n, n))
-        if "async" in modes:
-            for b in batch_sizes:
-                if b > n:
-                    skipped.append({"num_envs": n, "batch_size": b, "reason": "batch_size > num_envs"})
-                else:
-                    cells.append(("async", n, b))
+        for b in batch_sizes if "async" in modes else ():
+            if b > n:
+                skipped.append({"num_envs": n, "batch_size": b, "reason": "batch_size > num_envs"})
+            else:
+                cells.append(("async", n, b))
     return cells, skipped
 
 
-def cell_case(task: str, mode: str, n: int, b: int, wait_policy: str | None) -> Case:
-    name = f"{mode} N={n} batch={b}"
-    if mode == "sync":
-        return Case(name, functools.partial(SyncStep, task, n, wait_policy))
-    return Case(name, functools.partial(AsyncRecv, task, n, b, wait_policy))
+def open_cell(task: str, mode: str, n: int, batch: int, wait_policy: str | None, system: str = "local",
+              cpus: list[int] | None = None) -> Latency:
+    """A fresh pool of ``n`` envs, ``batch`` per call, every call timed.  With ``cpus`` (the Ray runs): the
+    local pool has a pinned worker per listed core, RayPool one pool of one worker per core's node."""
+    options: dict[str, Any] = {} if wait_policy is None else {"wait_policy": wait_policy}
+    if system == "ray":
+        options.update(num_workers=1, per_pool_kwargs=[{"cpus": [c]} for c in cpus])
+    elif cpus is not None:
+        options.update(num_workers=len(cpus), cpus=cpus)
+    vec = open_vec(RAY if system == "ray" else POOL, env_spec(task), n, batch=batch, asynchronous=mode == "async",
+                   **options)
+    space = vec.action_space   # the Ray runs step no-op zeros (as they always did), the others fixed actions
+    actions = np.zeros((n, *space.shape), space.dtype) if cpus is not None else fixed_actions(space, n)
+    return Latency(vec, actions, MEASURED)
 
 
-def cell_json(task: str, mode: str, n: int, b: int, record: Record) -> dict[str, Any]:
-    """One cell: agent (trainer) and observer (env) latency and throughput."""
-    out: dict[str, Any] = {"task": task, "mode": mode, "num_envs": n, "batch_size": b}
-    info = dict(record.info)
-    observer = info.pop("observer_latency_us", None)
-    note = info.pop("observer_note", None)
-    observer_steps = info.pop("observer_steps", None)
-    out["pool"] = info
-    s = record.sample
-    if s is not None:
-        agent = reported(s.latency_us)
-        out.update(
-            calls=s.count, env_steps=s.count * b, seconds=s.seconds,
-            throughput=s.rate * b, mean_us_per_call=s.us_per_unit,
-            agent_latency_us=agent,
-            agent_throughput=throughput_percentiles(s.latency_us, b),
-            observer_latency_us=reported(observer or {}),
-            observer_throughput=throughput_percentiles(observer or {}, 1),
-        )
-        if observer_steps is not None:
-            out["observer_steps"] = observer_steps
-        if note:
-            out["observer_note"] = note
-    out["setup_s"] = round(record.setup_s, 4)
-    if record.error is not None:
-        out["error"] = record.error
+def cell_json(task: str, mode: str, system: str, n: int, b: int, records: list[Record]) -> dict[str, Any]:
+    """One cell: agent (trainer) and observer (env) latency and throughput, medians over the repetitions."""
+    out: dict[str, Any] = {"task": task, "mode": mode, "system": system, "num_envs": n, "batch_size": b}
+    ok = [r for r in records if r.sample is not None]
+    out["reps"] = len(ok)
+    if ok:
+        def median(value: Any) -> float:
+            return float(np.median([value(r) for r in ok]))
+        info = {k: v for k, v in ok[0].info.items() if not k.startswith(("observer_", "driver_"))}
+        agent = {k: median(lambda r, k=k: r.sample.latency_us[k]) for k in ok[0].sample.latency_us}
+        observer = {k: median(lambda r, k=k: r.info["observer_latency_us"][k])
+                    for k in ok[0].info.get("observer_latency_us", {})}
+        calls = sum(r.sample.count for r in ok)
+        out.update(pool=info, calls=calls, env_steps=calls * b, seconds=sum(r.sample.seconds for r in ok),
+                   throughput=median(lambda r: r.sample.rate * b),
+                   mean_us_per_call=median(lambda r: r.sample.us_per_unit),
+                   agent_latency_us=reported(agent), agent_throughput=throughput_percentiles(agent, b),
+                   observer_latency_us=reported(observer), observer_throughput=throughput_percentiles(observer, 1),
+                   driver_cpu_us_per_call=median(lambda r: r.info["driver_cpu_us_per_call"]),
+                   setup_s=round(median(lambda r: r.setup_s), 4))
+        for key in ("observer_note", "observer_steps"):
+            if key in ok[0].info:
+                out[key] = ok[0].info[key]
+    errors = [r.error for r in records if r.error]
+    if errors:
+        out["error"] = errors[0]
     return out
 
 
-# --- the run ------------------------------------------------------------------------------------
+def with_overheads(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add ``overhead_us`` (Ray p50/p95 − local p50/p95 of the same cell) and ``throughput_ratio`` to the Ray cells."""
+    local = {(c["mode"], c["num_envs"], c["batch_size"]): c for c in cells if c["system"] == "local"}
+    for c in cells:
+        twin = local.get((c["mode"], c["num_envs"], c["batch_size"]))
+        if c["system"] == "ray" and twin and "agent_latency_us" in c and "agent_latency_us" in twin:
+            c["overhead_us"] = {q: c["agent_latency_us"][q] - twin["agent_latency_us"][q] for q in ("p50", "p95")}
+            c["throughput_ratio"] = c["throughput"] / twin["throughput"]
+    return cells
 
-def run(args: argparse.Namespace, cells: list[tuple[str, int, int]], err: Any) -> list[Record]:
-    cases = [cell_case(args.task, mode, n, b, args.wait_policy) for mode, n, b in cells]
-    with progress(err, len(cases)) as update:
-        return run_interleaved(cases, repeats=1, seconds=args.seconds, warmup=args.warmup,
-                               on_start=lambda case, rep: update(description=f"{args.task} · {case.name}"),
-                               on_done=lambda _: update(advance=1))
+
+# --- a local Ray cluster ----------------------------------------------------------------------
+
+class RayCluster:
+    """A local Ray cluster of ``nodes`` nodes (1 CPU, ``store_mb`` of object store each), a driver connected to
+    it, and Ray's floor: one actor call's round trip.  The nodes need not import this package: bench.envs and
+    this module go to them by value."""
+
+    def __init__(self, nodes: int, store_mb: int) -> None:
+        import cloudpickle
+        import ray
+        from ray import cloudpickle as ray_cloudpickle
+        from ray.cluster_utils import Cluster
+        for module in (sys.modules[__name__], envs):
+            cloudpickle.register_pickle_by_value(module)
+            ray_cloudpickle.register_pickle_by_value(module)
+        t0, config = time.monotonic(), {"num_cpus": 1, "object_store_memory": store_mb * 2**20}
+        self.cluster = Cluster(initialize_head=True, head_node_args={**config, "include_dashboard": False})
+        for _ in range(nodes - 1):
+            self.cluster.add_node(**config)
+        ray.init(address=self.cluster.address, include_dashboard=False, log_to_driver=False)
+        self.info: dict[str, Any] = {"nodes": nodes, "store_mb": store_mb, "startup_s": time.monotonic() - t0}
+        pong_obs = 4 * 84 * 84   # bytes of one Pong observation (uint8)
+        self.info["round_trip_us"] = {"empty": self.round_trip_us(0),
+                                      "8 Pong obs (221 KiB)": self.round_trip_us(8 * pong_obs)}
+
+    @staticmethod
+    def round_trip_us(payload_bytes: int, calls: int = 300) -> dict[str, float]:
+        """p50/p95 µs of ``ray.get(actor.echo.remote(x))`` to an actor on the last node: Ray's floor per call."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        node = [n["NodeID"] for n in ray.nodes() if n["Alive"]][-1]
+        strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+        actor = ray.remote(Echo).options(num_cpus=0, scheduling_strategy=strategy).remote()
+        x, lat = np.zeros(payload_bytes, dtype=np.uint8), []
+        try:
+            for k in range(20 + calls):
+                t = time.perf_counter_ns()
+                ray.get(actor.echo.remote(x))
+                if k >= 20:   # the first 20: warm-up
+                    lat.append((time.perf_counter_ns() - t) / 1e3)
+        finally:
+            ray.kill(actor)
+        return percentiles_of(lat, (50, 95))
+
+    def close(self) -> None:
+        import ray
+        if ray.is_initialized():
+            ray.shutdown()
+        self.cluster.shutdown()
+
+
+class Echo:
+    """The actor of Ray's floor: returns what it is given."""
+
+    def echo(self, x: Any) -> Any:
+        return x
 
 
 # --- the report ---------------------------------------------------------------------------------
 
 HEADER = ("mode", "N", "batch", "calls", "p50 µs", "p75 µs", "p90 µs", "p95 µs", "p99 µs", "max µs",
           "env p50 µs", "env p99 µs", "env steps/s")
+RAY_HEADER = ("system", "driver CPU µs", "overhead p50 µs", "Ray / local")
 
 
-def table_rows(cells: Sequence[dict[str, Any]]) -> list[list[str]]:
+def table_rows(cells: Sequence[dict[str, Any]], ray: bool) -> list[list[str]]:
     rows = []
     for c in cells:
-        head = [c["mode"], str(c["num_envs"]), str(c["batch_size"])]
+        row = [c["mode"], str(c["num_envs"]), str(c["batch_size"])]
         if "agent_latency_us" not in c:
-            rows.append([*head, "error", *("—" for _ in HEADER[4:])])
-            continue
-        a, o = c["agent_latency_us"], c["observer_latency_us"]
-        rows.append([*head, str(c["calls"]), *(fmt_us(a[f"p{q}"]) for q in REPORTED), fmt_us(a["max"]),
-                     fmt_us(o["p50"]) if "p50" in o else "—", fmt_us(o["p99"]) if "p99" in o else "—",
-                     fmt_rate(c["throughput"])])
+            row += ["error", *("—" for _ in HEADER[4:])]
+        else:
+            a, o = c["agent_latency_us"], c["observer_latency_us"]
+            row += [str(c["calls"]), *(fmt_us(a[f"p{q}"]) for q in REPORTED), fmt_us(a["max"]),
+                    fmt_us(o["p50"]) if "p50" in o else "—", fmt_us(o["p99"]) if "p99" in o else "—",
+                    fmt_rate(c["throughput"])]
+        if ray:
+            over, ratio = c.get("overhead_us", {}).get("p50"), c.get("throughput_ratio")
+            row += [c["system"], fmt_us(c["driver_cpu_us_per_call"]) if "driver_cpu_us_per_call" in c else "—",
+                    "—" if over is None else fmt_us(over), "—" if ratio is None else f"{ratio:.2f}"]
+        rows.append(row)
     return rows
 
 
@@ -277,59 +219,124 @@ def x_axis_name(args: argparse.Namespace) -> str:
 
 
 def report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
-           skipped: list[dict[str, Any]]) -> None:
+           skipped: list[dict[str, Any]], ray: dict[str, Any] | None) -> None:
     """The table once, as markdown, with what its columns mean."""
-    rows = table_rows(cells)
-    lines = [
-        f"## shmpool latency benchmark — {env['date']}",
-        "",
-        f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · "
-        f"python {env['python']}, numpy {env['numpy']}, gymnasium {env['gymnasium']} · "
-        f"{args.seconds:g} s per cell (warm-up {args.warmup:g} s) · load average at start "
-        f"{' '.join(str(x) for x in env.get('loadavg_at_start', []))}",
-        "",
-        f"{args.task}: per trainer call (sync: `pool.step` over all N; async: `recv` of `batch` envs + "
-        "`send` back), percentiles in µs; env = one env step from its `send` to the `recv` that returns it; "
-        "env steps/s = all env steps / elapsed.",
-        "",
-        markdown_table(HEADER, rows),
-    ]
+    lines = [f"## shmpool latency benchmark — {env['date']}", "",
+             f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · "
+             f"python {env['python']}, numpy {env['numpy']}, gymnasium {env['gymnasium']} · {args.repeats} × "
+             f"{args.seconds:g} s per cell (warm-up {args.warmup:g} s; medians) · load average at start "
+             f"{' '.join(str(x) for x in env.get('loadavg_at_start', []))}", "",
+             f"{args.task}: per trainer call (sync: `step` over all N; async: `recv` of `batch` envs + `send` back), "
+             "percentiles in µs; env = one env step from its `send` to the `recv` that returns it; env steps/s = "
+             "all env steps / elapsed."]
+    if ray:
+        lines += ["", f"Ray: {ray['nodes']} local nodes (1 CPU, {ray['store_mb']} MB store each) on cpus {args.cpus}, "
+                  f"start-up {ray['startup_s']:.1f} s; Ray's floor, one actor call (`ray.get(actor.echo.remote(x))`, "
+                  "p50 / p95 µs): " + "; ".join(f"{k} {fmt_us(v['p50'])} / {fmt_us(v['p95'])}"
+                                               for k, v in ray["round_trip_us"].items())
+                  + ". Driver CPU = this process's CPU per call (all threads); overhead = Ray p50 − local p50."]
+    lines += ["", markdown_table(HEADER + (RAY_HEADER if ray else ()), table_rows(cells, bool(ray)))]
     if skipped:
         combos = ", ".join(f"N={s['num_envs']} batch={s['batch_size']}" for s in skipped)
         lines += ["", f"Skipped (batch_size > num_envs): {combos}."]
     print("\n".join(lines), flush=True)
 
 
-def json_data(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
-              skipped: list[dict[str, Any]]) -> dict[str, Any]:
-    config = {k: v for k, v in vars(args).items() if k != "json"}
-    return {
-        "benchmark": "bench.latency",
-        "environment": env,
-        "config": config,
-        "x_axis_name": x_axis_name(args),
-        "definitions": {
-            "agent_latency_us": "one trainer call: pool.step over all N (sync) or recv of batch_size + send (async)",
-            "agent_throughput": "env steps/s of one call, batch_size / agent latency (pQ from latency p(100-Q))",
-            "observer_latency_us": "one env step, from the trainer sending its action to the recv returning it",
-            "observer_throughput": "steps/s of one env, 1 / observer latency",
-            "throughput": "env steps / elapsed over the whole cell",
-        },
-        "skipped": skipped,
-        "cells": cells,
-    }
+DEFINITIONS = {
+    "agent_latency_us": "one trainer call: step over all N (sync) or recv of batch_size + send (async)",
+    "agent_throughput": "env steps/s of one call, batch_size / agent latency (pQ from latency p(100-Q))",
+    "observer_latency_us": "one env step, from the trainer sending its action to the recv returning it",
+    "observer_throughput": "steps/s of one env, 1 / observer latency",
+    "throughput": "env steps / elapsed over the whole cell",
+    "overhead_us": "RayPool's agent latency minus the local Pool's, same cell (--ray)",
+}
+
+
+# --- the plot ---------------------------------------------------------------------------------
+
+PLOTTED = ("p50", "p75", "p90", "p95", "p99")
+
+
+def series(cells: Sequence[dict[str, Any]], x: str) -> dict[str, list[dict[str, Any]]]:
+    """Cells grouped into lines along ``x``, each sorted by ``x``; cells without a measurement are left out.
+
+    Sync cells always have batch = N, so they make one series whatever the x axis."""
+    other = "batch_size" if x == "num_envs" else "num_envs"
+    short = "N" if other == "num_envs" else "batch"
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in sorted((c for c in cells if "agent_latency_us" in c), key=lambda c: (c["mode"] != "sync", c[other], c[x])):
+        label = "sync (pool.step, batch = N)" if c["mode"] == "sync" else f"async, {short}={c[other]}"
+        groups.setdefault(label, []).append(c)
+    return groups
+
+
+def plot(data: dict[str, Any], path: str) -> None:
+    """One panel per series: the call's latency percentiles (µs, log, left axis), the env step's p50
+    (grey dash-dot) and the throughput in env steps/s (thick black, right axis) along the swept value."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    x = data.get("x_axis_name") or "num_envs"
+    groups = series(data["cells"], x)
+    if not groups:
+        raise ValueError("no measured cells to plot")
+    cols = min(2, len(groups))
+    rows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.2 * rows), squeeze=False)
+    colors = plt.get_cmap("viridis")([0.9, 0.7, 0.5, 0.3, 0.05])
+    xs_all = sorted({c[x] for pts in groups.values() for c in pts})
+    top = max(c["throughput"] for pts in groups.values() for c in pts)
+    for ax, (label, pts) in zip(axes.flat, groups.items()):
+        xs = [c[x] for c in pts]
+        for p, color in zip(PLOTTED, colors):
+            ax.plot(xs, [c["agent_latency_us"][p] for c in pts], "o-", color=color, lw=1.6, ms=4, label=f"call {p}")
+        env = [c.get("observer_latency_us", {}).get("p50") for c in pts]
+        if all(v is not None for v in env):
+            ax.plot(xs, env, "-.", color="0.55", lw=1.3, label="env step p50")
+        ax.set_yscale("log")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs_all)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(x)
+        ax.set_ylabel("latency, µs (log)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.set_title(label)
+        tp = ax.twinx()
+        tp.plot(xs, [c["throughput"] for c in pts], "s-", color="black", lw=2.4, ms=6, label="env steps/s")
+        tp.set_ylim(0, 1.15 * top)
+        tp.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_rate(v)))
+        tp.set_ylabel("throughput, env steps/s")
+        handles, labels = (a + b for a, b in zip(ax.get_legend_handles_labels(), tp.get_legend_handles_labels()))
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    env = data.get("environment", {})
+    fig.suptitle(f"shmpool latency — {data['cells'][0].get('task', '?')} · {env.get('cpu_model', '?')} · cpus "
+                 f"{env.get('sched_getaffinity', '?')} · {env.get('date', '')}\nper trainer call: sync pool.step over "
+                 "all N, async recv(batch) + send", fontsize=10)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05 if rows > 1 else 0.08, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 # --- command line ----------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = cli.parser("python -m bench latency", __doc__)
-    p.add_argument("--task", default=DEFAULT_TASK, help=f"gymnasium id (default {DEFAULT_TASK})")
+    p.add_argument("--task", default=DEFAULT_TASK, help=f"gymnasium id, empty or Pong (default {DEFAULT_TASK})")
     p.add_argument("--num-envs", help="comma list of N (default 8,32,128)")
     p.add_argument("--batch-size", help="comma list of async batch sizes; those > N are skipped (default 1,8,32)")
     p.add_argument("--modes", default="sync,async", help="comma list of sync, async (default both)")
     p.add_argument("--wait-policy", help="the pool's wait_policy (default: the pool's automatic choice)")
-    cli.add_run_options(p, cli.RunDefaults(repeats=None, json=DEFAULT_JSON), quick="0.2 s, N=8, batch 1,8",
+    p.add_argument("--png", metavar="PATH", help="plot latency percentiles and throughput along the swept value here "
+                                                 "(with --save: beside the tracked JSON)")
+    p.add_argument("--ray", type=int, metavar="NODES", help="also through RayPool on a local Ray cluster of NODES "
+                                                            "nodes, beside a local Pool on the same cores")
+    p.add_argument("--store-mb", type=int, default=80, help="--ray: object store per node, MB (default 80)")
+    cli.add_run_options(p, cli.RunDefaults(repeats=(1, 1), json=DEFAULT_JSON), quick="0.2 s, N=8, batch 1,8",
                         seconds_help="timed seconds per cell")
     args = cli.parse(p, argv)
     quick = args.quick
@@ -341,14 +348,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         p.error(f"--modes must be a comma list of {', '.join(MODES)}, got {','.join(bad) or 'nothing'}")
-    cells, _ = plan_cells(args.num_envs, args.batch_size, args.modes)
-    if not cells:
+    if not plan_cells(args.num_envs, args.batch_size, args.modes)[0]:
         p.error(f"nothing to run: every --batch-size {args.batch_size} is larger than every "
                 f"--num-envs {args.num_envs}")
     try:
-        gym.make(args.task).close()
-    except (gym.error.Error, ImportError) as exc:
+        env = env_spec(args.task)
+        (gym.make(env) if isinstance(env, str) else env()).close()
+    except Exception as exc:   # an unknown id, ale_py or mujoco missing
         p.error(f"--task {args.task!r} cannot be made here: {type(exc).__name__}: {exc}")
+    if args.ray is not None:
+        if args.ray < 1:
+            p.error("--ray must be >= 1")
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            p.error("--ray needs ray: pip install 'ray>=2.9'")
+        cpus = sorted(os.sched_getaffinity(0))
+        args.cpus = [cpus[k % len(cpus)] for k in range(args.ray)]
     return args
 
 
@@ -360,12 +376,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(f"[yellow]skipped[/yellow] N={s['num_envs']} batch={s['batch_size']}: {s['reason']}",
                   highlight=False)
     env = environment()
-    records = run(args, cells, err)
-    results = [cell_json(args.task, mode, n, b, r) for (mode, n, b), r in zip(cells, records)]
-    report(args, env, results, skipped)
+    systems = ("local", "ray") if args.ray else ("local",)
+    cpus = args.cpus if args.ray else None
+    cases = [Case(f"{mode} N={n} batch={b} {system}", functools.partial(open_cell, args.task, mode, n, b,
+                                                                       args.wait_policy, system, cpus))
+             for mode, n, b in cells for system in systems]
+    cluster = RayCluster(args.ray, args.store_mb) if args.ray else None
+    try:
+        with progress(err, len(cases) * args.repeats) as update:
+            records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
+                                      on_start=lambda case, rep: update(description=f"{args.task} · {case.name}"),
+                                      on_done=lambda _: update(advance=1))
+    finally:
+        ray = cluster.info if cluster else None
+        if cluster:
+            cluster.close()
+    results = with_overheads([cell_json(args.task, mode, system, n, b, [r for r in records if r.case == case.name])
+                              for (mode, n, b, system), case in zip(((*c, s) for c in cells for s in systems), cases)])
+    report(args, env, results, skipped, ray)
+    data = {"benchmark": "bench.latency", "environment": env, "config": config_of(args),
+            "x_axis_name": x_axis_name(args), "definitions": DEFINITIONS, "ray": ray, "skipped": skipped,
+            "cells": results}
     if args.json:
-        write_json(args.json, json_data(args, env, results, skipped))
+        write_json(args.json, data)
         err.print(f"cells written to {args.json}")
+    png = args.png or (str(Path(args.json).with_suffix(".png")) if args.json and getattr(args, "save", False) else None)
+    if png and any("agent_latency_us" in c for c in results):
+        plot({**data, "cells": [c for c in results if c["system"] == "local"]}, png)
+        err.print(f"plot written to {png}")
     failed = [r for r in records if r.error is not None]
     for r in failed:
         err.print(f"{args.task} · {r.case} failed:", style="red", markup=False, highlight=False)

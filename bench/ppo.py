@@ -7,20 +7,17 @@ the clipped loss, backward, Adam).  It is the shape of CleanRL's ``ppo.py``,
 stripped of logging: it trains, but is here to load the cores the way a
 trainer does while the envs step.
 
-The loop talks to envs through :class:`Stepper` (seeded when built):
-``reset()`` returns the first observations of ``batch`` envs, ``step(actions)`` sends one action per
-env of the last observations and returns the next ``(obs, rewards, dones)``.
-Sync systems have ``batch == num_envs``; an async system (``recv`` then
-``send`` with ``batch < num_envs``) returns whichever envs finished first, so
-its rollout rows hold different envs from row to row (the update's cost is the
-same; its advantages mix envs, which does not matter for timing).
+The loop talks to envs through ``bench.subjects.Vec``'s trainer face: ``reset()`` gives the first
+observations of ``batch`` envs, ``step(actions)`` the next ``(obs, rewards, dones)``.  An async system
+(``batch < num_envs``) returns whichever envs finished first, so its rollout rows hold different envs
+from row to row (the update's cost is the same; its advantages mix envs, which does not matter for timing).
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -28,28 +25,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
-
-class Stepper(Protocol):
-    """A vector env as the loop sees it; ``batch`` envs per ``step`` call.
-
-    ``obs``: ``(batch, *observation_space.shape)``; ``rewards``: ``(batch,)`` float;
-    ``dones``: ``(batch,)`` bool (terminated or truncated)."""
-
-    num_envs: int
-    batch: int
-    observation_space: gym.Space   # one env's
-    action_space: gym.Space        # one env's
-
-    def reset(self) -> np.ndarray:
-        """Reset every env (env ``i`` seeded ``seed + i`` the first time); the first ``batch`` observations."""
-        ...
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Act on the last observations; returns the next ``(obs, rewards, dones)`` of ``batch`` envs."""
-        ...
-
-    def close(self) -> None:
-        ...
+if TYPE_CHECKING:
+    from .subjects import Vec
 
 
 @dataclass(frozen=True)
@@ -147,13 +124,13 @@ def _layer(n_in: int, n_out: int, std: float = math.sqrt(2)) -> nn.Linear:
 
 
 class Trainer:
-    """The loop over one :class:`Stepper`: ``run(seconds)`` trains and counts env steps.
+    """The loop over one :class:`Vec`: ``run(seconds)`` trains and counts env steps.
 
     Everything random is seeded from ``seed``: the parameters, the sampled actions
     (a torch generator of its own) and the minibatch order, so two envs that
     return the same observations train to the same parameters."""
 
-    def __init__(self, env: Stepper, config: PPOConfig, seed: int = 0) -> None:
+    def __init__(self, env: Vec, config: PPOConfig, seed: int = 0) -> None:
         self.env, self.config = env, config
         torch.manual_seed(seed)
         self.agent = Agent(env.observation_space, env.action_space, config.hidden)

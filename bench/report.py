@@ -20,7 +20,7 @@ import numpy as np
 
 import shmpool
 
-from ._timing import Case, Record, Summary, summarize
+from ._timing import Case, Record, Summary, run_interleaved, summarize
 
 RESULTS = Path(__file__).resolve().parent / "results"   # bench/results: the default home of every results file
 
@@ -144,23 +144,6 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def show_table(out: Any, title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Print a table once: drawn by rich on a terminal, as markdown when the output is piped.
-
-    ``out`` is a ``rich.console.Console`` (the markdown of the whole report also goes to the results file)."""
-    if not out.is_terminal:
-        out.file.write(f"{title}:\n\n{markdown_table(header, rows)}\n\n")
-        out.file.flush()
-        return
-    from rich.table import Table
-    table = Table(title=title)
-    for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    out.print(table)
-
-
 def consoles(width: int = 200) -> tuple[Any, Any]:
     """(stdout, stderr) rich consoles; a piped stdout keeps wide lines rather than folding them to 80 columns."""
     from rich.console import Console
@@ -265,9 +248,30 @@ class Group:
         return out
 
 
-def print_failures(groups: Iterable[Group], err: Any) -> int:
-    """Every recorded failure with its traceback, on stderr; returns how many there were."""
-    failed = [(g, r) for g in groups for r in g.errors()]
+def run_cells(cells: Sequence[tuple[str, int]], cases_of: Callable[[str, int], list[Case]], args: Any, err: Any,
+              per_cell: int) -> list[Group]:
+    """Every (task, N) cell's cases (``cases_of``, about ``per_cell`` of them), ``args.repeats`` interleaved
+    repetitions of ``args.seconds`` (``args.warmup`` untimed) each, with a progress bar on stderr."""
+    groups = []
+    with progress(err, len(cells) * per_cell * args.repeats) as update:
+        for task, n in cells:
+            def on_start(case: Case, rep: int, where: str = f"{task} N={n}") -> None:
+                update(description=f"{where} · {case.name} · rep {rep + 1}/{args.repeats}")
+
+            def on_done(r: Record) -> None:
+                update(advance=1, last="failed" if r.sample is None else f"{r.case}: {fmt_rate(r.sample.rate)}/s")
+
+            cases = cases_of(task, n)
+            records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
+                                      on_start=on_start, on_done=on_done)
+            groups.append(Group(task, n, cases, records))
+    return groups
+
+
+def print_failures(groups: Iterable[Any], err: Any) -> int:
+    """Every recorded failure of ``groups`` (each with ``records`` and ``where()``) with its traceback, on
+    stderr; returns how many there were."""
+    failed = [(g, r) for g in groups for r in g.records if r.error is not None]
     for g, r in failed:
         err.print(f"{g.where()} · {r.case} · rep {r.rep + 1} failed:", style="red", markup=False, highlight=False)
         sys.stderr.write(r.error.rstrip() + "\n")  # not through rich: no markup, no re-wrapping
@@ -282,7 +286,8 @@ class Target:
     """A ratio a benchmark is expected to reach; ``at_most`` for "within N×" targets.
 
     ``moves`` says what the ratio depends on, printed with a MISS so that a reader knows
-    whether the miss is the code's or the machine's."""
+    whether the miss is the code's or the machine's.  ``informational``: a figure to watch that
+    no code change can reach (its own ``moves`` says why): shown, never a PASS or a MISS."""
 
     label: str
     goal: float
@@ -290,11 +295,14 @@ class Target:
     at_most: bool = False
     note: str = ""
     moves: str = ""
+    informational: bool = False
 
     @property
     def status(self) -> str:
         if self.value is None:
             return "not measured"
+        if self.informational:
+            return "informational"
         ok = self.value <= self.goal if self.at_most else self.value >= self.goal
         return "PASS" if ok else "MISS"
 
@@ -302,7 +310,7 @@ class Target:
         if self.value is None:
             return f"- {self.label}: not measured"
         text = f"- {self.label}: {fmt_ratio(self.value)} — {self.status}" + (f" ({self.note})" if self.note else "")
-        if self.status == "MISS" and self.moves:
+        if self.status in ("MISS", "informational") and self.moves:
             text += f". What moves it: {self.moves}"
         return text
 

@@ -1,75 +1,74 @@
-"""EnvPool's throughput table: FPS of every system against the number of cores, env-only.
+"""EnvPool's throughput table: FPS of every system against the number of cores (or of envs), env-only.
 
     python -m bench throughput --task CartPole-v1 --workers 1,2
     python -m bench throughput --task Ant-v5 --workers 1,2 --recipe --md t.md --json t.json --png t.png
     python -m bench throughput --task CartPole-v1 --workers 1,2,4 --cpus 0-1,8-9 --numa
+    python -m bench throughput --num-envs 1,2,4,8,16 --systems sb3-dummy,sb3,shmvecenv   # the PoolVecEnv sweep
     python -m bench throughput --quick          # a few seconds
 
-Rows are systems, columns the number of workers W (cores).  A cell with W workers
-limits every system to the first W cores of the allowed set (``--cpus`` or the
-process's affinity), taskset-like: the benchmark process itself (parent loop,
-gymnasium/SB3 subprocesses, EnvPool threads) runs with its affinity set to those
-W cores for the whole cell and gets its old affinity back afterwards; on top of
-that shmpool pins its W workers one per core and EnvPool gets ``num_threads=W``
-(pinned with ``thread_affinity_offset`` when the W cores are consecutive).
-Every system steps ``num_envs = envs_per_worker × W`` envs (default 8 × W) with
-one fixed array of seeded random actions; async rows use ``batch_size =
-num_envs / 2``.  A cell is FPS = env steps/s × frame_skip (EnvPool's unit);
-warm-up is not timed.  ``--numa`` adds the numa+async rows: one pool per NUMA
-node of the cell's cores, each pinned to its node and created while the parent
-runs on that node (so the pages it touches are first-touched there, as are the
-workers' own), driven round-robin from one thread, throughput summed.
+A column with W workers limits every system to the first W allowed cores (the process's affinity,
+children included); shmpool pins W workers, EnvPool runs W threads; N = 8 × W, async batch N/2; FPS =
+env steps/s × frame skip.  --numa: one pool per NUMA node, summed.  --num-envs: columns are N on the whole
+core budget.  How to read it: bench/README.md, "throughput".
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import functools
-import gc
 import os
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
-import shmpool
 from shmpool.topology import allowed_cpus, resolve_cpus
 
 from . import cli
-from ._timing import Case, Record, Sample, Summary, clock, run_interleaved, summarize, timed_loop
-from .envs import gym_env_fn
-from .numa import Topology, format_cpu_list, read_topology
-from .report import consoles, environment, markdown_table, progress, version_of, write_json
-from .subjects import ASYNC_VEC as GYM_ASYNC
-from .subjects import SYNC_VEC as GYM_SYNC
-from .subjects import GymVector, fixed_random_actions, pool_info
-from .tasks import TASKS
+from ._timing import Budget, Case, Record, Summary, run_interleaved, summarize
+from .envs import ATARI_TASKS, gym_env_fn, recipe_env
+from .report import config_of, consoles, environment, markdown_table, print_failures, progress, version_of, write_json
+from .subjects import (
+    ASYNC_VEC,
+    ENVPOOL,
+    POOL,
+    SB3_DUMMY,
+    SB3_SUBPROC,
+    SHM_VEC,
+    SYNC_VEC,
+    EnvOnly,
+    action_space_of,
+    child_affinity,
+    fixed_random_actions,
+    open_vec,
+)
 
-FOR_LOOP, SUBPROCESS, SB3, SAMPLE_FACTORY = "For-loop", "Subprocess", "SB3 SubprocVecEnv", "Sample Factory"
+FOR_LOOP, SUBPROCESS, SB3, DUMMY, SHMVEC = "For-loop", "Subprocess", "SB3 SubprocVecEnv", "SB3 DummyVecEnv", "ShmVecEnv"
 EP_SYNC, EP_ASYNC, EP_NUMA = "EnvPool (sync)", "EnvPool (async)", "EnvPool (numa+async)"
 SP_SYNC, SP_ASYNC, SP_NUMA = "shmpool (sync)", "shmpool (async)", "shmpool (numa+async)"
 SPR_SYNC, SPR_ASYNC = "shmpool recipe (sync)", "shmpool recipe (async)"
-ALL_SYSTEMS = (FOR_LOOP, SUBPROCESS, SB3, SAMPLE_FACTORY, EP_SYNC, EP_ASYNC, EP_NUMA, SP_SYNC, SP_ASYNC, SP_NUMA,
+ALL_SYSTEMS = (FOR_LOOP, SUBPROCESS, SB3, DUMMY, SHMVEC, EP_SYNC, EP_ASYNC, EP_NUMA, SP_SYNC, SP_ASYNC, SP_NUMA,
                SPR_SYNC, SPR_ASYNC)
+ON_REQUEST = (DUMMY, SHMVEC)   # the PoolVecEnv rows: run when --systems names them
 NUMA_SYSTEMS = (EP_NUMA, SP_NUMA)
 RECIPE_SYSTEMS = (SPR_SYNC, SPR_ASYNC)
+ENVPOOL_SYSTEMS = (EP_SYNC, EP_ASYNC, EP_NUMA)
+SB3_SYSTEMS = (SB3, DUMMY, SHMVEC)
 # Short names accepted by --systems besides the row titles.
-ALIASES = {"for-loop": FOR_LOOP, "subprocess": SUBPROCESS, "sb3": SB3, "sample-factory": SAMPLE_FACTORY,
-           "envpool-sync": EP_SYNC,
-           "envpool-async": EP_ASYNC, "envpool-numa": EP_NUMA, "shmpool-sync": SP_SYNC, "shmpool-async": SP_ASYNC,
-           "shmpool-numa": SP_NUMA, "recipe-sync": SPR_SYNC, "recipe-async": SPR_ASYNC,
+ALIASES = {"for-loop": FOR_LOOP, "subprocess": SUBPROCESS, "sb3": SB3, "sb3-dummy": DUMMY, "shmvecenv": SHMVEC,
+           "envpool-sync": EP_SYNC, "envpool-async": EP_ASYNC, "envpool-numa": EP_NUMA, "shmpool-sync": SP_SYNC,
+           "shmpool-async": SP_ASYNC, "shmpool-numa": SP_NUMA, "recipe-sync": SPR_SYNC, "recipe-async": SPR_ASYNC,
            "shmpool sync": SP_SYNC, "shmpool async": SP_ASYNC}
 # frame_skip per task, EnvPool's FPS multiplier: Pong-v5 steps 4 emulator frames.  Gymnasium's MuJoCo and
 # classic-control tasks count one step as one frame (EnvPool's Ant numbers do the same).
 FRAME_SKIP = {"Pong-v5": 4}
 DEFAULT_ENVS_PER_WORKER = 8
+SYSFS_NODES = "/sys/devices/system/node"
 
 
-# --- affinity --------------------------------------------------------------------------------
+# --- cores and NUMA nodes ---------------------------------------------------------------------
 
 @contextlib.contextmanager
 def affinity(cpus: Sequence[int]) -> Iterator[None]:
@@ -82,234 +81,123 @@ def affinity(cpus: Sequence[int]) -> Iterator[None]:
         os.sched_setaffinity(0, old)
 
 
-def consecutive(cpus: Sequence[int]) -> bool:
-    return list(cpus) == list(range(cpus[0], cpus[0] + len(cpus)))
+def format_cpu_list(cpus: Sequence[int]) -> str:
+    """The inverse of ``shmpool.parse_cpu_list`` (without strides): ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
-# --- subjects --------------------------------------------------------------------------------
+def numa_nodes(root: str | os.PathLike = SYSFS_NODES) -> dict[int, list[int]]:
+    """Every NUMA node's cpus as sysfs lists them (``nodeN/cpulist``); empty where sysfs has no node.
 
-def counted_loop(step: Callable[[], object], units_per_call: int, total: int, warmup: float) -> Sample:
-    """Like ``timed_loop`` but for a fixed amount of work: call ``step`` until ``total`` units are done."""
-    end = clock() + warmup
-    while clock() < end:
-        step()
-    done = 0
-    start = clock()
-    while done < total:
-        step()
-        done += units_per_call
-    return Sample(done, clock() - start)
-
-
-@dataclass
-class Budget:
-    """How long a repetition runs: ``seconds`` of stepping, or ``total_steps`` env steps."""
-
-    seconds: float
-    total_steps: int | None = None
-
-    def run(self, step: Callable[[], object], units: int, warmup: float) -> Sample:
-        if self.total_steps is not None:
-            return counted_loop(step, units, self.total_steps, warmup)
-        return timed_loop(step, units, self.seconds, warmup)
+    The twin of ``shmpool.distributed.placement.numa_cpu_groups``, which reads only the real sysfs
+    (the tests give a fake one) and comes with Ray's imports."""
+    from shmpool import parse_cpu_list
+    nodes = {}
+    for d in Path(root).glob("node*"):
+        if d.name[4:].isdigit():
+            with contextlib.suppress(OSError):
+                text = (d / "cpulist").read_text().strip()
+                nodes[int(d.name[4:])] = parse_cpu_list(text) if text else []   # memory-only: no cpus
+    return dict(sorted(nodes.items()))
 
 
-def child_affinity(processes: Sequence[Any]) -> list[list[int]]:
-    """The distinct cpu sets the env processes may run on (recorded: they must be the cell's cores)."""
-    return sorted({tuple(sorted(os.sched_getaffinity(p.pid))) for p in processes}, key=lambda t: (len(t), t))
+def split_by_node(cpus: Sequence[int], nodes: dict[int, list[int]]) -> list[list[int]]:
+    """``cpus`` grouped by NUMA node in node order; cores of no known node first, as one group."""
+    groups: dict[int, list[int]] = {}
+    for c in cpus:
+        groups.setdefault(next((k for k, on in nodes.items() if c in on), -1), []).append(c)
+    return [groups[k] for k in sorted(groups)]
 
 
-class Stepper:
-    """Base of the subjects here: ``self._step()`` does ``self.units`` env steps."""
-
-    units: int
-    info: dict[str, Any]
-    budget: Budget
-
-    def _step(self) -> None:
-        raise NotImplementedError
-
-    def measure(self, seconds: float, warmup: float) -> Sample:
-        return self.budget.run(self._step, self.units, warmup)
+def describe_nodes(cpus: Sequence[int], nodes: dict[int, list[int]]) -> str:
+    """One line: how many nodes hold the allowed cores, and which."""
+    held = {k: [c for c in on if c in cpus] for k, on in nodes.items()}
+    held = {k: v for k, v in held.items() if v}
+    parts = "; ".join(f"node{k}: cpus {format_cpu_list(v)}" for k, v in held.items())
+    if not nodes:
+        return "no NUMA information (sysfs has no nodes)"
+    return f"{'one NUMA node' if len(held) <= 1 else f'{len(held)} NUMA nodes'} ({parts})"
 
 
-class GymSubject(Stepper):
-    """gymnasium's SyncVectorEnv (For-loop) or AsyncVectorEnv (Subprocess, shared memory)."""
+# --- the systems of one cell ------------------------------------------------------------------
 
-    def __init__(self, system: str, make_env: Callable[[], gym.Env], n: int, actions: np.ndarray,
-                 budget: Budget) -> None:
-        self.inner = GymVector(GYM_SYNC if system == FOR_LOOP else GYM_ASYNC, make_env, n, actions)
-        self.units, self.budget = n, budget
-        self.info = {"num_envs": n, "processes": 0 if system == FOR_LOOP else n}
-        if system == SUBPROCESS:
-            self.info["child_affinity"] = child_affinity(self.inner.env.processes)
-        self._step = self.inner._step
+def open_groups(kind: str, env: Any, groups: list[list[int]], sizes: list[int], batch_of: Callable[[int], int]
+                ) -> list[Any]:
+    """One vec per cpu group, each opened while this thread runs on its cpus (what the parent touches
+    is first-touched there): shmpool pins a worker per core, EnvPool runs a thread per core (pinned
+    with ``thread_affinity_offset`` when the cores are consecutive: EnvPool pins absolute cpu ids)."""
+    vecs = []
+    try:
+        for cpus, n in zip(groups, sizes):
+            if kind == ENVPOOL:
+                consecutive = list(cpus) == list(range(cpus[0], cpus[0] + len(cpus)))
+                options = {"num_threads": len(cpus), "thread_affinity_offset": cpus[0] if consecutive else -1}
+            else:
+                options = {"num_workers": len(cpus), "cpus": cpus}
+            with affinity(cpus):
+                vecs.append(open_vec(kind, env, n, batch=batch_of(n), **options))
+    except BaseException:
+        for v in vecs:
+            v.close()
+        raise
+    return vecs
 
-    def close(self) -> None:
-        self.inner.close()
 
-
-class SB3Subject(Stepper):
-    """Stable-Baselines3's SubprocVecEnv: one process per env, everything pickled."""
-
-    def __init__(self, make_env: Callable[[], gym.Env], n: int, actions: np.ndarray, budget: Budget) -> None:
-        from stable_baselines3.common.vec_env import SubprocVecEnv
-        # "fork", not SB3's default forkserver: a forkserver keeps the affinity it was started with
+def open_system(system: str, task: str, cell: Cell, per_worker: int, budget: Budget) -> EnvOnly:
+    """``system``'s envs for one cell, stepped with seeded random actions; ``info`` records its pools and the
+    cpus the cell may use."""
+    make_env = gym_env_fn(task)
+    actions = functools.partial(fixed_random_actions, action_space_of(make_env))   # n -> n seeded random actions
+    n, one = cell.num_envs, [cell.cpus[:cell.cores]]
+    sizes = [per_worker * len(g) for g in cell.groups] if cell.sweep is None else [n]
+    half = {EP_ASYNC, EP_NUMA, SP_ASYNC, SP_NUMA, SPR_ASYNC}
+    batch_of = (lambda k: max(1, k // 2)) if system in half else (lambda k: k)
+    if system in (FOR_LOOP, SUBPROCESS, SB3, DUMMY, SHMVEC):
+        kind = {FOR_LOOP: SYNC_VEC, SUBPROCESS: ASYNC_VEC, SB3: SB3_SUBPROC, DUMMY: SB3_DUMMY, SHMVEC: SHM_VEC}[system]
+        # fork, not SB3's default forkserver: a forkserver keeps the affinity it was started with
         # (the first cell's cores) and hands it to every later child; fork children take the cell's.
-        self.env = SubprocVecEnv([make_env] * n, start_method="fork")
-        self.units, self.budget = n, budget
-        self.info = {"num_envs": n, "processes": n, "start_method": "fork",
-                     "child_affinity": child_affinity(self.env.processes)}
-        try:
-            self.env.reset()
-        except BaseException:
-            self.env.close()
-            raise
-        self._step = functools.partial(self.env.step, actions)
-
-    def close(self) -> None:
-        self.env.close()
-
-
-class PoolSubject(Stepper):
-    """shmpool pools, one per cpu group (``--numa``: one per node), driven from this thread.
-
-    Sync (one group): ``pool.step`` of all envs.  Async: ``batch_size = n/2`` per pool,
-    ``recv`` then ``send`` the batch straight back, the pools in turn.  Each pool is
-    created while this thread runs on its cpus, so what the parent touches at creation
-    is first-touched on that node; the workers are pinned there and touch their envs."""
-
-    def __init__(self, env: Any, groups: list[list[int]], per_worker: int, asynchronous: bool,
-                 actions: Callable[[int], np.ndarray], budget: Budget) -> None:
-        self.pools: list[shmpool.Pool] = []
-        self.budget = budget
-        self.asynchronous = asynchronous
-        try:
-            for cpus in groups:
-                n = per_worker * len(cpus)
-                batch = max(1, n // 2) if asynchronous else n
-                with affinity(cpus):
-                    pool = shmpool.Pool(env, n, num_workers=len(cpus), cpus=cpus, seed=0,
-                                        batch_size=batch)
-                self.pools.append(pool)
-            self.info = {"pools": [{**pool_info(p), "num_envs": p.num_envs} for p in self.pools]}
-            if asynchronous:
-                self.acts = [actions(p.batch_size) for p in self.pools]
-                for p in self.pools:
-                    # The seeded first reset untimed (an Atari one reloads its ROM, ~0.2 s per
-                    # env), as for the sync rows; then the async loop starts from reset envs.
-                    p.reset()
-                    p.async_reset()
-                self.units = sum(p.batch_size for p in self.pools)
-                self._step = self._recv_send
-            else:
-                (pool,) = self.pools
-                pool.reset()
-                self.units = pool.num_envs
-                self._step = functools.partial(pool.step, actions(pool.num_envs))
-        except BaseException:
-            self.close()
-            raise
-
-    def _recv_send(self) -> None:
-        for pool, acts in zip(self.pools, self.acts):
-            *_, infos = pool.recv()
-            pool.send(acts, infos["env_id"])
-
-    def close(self) -> None:
-        for p in self.pools:
-            p.close()
-        self.pools = []
-
-
-class EnvPoolSubject(Stepper):
-    """EnvPool's C++ envs: sync (``step`` of all), async or numa+async (one pool per group,
-    ``batch_size = n/2``, recv/send in turn).  ``num_threads`` = the group's cores, pinned with
-    ``thread_affinity_offset`` when they are consecutive (EnvPool pins to absolute cpu ids)."""
-
-    def __init__(self, task: str, groups: list[list[int]], per_worker: int, asynchronous: bool,
-                 actions: Callable[[int], np.ndarray], budget: Budget) -> None:
-        import envpool
-        self.envs, self.budget, self.info = [], budget, {"pools": []}
-        try:
-            for cpus in groups:
-                n = per_worker * len(cpus)
-                batch = max(1, n // 2) if asynchronous else n
-                offset = cpus[0] if consecutive(cpus) else -1
-                with affinity(cpus):
-                    env = envpool.make(task, env_type="gymnasium", num_envs=n, batch_size=batch,
-                                       num_threads=len(cpus), seed=0, thread_affinity_offset=offset)
-                self.envs.append(env)
-                cfg = env.config
-                self.info["pools"].append({"num_envs": n, "num_threads": cfg["num_threads"],
-                                           "batch_size": cfg["batch_size"], "cpus": list(cpus),
-                                           "thread_affinity_offset": cfg["thread_affinity_offset"]})
-            if asynchronous:
-                self.acts = [np.asarray(actions(e.config["batch_size"]), dtype=e.action_space.dtype)
-                             for e in self.envs]
-                for e in self.envs:
-                    e.async_reset()
-                self.units = sum(e.config["batch_size"] for e in self.envs)
-                self._step = self._recv_send
-            else:
-                (env,) = self.envs
-                env.reset()
-                n = env.config["num_envs"]
-                self.units = n
-                self._step = functools.partial(env.step, np.asarray(actions(n), dtype=env.action_space.dtype))
-        except BaseException:
-            self.close()
-            raise
-
-    def _recv_send(self) -> None:
-        for env, acts in zip(self.envs, self.acts):
-            *_, info = env.recv()
-            env.send(acts, info["env_id"])
-
-    def close(self) -> None:
-        for e in self.envs:
-            e.close()
-        self.envs = []
-        self.__dict__.pop("_step", None)
-        gc.collect()   # EnvPool's threads stop when the C++ pool is destroyed
-
-
-class Limited:
-    """A subject opened and measured with the process's affinity set to ``cpus``; closing restores it."""
-
-    def __init__(self, open_: Callable[[], Any], cpus: Sequence[int]) -> None:
-        self.cpus = list(cpus)
-        self.old = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, self.cpus)
-        try:
-            self.inner = open_()
-        except BaseException:
-            os.sched_setaffinity(0, self.old)
-            raise
-        self.info = {**getattr(self.inner, "info", {}), "affinity": self.cpus}
-
-    def measure(self, seconds: float, warmup: float) -> Sample:
-        return self.inner.measure(seconds, warmup)
-
-    def close(self) -> None:
-        try:
-            self.inner.close()
-        finally:
-            os.sched_setaffinity(0, self.old)
+        options = {SB3: {"start_method": "fork"}, SHMVEC: {"cpus": one[0]}}.get(system, {})
+        vecs = [open_vec(kind, make_env, n, **options)]
+    elif system in ENVPOOL_SYSTEMS:
+        vecs = open_groups(ENVPOOL, task, cell.groups if system == EP_NUMA else one, sizes, batch_of)
+    else:
+        env = recipe_env(task) if system in RECIPE_SYSTEMS else make_env
+        vecs = open_groups(POOL, env, cell.groups if system == SP_NUMA else one, sizes, batch_of)
+    subject = EnvOnly(vecs, actions, budget)
+    subject.info = {"pools": [{**v.info, "num_envs": v.num_envs} for v in vecs], "affinity": cell.cpus}
+    if hasattr(vecs[0].env, "processes"):
+        subject.info["child_affinity"] = child_affinity(vecs[0].env.processes)
+    return subject
 
 
 # --- the plan --------------------------------------------------------------------------------
 
 @dataclass
 class Cell:
-    """One column: W workers on ``cpus``; ``groups`` = the cpus split by NUMA node."""
+    """One column: ``cores`` workers' cpus (``cpus``, split by NUMA node into ``groups``), ``num_envs`` envs;
+    ``sweep``: N when the columns sweep N (--num-envs), else None."""
 
     workers: int
     cpus: list[int]
     groups: list[list[int]]
     num_envs: int
+    cores: int
+    sweep: int | None = None
     cases: list[Case] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return str(self.workers) if self.sweep is None else f"N={self.sweep}"
+
+    def where(self) -> str:
+        return f"W={self.workers} N={self.num_envs}"
 
     def fps(self, system: str, frame_skip: int) -> Summary | None:
         return summarize(self.records, system, lambda s: s.rate * frame_skip)
@@ -321,8 +209,7 @@ class Cell:
             fps = self.fps(case.name, frame_skip)
             out["systems"][case.name] = {
                 "samples": [r.to_json() for r in self.records if r.case == case.name],
-                "median_fps": fps and fps.median, "min_fps": fps and fps.lo, "max_fps": fps and fps.hi,
-            }
+                "median_fps": fps and fps.median, "min_fps": fps and fps.lo, "max_fps": fps and fps.hi}
         return out
 
 
@@ -331,7 +218,7 @@ class Plan:
     task: str
     frame_skip: int
     cpus: list[int]
-    topology: Topology
+    nodes: dict[int, list[int]]
     systems: list[str]
     skipped: dict[str, str]
     cells: list[Cell]
@@ -349,109 +236,45 @@ def envpool_status(task: str) -> tuple[str | None, str | None]:
     return envpool.__version__, None
 
 
-def sb3_status() -> tuple[str | None, str | None]:
-    """(stable-baselines3's version, None) if it imports, else (None, why not)."""
-    version = version_of("stable_baselines3")
-    return (version, None) if version else (None, "not installed (stable_baselines3 does not import)")
-
-
-def sample_factory_status() -> str:
-    """Why the Sample Factory row is not run.  Its latest release (2.1.1) pins gymnasium<1.0 and
-    numpy<2.0, so it cannot share an environment with shmpool's gymnasium>=1.0 (nor EnvPool's
-    numpy 2 wheels); its sampler would have to be measured in an environment of its own."""
-    try:
-        import sample_factory
-    except Exception as exc:
-        return (f"not installed ({type(exc).__name__}); sample-factory 2.1.1 requires gymnasium<1.0 and "
-                f"numpy<2.0, this environment has gymnasium {gym.__version__} and numpy {np.__version__}")
-    return (f"sample-factory {getattr(sample_factory, '__version__', '?')} is importable, but this benchmark "
-            "does not drive its sampler (it needs gymnasium<1.0, which shmpool does not support)")
-
-
-def recipe_env(task: str) -> Callable[[], gym.Env] | None:
-    """shmpool's own recipe constructor for ``task`` (``shmpool.make``'s), or None."""
-    spec = TASKS.get(task)
-    if task not in shmpool.list_tasks() or spec is None or spec.recipe is None:
-        return None
-    try:
-        return spec.recipe()
-    except ImportError:
-        return None
-
-
 def make_plan(args: argparse.Namespace) -> Plan:
-    cpus = args.cpus
-    topo = read_topology(args.numa_root, allowed=cpus)
-    systems = list(args.systems)
-    skipped: dict[str, str] = {}
-    notes: list[str] = []
-    if args.numa:
-        notes.append(f"--numa: {topo.describe()}"
-                     + ("; a one-node machine: numa+async runs one pool, the same as async" if topo.single else ""))
+    cpus, nodes = args.cpus, numa_nodes(args.numa_root)
+    systems, skipped, notes = list(args.systems), {}, []
+    if args.numa and args.num_envs is None:
+        single = len(split_by_node(cpus, nodes)) <= 1
+        notes.append(f"--numa: {describe_nodes(cpus, nodes)}"
+                     + ("; a one-node machine: numa+async runs one pool, the same as async" if single else ""))
     else:
         systems = [s for s in systems if s not in NUMA_SYSTEMS]
     if not args.recipe:
         systems = [s for s in systems if s not in RECIPE_SYSTEMS]
     elif recipe_env(args.task) is None:
-        for s in RECIPE_SYSTEMS:
-            if s in systems:
-                skipped[s] = f"shmpool has no recipe for {args.task}"
-    if any(s in systems for s in (EP_SYNC, EP_ASYNC, EP_NUMA)):
-        version, why = envpool_status(args.task)
-        if version is None:
-            skipped.update({s: why for s in (EP_SYNC, EP_ASYNC, EP_NUMA) if s in systems})
-    if SB3 in systems:
-        version, why = sb3_status()
-        if version is None:
-            skipped[SB3] = why
-    if SAMPLE_FACTORY in systems:
-        skipped[SAMPLE_FACTORY] = sample_factory_status()
+        skipped.update({s: f"shmpool has no recipe for {args.task}" for s in RECIPE_SYSTEMS if s in systems})
+    if any(s in systems for s in ENVPOOL_SYSTEMS):
+        why = envpool_status(args.task)[1]
+        if why:
+            skipped.update({s: why for s in ENVPOOL_SYSTEMS if s in systems})
+    if any(s in systems for s in SB3_SYSTEMS) and not version_of("stable_baselines3"):
+        skipped.update({s: "not installed (stable_baselines3 does not import)" for s in SB3_SYSTEMS if s in systems})
     systems = [s for s in systems if s not in skipped]
-    if any(s in systems for s in (EP_SYNC, EP_ASYNC, EP_NUMA)):
-        spec = TASKS.get(args.task)
-        gym_side = (f"gymnasium's `gym.make({args.task!r})`" if spec is None or spec.gym_env is None else
-                    f"gymnasium's `{spec.gym_id}` (frameskip=1, no sticky actions) + `AtariPreprocessing` + "
+    if any(s in systems for s in ENVPOOL_SYSTEMS):
+        gym_side = (f"gymnasium's `gym.make({args.task!r})`" if args.task not in ATARI_TASKS else
+                    f"gymnasium's `ALE/{args.task}` (frameskip=1, no sticky actions) + `AtariPreprocessing` + "
                     "`FrameStackObservation(4)`, EnvPool's preprocessing")
         notes.append("EnvPool rows step EnvPool's own C++ implementation of the task; every other row steps "
                      + gym_side + (" (recipe rows: shmpool's own recipe)" if args.recipe else ""))
-
     cells = []
-    for w in args.workers:
+    if args.num_envs is not None:
+        cells = [Cell(len(cpus), cpus, [cpus[:min(n, len(cpus))]], n, min(n, len(cpus)), n) for n in args.num_envs]
+    for w in args.workers if args.num_envs is None else ():
         if w > len(cpus):
             notes.append(f"{w} workers skipped: only {len(cpus)} cpus {format_cpu_list(cpus)}")
             continue
-        cell_cpus = cpus[:w]
-        groups = [g for _, g in topo.split(cell_cpus)]
-        cells.append(Cell(w, cell_cpus, groups, args.envs_per_worker * w))
-    return Plan(args.task, args.frame_skip, cpus, topo, systems, skipped, cells, notes)
-
-
-def cell_cases(plan: Plan, cell: Cell, args: argparse.Namespace) -> list[Case]:
-    make_env = gym_env_fn(plan.task)
-    probe = make_env()
-    space = probe.action_space
-    probe.close()
-    actions = functools.partial(fixed_random_actions, space)    # n -> n seeded random actions
-    n, k, budget = cell.num_envs, args.envs_per_worker, Budget(args.seconds, args.total_steps)
-    one = [cell.cpus]
-    recipe = recipe_env(plan.task)
-    openers: dict[str, Callable[[], Any]] = {
-        FOR_LOOP: lambda: GymSubject(FOR_LOOP, make_env, n, actions(n), budget),
-        SUBPROCESS: lambda: GymSubject(SUBPROCESS, make_env, n, actions(n), budget),
-        SB3: lambda: SB3Subject(make_env, n, actions(n), budget),
-        EP_SYNC: lambda: EnvPoolSubject(plan.task, one, k, False, actions, budget),
-        EP_ASYNC: lambda: EnvPoolSubject(plan.task, one, k, True, actions, budget),
-        EP_NUMA: lambda: EnvPoolSubject(plan.task, cell.groups, k, True, actions, budget),
-        SP_SYNC: lambda: PoolSubject(make_env, one, k, False, actions, budget),
-        SP_ASYNC: lambda: PoolSubject(make_env, one, k, True, actions, budget),
-        SP_NUMA: lambda: PoolSubject(make_env, cell.groups, k, True, actions, budget),
-        SPR_SYNC: lambda: PoolSubject(recipe, one, k, False, actions, budget),
-        SPR_ASYNC: lambda: PoolSubject(recipe, one, k, True, actions, budget),
-    }
-    return [Case(s, functools.partial(Limited, openers[s], cell.cpus)) for s in plan.systems]
+        cells.append(Cell(w, cpus[:w], split_by_node(cpus[:w], nodes), args.envs_per_worker * w, w))
+    return Plan(args.task, args.frame_skip, cpus, nodes, systems, skipped, cells, notes)
 
 
 def run(plan: Plan, args: argparse.Namespace, err: Any) -> None:
+    budget = Budget(args.seconds, args.total_steps)
     with progress(err, len(plan.cells) * len(plan.systems) * args.repeats) as update:
         for cell in plan.cells:
             def on_start(case: Case, rep: int, cell: Cell = cell) -> None:
@@ -462,13 +285,11 @@ def run(plan: Plan, args: argparse.Namespace, err: Any) -> None:
                 update(advance=1, last="failed" if r.sample is None
                        else f"{r.case}: {r.sample.rate * plan.frame_skip:,.0f} FPS")
 
-            cell.cases = cell_cases(plan, cell, args)
-            old = os.sched_getaffinity(0)
-            try:
+            cell.cases = [Case(s, functools.partial(open_system, s, plan.task, cell, args.envs_per_worker, budget))
+                          for s in plan.systems]
+            with affinity(cell.cpus):   # the whole cell, taskset-like: this process and every child it starts
                 cell.records = run_interleaved(cell.cases, repeats=args.repeats, seconds=args.seconds,
                                                warmup=args.warmup, on_start=on_start, on_done=on_done)
-            finally:
-                os.sched_setaffinity(0, old)
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -477,53 +298,39 @@ def title(plan: Plan, env: dict[str, Any]) -> str:
     return f"{plan.task} - {env['cpu_model']} (FPS, frame_skip {plan.frame_skip})"
 
 
-def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
-    """EnvPool's table: one row per system, one column per number of workers, FPS medians."""
-    header = [str(c.workers) for c in plan.cells]
-    rows = []
-    for system in plan.systems:
-        cells = []
-        for c in plan.cells:
-            fps = c.fps(system, plan.frame_skip)
-            cells.append("error" if fps is None else f"{fps.median:.2f}")
-        rows.append([system, *cells])
-    return header, rows
-
-
 def markdown(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> str:
-    header, rows = table(plan)
-    name = title(plan, env)
+    """EnvPool's table (one row per system, one column per number of workers or N, FPS medians) and its notes."""
+    rows = [[s, *("error" if (f := c.fps(s, plan.frame_skip)) is None else f"{f.median:.2f}" for c in plan.cells)]
+            for s in plan.systems]
     mode = (f"{args.total_steps} env steps" if args.total_steps else f"{args.seconds:g} s") + " per repetition"
-    lines = [
-        f"<!-- {plan.task} - {env['cpu_model']} -->", "",
-        markdown_table([name, *header], rows), "",
-        f"<!-- {plan.task} - {env['cpu_model']} -->", "",
-        f"`{args.command}` · {env['date']} · cpus {format_cpu_list(plan.cpus)} · python {env['python']}, "
-        f"gymnasium {env['gymnasium']}, shmpool {env['shmpool']}, envpool {env.get('envpool') or '—'}, "
-        f"sb3 {env.get('stable_baselines3') or '—'}", "",
-        f"Columns: workers W (cores); a cell limits every system to the first W cpus (process affinity, "
-        f"taskset-like; shmpool workers pinned one per core; EnvPool num_threads=W). num_envs = "
-        f"{args.envs_per_worker} × W for every system; async rows: batch_size = num_envs/2. FPS = env steps/s × "
-        f"frame_skip ({plan.frame_skip}); median of {args.repeats} interleaved repetitions, {mode}, "
-        f"warm-up {args.warmup:g} s not timed. Raw measurements in the JSON.",
-    ]
+    columns = (f"Columns: workers W (cores); a cell limits every system to the first W cpus (process affinity, "
+               f"taskset-like; shmpool workers pinned one per core; EnvPool num_threads=W). num_envs = "
+               f"{args.envs_per_worker} × W for every system" if args.num_envs is None else
+               f"Columns: N envs, every system on cpus {format_cpu_list(plan.cpus)} (process affinity); shmpool "
+               f"and EnvPool with min(N, {len(plan.cpus)}) workers/threads")
+    lines = [f"<!-- {plan.task} - {env['cpu_model']} -->", "",
+             markdown_table([title(plan, env), *(c.label for c in plan.cells)], rows), "",
+             f"<!-- {plan.task} - {env['cpu_model']} -->", "",
+             f"`{args.command}` · {env['date']} · cpus {format_cpu_list(plan.cpus)} · python {env['python']}, "
+             f"gymnasium {env['gymnasium']}, shmpool {env['shmpool']}, envpool {env.get('envpool') or '—'}, "
+             f"sb3 {env.get('stable_baselines3') or '—'}", "",
+             f"{columns}; async rows: batch_size = num_envs/2. FPS = env steps/s × frame_skip ({plan.frame_skip}); "
+             f"median of {args.repeats} interleaved repetitions, {mode}, warm-up {args.warmup:g} s not timed. Raw "
+             "measurements in the JSON."]
     lines += [f"\n{n}" for n in plan.notes]
     lines += [f"\n{s}: not run — {why}" for s, why in plan.skipped.items()]
     return "\n".join(lines) + "\n"
 
 
 def json_data(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "benchmark": "bench.throughput",
-        "environment": env,
-        "config": {k: v for k, v in vars(args).items() if k not in ("json", "md", "png")},
-        "task": plan.task, "frame_skip": plan.frame_skip, "cpus": plan.cpus,
-        "num_envs_rule": f"{args.envs_per_worker} x workers; async batch_size = num_envs // 2",
-        "actions": "fixed seeded random actions (bench.tasks.fixed_random_actions, seed 0)",
-        "numa": plan.topology.to_json(),
-        "systems": plan.systems, "skipped": plan.skipped, "notes": plan.notes,
-        "cells": [c.to_json(plan.frame_skip) for c in plan.cells],
-    }
+    groups = split_by_node(plan.cpus, plan.nodes)
+    return {"benchmark": "bench.throughput", "environment": env, "config": config_of(args),
+            "task": plan.task, "frame_skip": plan.frame_skip, "cpus": plan.cpus,
+            "num_envs_rule": f"{args.envs_per_worker} x workers; async batch_size = num_envs // 2",
+            "actions": "fixed seeded random actions (bench.subjects.fixed_random_actions, seed 0)",
+            "numa": {"nodes": plan.nodes, "groups": groups, "single": len(groups) <= 1},
+            "systems": plan.systems, "skipped": plan.skipped, "notes": plan.notes,
+            "cells": [c.to_json(plan.frame_skip) for c in plan.cells]}
 
 
 def write_png(path: str, plan: Plan, env: dict[str, Any]) -> None:
@@ -532,34 +339,26 @@ def write_png(path: str, plan: Plan, env: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [c.workers for c in plan.cells]
+    xs = [c.workers if c.sweep is None else c.sweep for c in plan.cells]
     for system in plan.systems:
-        ys = [c.fps(system, plan.frame_skip) for c in plan.cells]
-        pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
-        if not pts:
-            continue
-        style = "-" if system.startswith("shmpool") else "--"
-        line, = ax.plot([p[0] for p in pts], [p[1].median for p in pts], style, marker="o", label=system)
-        ax.vlines([p[0] for p in pts], [p[1].lo for p in pts], [p[1].hi for p in pts], color=line.get_color(),
-                  alpha=0.5)
-    ax.set_xlabel("workers (cores)")
+        pts = [(x, f) for x, c in zip(xs, plan.cells) if (f := c.fps(system, plan.frame_skip)) is not None]
+        if pts:
+            line, = ax.plot([x for x, _ in pts], [f.median for _, f in pts], "-" if "shmpool" in system else "--",
+                            marker="o", label=system)
+            ax.vlines([x for x, _ in pts], [f.lo for _, f in pts], [f.hi for _, f in pts], color=line.get_color(),
+                      alpha=0.5)
+    if plan.cells and plan.cells[0].sweep is not None:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel("workers (cores)" if not plan.cells or plan.cells[0].sweep is None else "N envs")
     ax.set_ylabel(f"FPS (env steps/s × frame_skip {plan.frame_skip})")
-    ax.set_xticks(xs)
+    ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_ylim(bottom=0)
     ax.set_title(title(plan, env), fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def print_errors(plan: Plan, err: Any) -> int:
-    failed = [(c, r) for c in plan.cells for r in c.records if r.error is not None]
-    for c, r in failed:
-        err.print(f"W={c.workers} · {r.case} · rep {r.rep + 1} failed:", style="red", markup=False, highlight=False)
-        sys.stderr.write(r.error.rstrip() + "\n")
-    return len(failed)
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -568,18 +367,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = cli.parser("python -m bench throughput", __doc__)
     p.add_argument("--task", default="CartPole-v1", help="gymnasium/EnvPool task id (default CartPole-v1)")
     p.add_argument("--workers", help="comma list of worker (core) counts (default 1,2,4,... up to the cpus)")
+    p.add_argument("--num-envs", help="comma list of N: sweep N on the whole core budget instead of workers")
     p.add_argument("--cpus", help="taskset syntax, e.g. 0-7,16-23 (default: this process's allowed cpus)")
     p.add_argument("--numa", action="store_true", help="add the numa+async rows (one pool per NUMA node)")
-    p.add_argument("--numa-root", default="/sys/devices/system/node", help=argparse.SUPPRESS)
+    p.add_argument("--numa-root", default=SYSFS_NODES, help=argparse.SUPPRESS)
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--total-steps", type=int, help="env steps per repetition instead of --seconds")
     p.add_argument("--envs-per-worker", type=int, default=DEFAULT_ENVS_PER_WORKER,
                    help=f"num_envs = this × workers (default {DEFAULT_ENVS_PER_WORKER})")
     p.add_argument("--frame-skip", type=int, help="FPS multiplier (default: 4 for Pong-v5, else 1)")
     p.add_argument("--recipe", action="store_true", help="add rows for shmpool over its own recipe (shmpool.make's)")
-    p.add_argument("--systems", help="comma list of rows to run (row titles or short names; default all)")
+    p.add_argument("--systems", help="comma list of rows to run (row titles or short names; default all but "
+                                     f"{', '.join(ON_REQUEST)})")
     p.add_argument("--md", metavar="PATH", help="write the markdown table here")
-    p.add_argument("--png", metavar="PATH", help="write a plot of FPS against workers here")
+    p.add_argument("--png", metavar="PATH", help="write a plot of FPS against workers (or N) here")
     cli.add_run_options(p, cli.RunDefaults(), quick="0.2 s, 1 repeat", seconds_in=budget)
     args = cli.parse(p, argv)
     try:
@@ -590,23 +391,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.workers = cli.positive_ints(p, "--workers", args.workers)
     else:
         args.workers = sorted({min(2 ** i, len(args.cpus)) for i in range(len(args.cpus).bit_length() + 1)})
+    args.num_envs = sorted(cli.positive_ints(p, "--num-envs", args.num_envs)) if args.num_envs else None
     if args.systems:
         names = {s.lower(): s for s in ALL_SYSTEMS} | ALIASES
-        chosen = []
-        for t in (t.strip() for t in args.systems.split(",") if t.strip()):
-            if t.lower() not in names:
-                p.error(f"unknown system {t!r}; known: {', '.join(ALL_SYSTEMS)} or {', '.join(ALIASES)}")
-            chosen.append(names[t.lower()])
+        unknown = [t for t in cli.comma_list(args.systems) if t.lower() not in names]
+        if unknown:
+            p.error(f"unknown system {unknown[0]!r}; known: {', '.join(ALL_SYSTEMS)} or {', '.join(ALIASES)}")
+        chosen = {names[t.lower()] for t in cli.comma_list(args.systems)}
         args.systems = [s for s in ALL_SYSTEMS if s in chosen]
         args.recipe = args.recipe or any(s in RECIPE_SYSTEMS for s in chosen)
     else:
-        args.systems = list(ALL_SYSTEMS)
+        args.systems = [s for s in ALL_SYSTEMS if s not in ON_REQUEST]
     args.frame_skip = args.frame_skip or FRAME_SKIP.get(args.task, 1)
     if args.envs_per_worker < 1:
         p.error("--envs-per-worker must be >= 1")
     if args.total_steps is not None and args.total_steps < 1:
         p.error("--total-steps must be >= 1")
-    if args.task not in TASKS:   # Pong-v5 is EnvPool's id (our recipe), not a gymnasium one
+    if args.task not in ATARI_TASKS:   # Pong-v5 is EnvPool's id (our recipe), not a gymnasium one
         try:
             gym.spec(args.task)
         except gym.error.Error as exc:
@@ -618,25 +419,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     _, err = consoles()
     plan = make_plan(args)
-    for note in plan.notes:
-        err.print(note, highlight=False, markup=False)
-    for system, why in plan.skipped.items():
-        err.print(f"{system}: not run — {why}", highlight=False, markup=False)
-    env = {**environment(), "envpool": envpool_status(args.task)[0], "stable_baselines3": sb3_status()[0],
-           "allowed_cpus_at_start": allowed_cpus()}
+    for line in plan.notes + [f"{s}: not run — {why}" for s, why in plan.skipped.items()]:
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
+    env = {**environment(), "envpool": envpool_status(args.task)[0],
+           "stable_baselines3": version_of("stable_baselines3"), "allowed_cpus_at_start": allowed_cpus()}
     run(plan, args, err)
     text = markdown(plan, args, env)
     print(text, flush=True)   # the table once, as markdown (EnvPool's format)
-    if args.md:
-        Path(args.md).write_text(text)
-    if args.json:
-        write_json(args.json, json_data(plan, args, env))
-    if args.png:
-        write_png(args.png, plan, env)
-    for kind, path in (("markdown", args.md), ("raw measurements", args.json), ("plot", args.png)):
+    for kind, path, write in (("markdown", args.md, lambda p: Path(p).write_text(text)),
+                              ("raw measurements", args.json, lambda p: write_json(p, json_data(plan, args, env))),
+                              ("plot", args.png, lambda p: write_png(p, plan, env))):
         if path:
+            write(path)
             err.print(f"{kind} written to {path}", highlight=False)
-    return 1 if print_errors(plan, err) else 0
+    return 1 if print_failures(plan.cells, err) else 0
 
 
 if __name__ == "__main__":

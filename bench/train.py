@@ -3,38 +3,16 @@
     python -m bench train                                  # CartPole-v1 N=8,32 every system
     python -m bench train --tasks Pong-v5,Ant-v5 --num-envs 32
     python -m bench train --busy-neighbour                 # another process burns one core throughout
+    python -m bench train --systems "SB3 PPO DummyVecEnv,SB3 PPO SubprocVecEnv,SB3 PPO ShmVecEnv"   # SB3's PPO
     python -m bench train --quick                          # a few seconds, for tests
 
-Results: the JSON (every repetition) at ``--json`` (default bench/results/train.json), the
-printed report beside it as ``.md`` and a plot of each system's ratio to SyncVectorEnv as ``.png``.
-
-Env-only benchmarks (``python -m bench.core``) step envs with nothing else running.  A
-trainer also runs a policy forward pass on every step's observations and, every
-``--rollout-steps`` steps, a PPO update (a few epochs of minibatches, backward, Adam) —
-with torch's own threads, which take the cores the env workers need.  This loop
-(``bench.ppo``: a small MLP, CleanRL's PPO settings) is the same for every system;
-only the vector env under it changes:
-
-- ``SyncVectorEnv``, ``AsyncVectorEnv`` (shared memory): gymnasium's vector envs;
-- ``SB3 DummyVecEnv``, ``SB3 SubprocVecEnv``: stable-baselines3's, through their VecEnv
-  API (same-step autoreset: the obs after a ``done`` is the next episode's first);
-- ``EnvPool``: EnvPool's own C++ task (``num_threads`` = allowed cores, ``batch_size = N``);
-- ``shmpool sync``: ``shmpool.make(task, num_envs=N)``, ``step`` of all N envs;
-- ``shmpool async``: the same with ``batch_size = N/2``: ``recv`` the first half of the
-  envs to finish, run the policy on that batch, ``send`` its actions back.
-
-Tasks: ``CartPole-v1`` (gymnasium's env on every side but EnvPool's); ``Pong-v5`` (shmpool:
-its Atari recipe; gymnasium/SB3: ``ALE/Pong-v5`` with ``frameskip=1,
-repeat_action_probability=0`` + ``AtariPreprocessing`` + ``FrameStackObservation(4)``;
-EnvPool: its ``Pong-v5``, which also presses FIRE on reset); ``Ant-v5`` (shmpool: its
-MuJoCo recipe; EnvPool: its bundled MuJoCo).
-
-A repetition opens the system (not timed), trains for whole rollout+update iterations
-until ``--seconds`` have passed, and counts env steps.  Repetitions are interleaved:
-repetition 1 of every system of a (task, N) cell, then repetition 2, ...  Reported:
-median steps/s with min–max, the ratio of medians to ``SyncVectorEnv`` and to the best
-gymnasium vector env (Sync or Async, whichever is faster in this run), and each system's
-max/min over repetitions.
+The loop (bench/ppo.py: a policy forward every step, a PPO update every rollout, torch at its own
+threads) is the same for every system; only the vector env under it changes: gymnasium Sync/Async, SB3
+Dummy/Subproc, EnvPool, shmpool.make sync/async (N/2), and on request SB3's own PPO.learn (rl-zoo
+hyperparameters) over SB3's VecEnvs and ShmVecEnv.  A repetition trains whole rollout+update iterations
+for --seconds.  Reported: steps/s median (min–max), ratios to SyncVectorEnv and to the best gymnasium
+vector env, the spread over repetitions, the share of the loop inside env.step.  --save writes
+results/train.json, .md and .png.  How to read it: bench/README.md, "train".
 """
 from __future__ import annotations
 
@@ -43,6 +21,8 @@ import functools
 import os
 import subprocess
 import sys
+import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,10 +30,23 @@ from typing import Any
 import gymnasium as gym
 
 from . import cli
-from ._timing import Case, Record, Sample, run_interleaved, summarize
+from ._timing import Case, Sample, clock, summarize
 from .envs import gym_env_fn
 from .ppo import PPOConfig, Trainer, default_rollout_steps
-from .report import RESULTS, Group, Target, environment, fmt_ratio, fmt_summary, markdown_table, write_json
+from .report import (
+    RESULTS,
+    Group,
+    Target,
+    config_of,
+    consoles,
+    environment,
+    fmt_ratio,
+    fmt_summary,
+    markdown_table,
+    print_failures,
+    run_cells,
+    write_results,
+)
 from .subjects import (
     ALL_SYSTEMS,
     ENVPOOL,
@@ -64,12 +57,17 @@ from .subjects import (
     POOL_SYNC_UNPINNED,
     SB3_DUMMY,
     SB3_SUBPROC,
+    SHM_VEC,
     SHMPOOL,
     SYNC_VEC,
     open_stepper,
+    open_vec,
 )
 
-SYSTEMS = (*ALL_SYSTEMS, POOL_SYNC_UNPINNED, POOL_SYNC_PROCESSES, POOL_ASYNC_PARENT)   # the default runs ALL_SYSTEMS
+SB3_PPO = {"SB3 PPO DummyVecEnv": SB3_DUMMY, "SB3 PPO SubprocVecEnv": SB3_SUBPROC, "SB3 PPO ShmVecEnv": SHM_VEC}
+SYSTEMS = (*ALL_SYSTEMS, POOL_SYNC_UNPINNED, POOL_SYNC_PROCESSES, POOL_ASYNC_PARENT, *SB3_PPO)   # default: ALL_SYSTEMS
+# Box bounds cast to float32 warn on every env built (workers too): noise in the middle of the table.
+BOX_PRECISION = ("Box low's precision lowered", "Box high's precision lowered")
 TASKS = ("CartPole-v1", "Pong-v5", "Ant-v5")
 DEFAULT_TASKS = ("CartPole-v1",)
 DEFAULT_NUM_ENVS = (8, 32)
@@ -102,6 +100,62 @@ class TrainingRun:
         self.env.close()
 
 
+def zoo_hyperparameters(task: str) -> tuple[dict[str, Any], bool]:
+    """rl-baselines3-zoo's PPO keywords for ``task`` and whether it runs under ``VecNormalize``."""
+    if task == "CartPole-v1":
+        def linear(start: float) -> Any:   # rl-zoo's ``lin_<start>``: start × the remaining progress (1 → 0)
+            return lambda remaining: remaining * start
+        return {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+                "ent_coef": 0.0, "learning_rate": linear(1e-3), "clip_range": linear(0.2)}, False
+    return {}, True   # the zoo's MuJoCo defaults: SB3's own PPO defaults, normalized
+
+
+class SB3Training:
+    """SB3's ``PPO.learn`` over one of SB3's VecEnvs, timed in whole rollout+update iterations as
+    :class:`TrainingRun` times its loop (a callback stops ``learn`` at the first rollout past the time)."""
+
+    def __init__(self, system: str, task: str, n: int) -> None:
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.vec_env import VecNormalize
+        kwargs, normalize = zoo_hyperparameters(task)
+        self.vec = open_vec(SB3_PPO[system], task, n, seed=SEED)
+        try:
+            venv = VecNormalize(self.vec.env) if normalize else self.vec.env
+            self.model = PPO("MlpPolicy", venv, seed=SEED, device="cpu", **kwargs)
+        except BaseException:
+            self.vec.close()
+            raise
+        self.info = {**self.vec.info, "n_steps": self.model.n_steps, "normalize": normalize}
+
+    def measure(self, seconds: float, warmup: float) -> Sample:
+        from stable_baselines3.common.callbacks import BaseCallback
+        model, marks = self.model, {"learn": clock(), "rollouts": 0.0}
+
+        class IterationClock(BaseCallback):
+            def _on_rollout_start(self) -> None:
+                now = marks["rollout"] = clock()
+                if "start" not in marks and now - marks["learn"] >= warmup:
+                    marks.update(start=now, steps=model.num_timesteps, rollouts=0.0)
+                elif "start" in marks and now - marks["start"] >= seconds:
+                    marks.update(end=now, steps=model.num_timesteps - marks["steps"])
+
+            def _on_rollout_end(self) -> None:
+                marks["rollouts"] += clock() - marks["rollout"]
+
+            def _on_step(self) -> bool:
+                return "end" not in marks
+
+        model.learn(total_timesteps=10**12, callback=IterationClock(), reset_num_timesteps=False)
+        return Sample(marks["steps"], marks["end"] - marks["start"], parts_s={"rollouts": marks["rollouts"]})
+
+    def close(self) -> None:
+        self.vec.close()
+
+
+def open_training(system: str, task: str, n: int, rollout_steps: int | None) -> TrainingRun | SB3Training:
+    return SB3Training(system, task, n) if system in SB3_PPO else TrainingRun(system, task, n, rollout_steps)
+
+
 # --- another job on the box ------------------------------------------------------------------------
 
 class BusyNeighbour:
@@ -119,7 +173,8 @@ class BusyNeighbour:
 
 def unavailable(system: str, task: str) -> str | None:
     """Why ``system`` cannot run ``task`` here (a missing package), or None."""
-    modules = {SB3_DUMMY: "stable_baselines3", SB3_SUBPROC: "stable_baselines3", ENVPOOL: "envpool"}
+    modules = {SB3_DUMMY: "stable_baselines3", SB3_SUBPROC: "stable_baselines3", ENVPOOL: "envpool",
+               **dict.fromkeys(SB3_PPO, "stable_baselines3")}
     try:
         if system in modules:
             __import__(modules[system])
@@ -130,40 +185,32 @@ def unavailable(system: str, task: str) -> str | None:
     return None
 
 
-def run(args: argparse.Namespace) -> tuple[list[Group], dict[str, str]]:
-    """Every (task, N) cell, its systems interleaved; returns the groups and the skipped (task, system)."""
-    groups, skipped = [], {}
+def run(args: argparse.Namespace, err: Any) -> tuple[list[Group], dict[str, str]]:
+    """Every (task, N) cell, its systems interleaved; returns the groups and the skipped (task · system)."""
+    skipped = {f"{t} · {s}": why for t in args.tasks for s in args.systems if (why := unavailable(s, t))}
+
+    def cases(task: str, n: int) -> list[Case]:
+        return [Case(s, functools.partial(open_training, s, task, n, args.rollout_steps)) for s in args.systems
+                if f"{task} · {s}" not in skipped]
     neighbour = BusyNeighbour() if args.busy_neighbour else None
     try:
-        for task in args.tasks:
-            systems = []
-            for system in args.systems:
-                reason = unavailable(system, task)
-                if reason is None:
-                    systems.append(system)
-                else:
-                    skipped[f"{task} · {system}"] = reason
-            for n in args.num_envs:
-                cases = [Case(s, functools.partial(TrainingRun, s, task, n, args.rollout_steps)) for s in systems]
-
-                def done(record: Record, where: str = f"{task} N={n}") -> None:
-                    rate = "failed" if record.sample is None else f"{record.sample.rate:,.0f} steps/s"
-                    print(f"{where} · {record.case} · rep {record.rep + 1}/{args.repeats}: {rate}",
-                          file=sys.stderr, flush=True)
-
-                records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
-                                          on_done=done)
-                groups.append(Group(task, n, cases, records))
+        return run_cells([(t, n) for t in args.tasks for n in args.num_envs], cases, args, err,
+                         len(args.systems)), skipped
     finally:
         if neighbour is not None:
             neighbour.close()
-    return groups, skipped
 
 
 # --- the report ------------------------------------------------------------------------------------
 
-HEADER = ("task", "N", "system", "env steps/s: median (min–max)", "÷ SyncVectorEnv", "÷ best gymnasium vector env",
-          "max/min over reps", "share of the loop in env.step")
+def header(groups: Sequence[Group]) -> tuple[str, ...]:
+    return ("task", "N", "system", "env steps/s: median (min–max)", f"÷ {anchor(groups[0]) if groups else SYNC_VEC}",
+            "÷ best gymnasium vector env", "max/min over reps", "share of the loop in env.step (SB3 PPO: rollouts)")
+
+
+def anchor(g: Group) -> str:
+    """What the ratios are taken against: SyncVectorEnv, or the first system when it did not run."""
+    return SYNC_VEC if g.ran(SYNC_VEC) or not g.cases else g.cases[0].name
 
 
 def best_gym(g: Group) -> str | None:
@@ -183,9 +230,9 @@ def rows(groups: Sequence[Group]) -> list[list[str]]:
         best = best_gym(g)
         for case in g.cases:
             sp = spread(g, case.name)
-            share = summarize(g.records, case.name, lambda s: s.parts_s["env.step"] / s.seconds)
+            share = summarize(g.records, case.name, lambda s: sum(s.parts_s.values()) / s.seconds)
             out.append([g.task, str(g.num_envs), case.name, fmt_summary(g.rate(case.name)),
-                        fmt_ratio(g.ratio(case.name, SYNC_VEC)),
+                        fmt_ratio(g.ratio(case.name, anchor(g))),
                         fmt_ratio(g.ratio(case.name, best)) if best else "—",
                         "—" if sp is None else f"{sp:.2f}",
                         "—" if share is None else f"{share.median:.0%}"])
@@ -244,7 +291,7 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Gro
         "median (min–max); ratios of medians in the same run; the last column is the median share of the "
         "loop's wall time spent inside the vector env's step (the rest: the policy, the update, the loop):",
         "",
-        markdown_table(HEADER, rows(groups)),
+        markdown_table(header(groups), rows(groups)),
     ]
     lines += [f"\n{where} skipped — {reason}" for where, reason in skipped.items()]
     goal_lines = [t.line() for t in goals] or ["- none for these cells (they are set for CartPole at every N and "
@@ -268,7 +315,7 @@ def plot(groups: Sequence[Group], path: Path, title: str) -> None:
         for i, system in enumerate(systems):
             xs, ys, lo, hi = [], [], [], []
             for j, g in enumerate(cells):
-                s, base = g.rate(system), g.rate(SYNC_VEC)
+                s, base = g.rate(system), g.rate(anchor(g))
                 if s is None or base is None:
                     continue
                 xs.append(j + (i - (len(systems) - 1) / 2) * width)
@@ -278,30 +325,14 @@ def plot(groups: Sequence[Group], path: Path, title: str) -> None:
             ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=system)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(cells)), [f"N={g.num_envs}" for g in cells])
-        ax.set_ylabel("env steps/s ÷ SyncVectorEnv (median, min–max)")
+        ax.set_ylabel(f"env steps/s ÷ {anchor(cells[0])} (median, min–max)")
         ax.set_title(task)
-    axes[0][0].legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))   # beside the bars
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
-
-
-def write_results(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Group], skipped: dict[str, str],
-                  goals: Sequence[Target], text: str) -> list[Path]:
-    """JSON (every repetition), markdown (the printed report) and PNG: ``args.json`` and beside it."""
-    path = Path(args.json)
-    config = {k: v for k, v in vars(args).items() if k != "json"}
-    write_json(path, {"benchmark": "bench.train", "environment": env, "config": config, "skipped": skipped,
-                      "cells": [g.to_json() for g in groups], "targets": [t.to_json() for t in goals]})
-    md, png = path.with_suffix(".md"), path.with_suffix(".png")
-    md.write_text(text + "\n")
-    written = [path, md]
-    if groups:
-        plot(groups, png, f"PPO-shaped loop, torch {env['torch_threads']} threads"
-             + (", one core busy elsewhere" if args.busy_neighbour else ""))
-        written.append(png)
-    return written
 
 
 # --- command line ------------------------------------------------------------------------------------
@@ -339,24 +370,42 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def eta(args: argparse.Namespace) -> str:
+    """What the run will take at least: every repetition's warm-up and timed seconds, and opening each system
+    (~2 s: pools, subprocesses); whole iterations overshoot ``--seconds``, slow ones (Ant, Pong) by more."""
+    reps = len(args.tasks) * len(args.num_envs) * len(args.systems) * args.repeats
+    total = reps * (args.seconds + args.warmup + 2.0)
+    return (f"{reps} repetitions ({len(args.tasks)} tasks × {len(args.num_envs)} N × {len(args.systems)} systems × "
+            f"{args.repeats}) of {args.seconds:g} s + {args.warmup:g} s warm-up: about {total / 60:.1f} min "
+            f"(ETA {time.strftime('%H:%M', time.localtime(time.time() + total))}), more where one iteration "
+            "outlasts --seconds")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    print(eta(args), file=sys.stderr, flush=True)
+    for message in BOX_PRECISION:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
+                                                          *(f"ignore:{m}" for m in BOX_PRECISION)]))   # children
     import torch
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     env = {**environment(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
            "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "MKL_", "KMP_"))}}
-    groups, skipped = run(args)
+    _, err = consoles()
+    groups, skipped = run(args, err)
     goals = targets(groups, args.busy_neighbour)
     text = markdown(args, env, groups, skipped, goals)
     print(text, flush=True)
     if args.json:
-        for path in write_results(args, env, groups, skipped, goals, text):
-            print(f"written: {path}", file=sys.stderr)
-    failed = [(g, r) for g in groups for r in g.errors()]
-    for g, r in failed:
-        print(f"{g.task} N={g.num_envs} · {r.case} · rep {r.rep + 1} failed:\n{r.error}", file=sys.stderr)
-    return 1 if failed else 0
+        write_results(args.json, {"benchmark": "bench.train", "environment": env, "config": config_of(args),
+                                  "skipped": skipped, "cells": [g.to_json() for g in groups],
+                                  "targets": [t.to_json() for t in goals]}, text, err)
+        if groups:
+            plot(groups, Path(args.json).with_suffix(".png"), f"PPO-shaped loop, torch {env['torch_threads']} "
+                 "threads" + (", one core busy elsewhere" if args.busy_neighbour else ""))
+    return 1 if print_failures(groups, err) else 0
 
 
 if __name__ == "__main__":

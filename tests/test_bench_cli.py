@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,8 +69,52 @@ def test_help_says_what_is_measured(capsys):
     assert "(default 4, --quick 0.5)" in out
 
 
-def test_entry_point_lists_every_command():
+def help_lines() -> dict[str, str]:
+    """``python -m bench --help``'s commands: name -> what it measures."""
     proc = subprocess.run([sys.executable, "-m", "bench", "--help"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0
-    for command in ("core", "train", "fairness", "tasks", "throughput", "latency"):
-        assert command in proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    listed = proc.stdout.split("commands:\n", 1)[1].splitlines()
+    return dict(line.strip().split(None, 1) for line in listed if line.strip())
+
+
+def test_help_lists_every_command_with_what_it_measures():
+    from bench.__main__ import COMMANDS
+    lines = help_lines()
+    assert list(lines) == list(COMMANDS) and len(lines) >= 10
+    for name, what in lines.items():
+        assert len(what.split()) >= 6, (name, what)    # a sentence, not a bare name
+        assert importlib.util.find_spec(COMMANDS[name][0]) is not None, name   # and it exists
+
+
+def test_docs_list_the_same_commands_as_the_cli():
+    root = Path(__file__).resolve().parent.parent
+    documented = re.findall(r"^\| `python -m bench[ .](\S+?)[` ]", (root / "docs/benchmarks.md").read_text(), re.M)
+    howto = re.findall(r"^\| `python -m bench[ .](\S+?)[` ]", (root / "bench/README.md").read_text(), re.M)
+    cli_names = {name.replace("-", "_") for name in help_lines()}
+    assert {d.replace("-", "_") for d in documented} == cli_names
+    assert {d.replace("-", "_") for d in howto} == cli_names
+
+
+def test_unknown_command_is_named(capsys):
+    proc = subprocess.run([sys.executable, "-m", "bench", "poolvec"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown command 'poolvec'" in proc.stderr and "throughput" in proc.stderr
+
+
+def test_every_command_the_docs_quote_exists_with_its_options():
+    root = Path(__file__).resolve().parent.parent
+    texts = [p.read_text() for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]]
+    quoted = {m.strip() for t in texts for m in re.findall(r"python -m bench[ .][^`\"\n]*", t)}
+    checked = 0
+    for line in sorted(quoted):
+        words = line.split()   # python -m bench.core ... / python -m bench <command> ...
+        name = words[2][len("bench."):] if words[2].startswith("bench.") else words[3]
+        if name == "--help":
+            continue
+        options = [w.split("=")[0] for w in words if w.startswith("--")]
+        proc = subprocess.run([sys.executable, "-m", "bench", name.replace("_", "-"), "--help"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (line, proc.stderr)
+        for option in options:
+            assert option in proc.stdout, (line, option)
+        checked += 1
+    assert checked >= 10

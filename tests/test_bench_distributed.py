@@ -1,4 +1,4 @@
-"""``python -m bench distributed --quick``: what it writes, not how fast (not a timing test)."""
+"""``python -m bench latency --ray``: RayPool beside a local Pool, what it writes, not how fast (not a timing test)."""
 import json
 
 import psutil
@@ -6,30 +6,32 @@ import pytest
 
 pytest.importorskip("ray")
 
-from bench import distributed  # noqa: E402
+from bench import latency  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
 
-def test_quick_run_writes_every_cell(tmp_path, capsys):
-    path = tmp_path / "distributed.json"
-    rc = distributed.main(["--quick", "--tasks", "CartPole-v1", "--nodes", "2", "--json", str(path)])
+def test_quick_ray_run_writes_every_cell(tmp_path, capsys):
+    path = tmp_path / "ray.json"
+    rc = latency.main(["--quick", "--ray", "2", "--num-envs", "16", "--batch-size", "8", "--json", str(path)])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "| CartPole-v1 | sync | ray | 16 | 16 |" in out and "| CartPole-v1 | async | local | 16 | 8 |" in out
+    assert "| sync | 16 | 16 |" in out and "| ray |" in out and "Ray's floor" in out
     data = json.loads(path.read_text())
-    assert data["benchmark"] == "bench.distributed" and data["config"]["nodes"] == 2
+    assert data["ray"]["nodes"] == 2 and data["ray"]["round_trip_us"]["empty"]["p50"] > 0
     got = [(c["mode"], c["system"], c["num_envs"], c["batch_size"]) for c in data["cells"]]
     assert got == [("sync", "local", 16, 16), ("sync", "ray", 16, 16),
                    ("async", "local", 16, 8), ("async", "ray", 16, 8)]
     for c in data["cells"]:
         assert "error" not in c, c.get("error")
-        assert c["env_steps_per_s"] > 0 and c["reps"] == 1
+        assert c["throughput"] > 0 and c["reps"] == 1 and c["driver_cpu_us_per_call"] > 0
         lat = c["agent_latency_us"]
         assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
         if c["system"] == "ray":
             assert "p50" in c["overhead_us"] and c["throughput_ratio"] > 0
             assert c["pool"]["pools"] == 2
+        else:
+            assert c["pool"]["num_workers"] == 2
         if c["mode"] == "async":
             assert c["observer_latency_us"]["p50"] > 0
     assert data["cells"][3]["pool"]["sub_batch_sizes"] == [4, 4]
@@ -40,6 +42,6 @@ def test_quick_run_writes_every_cell(tmp_path, capsys):
 
 def test_bad_arguments(capsys):
     with pytest.raises(SystemExit) as exc:
-        distributed.parse_args(["--modes", "sync,fast"])
+        latency.parse_args(["--ray", "0"])
     assert exc.value.code == 2
-    assert "--modes must be a comma list of sync, async" in capsys.readouterr().err
+    assert "--ray must be >= 1" in capsys.readouterr().err

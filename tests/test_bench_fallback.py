@@ -19,4 +19,4 @@ def test_quick_run_prints_the_table_and_writes_json(tmp_path):
     systems = data["throughput"][0]["systems"]
     assert {"shmpool sync · Box only", "shmpool sync · Box+Text"} <= set(systems)
     assert all(s["median_rate"] > 0 for s in systems.values())
-    assert out.with_suffix(".md").read_text().startswith("| N | system |")
+    assert "| N | system |" in out.with_suffix(".md").read_text()

@@ -1,4 +1,4 @@
-"""``python -m bench latency`` and ``python -m bench plot``: what they write, not how fast (not a timing test)."""
+"""``python -m bench latency`` (and its ``--png``): what it writes, not how fast (not a timing test)."""
 import json
 
 import numpy as np
@@ -7,16 +7,16 @@ import pytest
 pytest.importorskip("rich")
 pytest.importorskip("matplotlib")
 
-from bench import latency, plot  # noqa: E402
+from bench import _timing, latency  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PCTS = {"p50", "p75", "p90", "p95", "p99"}
 
 
 def test_tiny_run_writes_json_and_plots(tmp_path, capsys, no_leaks):
-    """N=2,4 × batch 1,4 (N=2 batch=4 skipped), 0.2 s a cell: the JSON has every cell, plot reads it."""
-    path = tmp_path / "latency.json"
-    rc = latency.main(["--quick", "--num-envs", "2,4", "--batch-size", "1,4", "--json", str(path)])
+    """N=2,4 × batch 1,4 (N=2 batch=4 skipped), 0.2 s a cell: the JSON has every cell, the PNG beside it."""
+    path, png = tmp_path / "latency.json", tmp_path / "latency.png"
+    rc = latency.main(["--quick", "--num-envs", "2,4", "--batch-size", "1,4", "--json", str(path), "--png", str(png)])
     stdout = capsys.readouterr().out
     assert rc == 0
     assert "| sync | 2 | 2 |" in stdout and "| async | 4 | 4 |" in stdout
@@ -45,12 +45,7 @@ def test_tiny_run_writes_json_and_plots(tmp_path, capsys, no_leaks):
             assert set(c[key]) == PCTS and values == sorted(values)  # rise as latency percentiles fall
         assert c["agent_throughput"]["p50"] == pytest.approx(c["batch_size"] * 1e6 / c["agent_latency_us"]["p50"])
 
-    for x in ("num_envs", "batch_size"):
-        out = tmp_path / f"{x}.png"
-        assert plot.main([str(path), "--x", x, "--out", str(out)]) == 0
-        assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
-    assert plot.main([str(path)]) == 0  # default: next to the JSON
-    assert (tmp_path / "latency.png").read_bytes()[:8] == PNG_MAGIC
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
 
 
 def synthetic_cell(mode, n, b, base):
@@ -59,29 +54,19 @@ def synthetic_cell(mode, n, b, base):
             "agent_latency_us": lat, "observer_latency_us": lat}
 
 
-def test_plot_synthetic_json(tmp_path):
+@pytest.mark.parametrize("x", ["num_envs", "batch_size"])
+def test_plot_synthetic_json(tmp_path, x):
     cells = [synthetic_cell("sync", n, n, 10.0 * n) for n in (8, 32, 128)]
     cells += [synthetic_cell("async", n, b, 5.0 * b + n) for n in (8, 32, 128) for b in (1, 8, 32) if b <= n]
     cells.append({"task": "Fake-v0", "mode": "async", "num_envs": 8, "batch_size": 4, "error": "Traceback..."})
-    src = tmp_path / "synthetic.json"
-    src.write_text(json.dumps({"x_axis_name": "batch_size", "cells": cells}))  # no environment: still plots
     out = tmp_path / "synthetic.png"
-    assert plot.main([str(src), "--out", str(out)]) == 0
+    latency.plot({"x_axis_name": x, "cells": cells}, str(out))   # no environment: still plots
     assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
-    groups = plot.series(cells, "num_envs")
+    groups = latency.series(cells, "num_envs")
     assert list(groups) == ["sync (pool.step, batch = N)", "async, batch=1", "async, batch=8", "async, batch=32"]
     assert [c["num_envs"] for c in groups["async, batch=32"]] == [32, 128]
-    assert list(plot.series(cells, "batch_size")) == ["sync (pool.step, batch = N)", "async, N=8", "async, N=32",
-                                                      "async, N=128"]
-
-
-def test_plot_refuses_other_json(tmp_path, capsys):
-    src = tmp_path / "other.json"
-    src.write_text(json.dumps({"throughput": []}))
-    with pytest.raises(SystemExit) as exc:
-        plot.main([str(src)])
-    assert exc.value.code == 2
-    assert "not a `python -m bench latency` result" in capsys.readouterr().err
+    assert list(latency.series(cells, "batch_size")) == ["sync (pool.step, batch = N)", "async, N=8", "async, N=32",
+                                                         "async, N=128"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -115,14 +100,14 @@ def test_observer_latencies_from_the_call_log():
     times = [1_000, 3_000, 6_000, 10_000, 15_000]
     # the last 3 calls are timed: env 0 sent at 1000 received 6000; env 2 only sent by async_reset
     # (unknown, skipped); env 1 sent at 3000 received 15000.
-    got = latency.observer_latencies(ids, times, 3, timed=3)
+    got = _timing.observer_latencies(ids, times, 3, timed=3)
     assert got.tolist() == [5.0, 12.0]
-    assert latency.observer_latencies(ids, times, 3, timed=0).size == 0
+    assert _timing.observer_latencies(ids, times, 3, timed=0).size == 0
 
 
 def test_percentile_helpers():
     values = np.arange(1, 101, dtype=float)  # 1..100 µs
-    pct = latency.percentiles_of(values, latency.MEASURED)
+    pct = _timing.percentiles_of(values, latency.MEASURED)
     assert pct["p50"] == 51 and pct["p99"] == 100 and pct["p1"] == 2 and pct["max"] == 100
     tp = latency.throughput_percentiles(pct, units=4)
     assert tp["p50"] == pytest.approx(4e6 / 51) and tp["p90"] == pytest.approx(4e6 / pct["p10"])

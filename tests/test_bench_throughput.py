@@ -1,4 +1,4 @@
-"""bench.numa and bench.throughput: topology reading and the table/JSON/PNG output (logic, not timing)."""
+"""bench.throughput: NUMA reading and the table/JSON/PNG output (logic, not timing)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import os
 import pytest
 
 from bench import throughput
-from bench.numa import format_cpu_list, read_topology
+from bench.throughput import describe_nodes, format_cpu_list, numa_nodes, split_by_node
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 WORKERS = "1,2" if len(ALLOWED) >= 2 else "1"
@@ -28,42 +28,30 @@ def fake_sysfs(root, nodes: dict[int, str], meminfo: bool = True):
 
 
 def test_two_nodes(tmp_path):
-    root = fake_sysfs(tmp_path, {0: "0-3,8-11", 1: "4-7,12-15"})
-    topo = read_topology(root, allowed=range(16))
-    assert not topo.single
-    assert [(n.id, n.cpus) for n in topo.nodes] == [(0, [0, 1, 2, 3, 8, 9, 10, 11]), (1, [4, 5, 6, 7, 12, 13, 14, 15])]
-    assert [n.mem_total for n in topo.nodes] == [2**30, 2**31]
-    assert topo.nodes[0].mem_free == 2**29
-    assert topo.split([0, 1, 4, 5]) == [(0, [0, 1]), (1, [4, 5])]
-    assert "2 NUMA nodes" in topo.describe()
-    assert topo.to_json()["nodes"][1]["cpus"] == [4, 5, 6, 7, 12, 13, 14, 15]
+    nodes = numa_nodes(fake_sysfs(tmp_path, {0: "0-3,8-11", 1: "4-7,12-15"}))
+    assert nodes == {0: [0, 1, 2, 3, 8, 9, 10, 11], 1: [4, 5, 6, 7, 12, 13, 14, 15]}
+    assert split_by_node([0, 1, 4, 5], nodes) == [[0, 1], [4, 5]]
+    assert describe_nodes(range(16), nodes).startswith("2 NUMA nodes (node0: cpus 0-3,8-11; node1")
 
 
 def test_one_node(tmp_path):
-    topo = read_topology(fake_sysfs(tmp_path, {0: "0-7"}, meminfo=False), allowed=[0, 1])
-    assert topo.single
-    assert [(n.id, n.cpus, n.all_cpus, n.mem_total) for n in topo.nodes] == [(0, [0, 1], list(range(8)), None)]
-    assert topo.describe().startswith("one NUMA node (node0: cpus 0-1")
+    nodes = numa_nodes(fake_sysfs(tmp_path, {0: "0-7"}, meminfo=False))
+    assert split_by_node([0, 1], nodes) == [[0, 1]]
+    assert describe_nodes([0, 1], nodes).startswith("one NUMA node (node0: cpus 0-1")
 
 
 def test_cpus_outside_the_allowed_set_are_dropped(tmp_path):
     # node1 keeps only its allowed cpus, node2 has none allowed, node3 is memory-only (empty cpulist).
-    root = fake_sysfs(tmp_path, {0: "0-3", 1: "4-7", 2: "8-11", 3: ""})
-    topo = read_topology(root, allowed=[1, 2, 5, 20])
-    assert [(n.id, n.cpus) for n in topo.nodes] == [(0, [1, 2]), (1, [5])]
-    assert topo.split([1, 5, 20]) == [(-1, [20]), (0, [1]), (1, [5])]
+    nodes = numa_nodes(fake_sysfs(tmp_path, {0: "0-3", 1: "4-7", 2: "8-11", 3: ""}))
+    assert nodes[3] == []
+    assert describe_nodes([1, 2, 5, 20], nodes) == "2 NUMA nodes (node0: cpus 1-2; node1: cpus 5)"
+    assert split_by_node([1, 5, 20], nodes) == [[20], [1], [5]]   # a core of no known node: a group of its own
 
 
-def test_no_sysfs_is_one_node(tmp_path):
-    topo = read_topology(tmp_path / "missing", allowed=[0, 3])
-    assert topo.single and topo.source == "none"
-    assert topo.nodes[0].cpus == [0, 3]
-    assert "no NUMA information" in topo.describe()
-
-
-def test_this_machine_default_is_the_allowed_set():
-    topo = read_topology()
-    assert sorted(c for n in topo.nodes for c in n.cpus) == ALLOWED
+def test_no_sysfs_is_one_group(tmp_path):
+    nodes = numa_nodes(tmp_path / "missing")
+    assert nodes == {} and split_by_node([0, 3], nodes) == [[0, 3]]
+    assert "no NUMA information" in describe_nodes([0, 3], nodes)
 
 
 def test_format_cpu_list():
@@ -163,14 +151,16 @@ def test_total_steps_budget(tmp_path, no_leaks):
     assert 400 <= sample["count"] < 400 + batch
 
 
-def test_sample_factory_row_says_why_it_is_not_run():
-    plan = throughput.make_plan(throughput.parse_args(["--task", "CartPole-v1", "--systems", "sample-factory",
-                                                        "--workers", "1"]))
-    assert throughput.SAMPLE_FACTORY not in plan.systems
-    why = plan.skipped[throughput.SAMPLE_FACTORY]
-    try:
-        import sample_factory  # noqa: F401
-    except ImportError:
-        assert why.startswith("not installed (") and "requires gymnasium<1.0 and numpy<2.0" in why
-    else:
-        assert "does not drive its sampler" in why
+def test_num_envs_sweeps_n_on_the_whole_budget_with_the_poolvec_rows(tmp_path, no_leaks):
+    pytest.importorskip("stable_baselines3")
+    js = tmp_path / "t.json"
+    rc = throughput.main([*FAST, "--num-envs", "1,4", "--systems", "sb3-dummy,shmvecenv", "--json", str(js)])
+    assert rc == 0
+    data = json.loads(js.read_text())
+    assert data["systems"] == ["SB3 DummyVecEnv", "ShmVecEnv"]
+    assert [c["num_envs"] for c in data["cells"]] == [1, 4]
+    for cell in data["cells"]:
+        (sample,) = cell["systems"]["ShmVecEnv"]["samples"]
+        assert sample["info"]["affinity"] == ALLOWED and sample["count"] > 0
+        (pool,) = sample["info"]["pools"]   # ShmVecEnv(cpus=the first min(N, cores) cpus): the pool sizes itself
+        assert pool["num_envs"] == cell["num_envs"] and 1 <= pool["num_workers"] <= min(cell["num_envs"], 2)

@@ -1,6 +1,8 @@
 """The `bench train` loop trains the same with every system that steps the same envs."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -60,8 +62,16 @@ def test_a_different_seed_trains_differently():
     assert any(not torch.equal(want[k], got[k]) for k in want)
 
 
-def test_quick_run_reports_every_system_it_ran(capsys):
+def test_quick_run_reports_every_system_it_ran(capsys, monkeypatch):
+    import os
+    import warnings
+    monkeypatch.setenv("PYTHONWARNINGS", "")
     assert train.main(["--quick", "--seconds", "0.2"]) == 0
+    # Box bounds' precision warnings stay out of the table, here and in the processes the run starts
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.warn("Box low's precision lowered by casting to float32, current low.dtype=float64", UserWarning,
+                      stacklevel=1)
+    assert caught == [] and "ignore:Box high's precision lowered" in os.environ["PYTHONWARNINGS"]
     out = capsys.readouterr().out
     assert "| CartPole-v1 | 8 | SyncVectorEnv |" in out
     assert "| CartPole-v1 | 8 | shmpool sync |" in out
@@ -91,3 +101,27 @@ def test_opt_in_layouts_build_the_pool_they_name(system, batch, hosted):
         assert (env.batch, pool.batch_size, pool.parent_shard) == (batch, batch, hosted)
     finally:
         env.close()
+
+
+def test_zoo_settings_for_cartpole_and_mujoco():
+    kwargs, normalize = train.zoo_hyperparameters("CartPole-v1")
+    assert (kwargs["n_steps"], kwargs["batch_size"], kwargs["n_epochs"], normalize) == (32, 256, 20, False)
+    assert kwargs["learning_rate"](1.0) == pytest.approx(1e-3) and kwargs["learning_rate"](0.5) == pytest.approx(5e-4)
+    assert train.zoo_hyperparameters("Ant-v5") == ({}, True)
+
+
+def test_sb3_ppo_systems_learn_in_whole_iterations(tmp_path, capsys, no_leaks):
+    pytest.importorskip("stable_baselines3")
+    path = tmp_path / "train.json"
+    systems = "SB3 PPO DummyVecEnv,SB3 PPO ShmVecEnv"
+    assert train.main(["--quick", "--seconds", "0.2", "--num-envs", "2", "--systems", systems,
+                       "--json", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "ETA" in captured.err and "÷ SB3 PPO DummyVecEnv" in captured.out   # no SyncVectorEnv: the first system
+    (cell,) = json.loads(path.read_text())["cells"]
+    for system in systems.split(","):
+        (sample,) = cell["systems"][system]["samples"]
+        assert "error" not in sample, sample.get("error")
+        assert sample["count"] % (2 * 32) == 0 and sample["count"] > 0   # whole rollouts of n_steps=32 × N=2
+        assert 0 < sample["parts_s"]["rollouts"] < sample["seconds"]     # the update is outside the rollouts
+    assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
