@@ -44,8 +44,25 @@ class ShardConstructors:
         return cls(per_env=tuple(blobs[id(fn)] for fn in fns))
 
     def unpack(self) -> list[Any] | BatchedEnvs:
-        """The constructors again: a fresh object per env (a BatchedEnvs for a batched shard)."""
+        """The constructors again: a fresh object per env (a BatchedEnvs for a batched shard).
+
+        A constructor that unpickles to the very same object twice (a module-level function or
+        class, found by reference; a class cloudpickle tracks) has no per-env state to copy: it is
+        unpickled twice, not once per env (a class carrying large data would be parsed N times)."""
         if self.batched is not None:
             return cloudpickle.loads(self.batched)
-        return [cloudpickle.loads(blob) for blob in self.per_env]
+        first: dict[int, Any] = {}    # id of a blob -> its first unpickled object
+        shared: dict[int, Any] = {}   # id of a blob -> the object every env of it gets
+        out = []
+        for blob in self.per_env:     # envs of one constructor hold the same bytes object
+            key = id(blob)
+            if key in shared:
+                out.append(shared[key])
+                continue
+            fn = cloudpickle.loads(blob)
+            if key in first and first[key] is fn:
+                shared[key] = fn
+            first.setdefault(key, fn)
+            out.append(fn)
+        return out
 

@@ -6,6 +6,8 @@ one shard in the trainer's process (``parent_shard``); these tests check that th
 share the captured object either: the same trajectories as AsyncVectorEnv, seeded the same way."""
 from __future__ import annotations
 
+import pickle
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -91,3 +93,23 @@ def test_envs_of_one_worker_sample_as_under_async_vector_env(face, make_space, n
     assert got == expected
     # The trainer's own object was neither reseeded nor sampled by the envs (AsyncVectorEnv's never is).
     assert np.asarray(space.sample()).tolist() == np.asarray(twin.sample()).tolist()
+
+
+class _ByReference(gym.Env):
+    """A class pickled by reference: unpickling it again gives the same object."""
+
+
+def test_a_constructor_found_by_reference_is_unpickled_twice_not_once_per_env(monkeypatch):
+    from shmpool import constructors
+
+    loads = []
+    real = constructors.cloudpickle.loads
+    monkeypatch.setattr(constructors.cloudpickle, "loads", lambda blob: loads.append(1) or real(blob))
+    space = spaces.Box(0, 1, (2,))
+    closures = [lambda: SpaceSampler(space)] * 50
+    by_reference = [_ByReference] * 50
+    packed = pickle.loads(pickle.dumps(constructors.ShardConstructors.pack(closures + by_reference)))
+    fns = packed.unpack()
+    assert len(loads) == 50 + 2
+    assert len({id(f) for f in fns[:50]}) == 50     # each closure its own copy (and its own space)
+    assert all(f is _ByReference for f in fns[50:])
