@@ -34,6 +34,7 @@ from .actor import Resets, pools_on_nodes
 from .answers import Parts
 from .batches import Rows, batch_len, concat, merge_infos, take_rows
 from .faults import (
+    FIRST_PENDING,
     PENDING,
     SLICE_S,
     Outcome,
@@ -346,7 +347,7 @@ class RayPool(LifecycleFacts):
                     f"recv() cannot finish: {ledger.ready.count} rows are ready and no pool has a whole sub-batch "
                     f"in flight (in flight per pool {ledger.available}, sub-batches {self.sub_batch_sizes}); send "
                     "the envs recv() returned back, or choose sub_batch_sizes that divide what you send")
-            done = PENDING.wait(list(ledger.requests), SLICE_S)
+            done = FIRST_PENDING.wait(list(ledger.requests), SLICE_S)
             for ref in done:
                 self._take(ref)
             if not done:

@@ -106,14 +106,17 @@ def call(method: Any, parts: int, *args: Any) -> Pending:
 
 
 class PendingWaiter:
-    """How :func:`~.faults.gather` and ``recv`` wait on :class:`Pending` answers: every part of a call
-    is ready when the call has ended, so its first part stands for it."""
+    """How :func:`gather` (``every``: waits for all of them in one call) and ``recv`` (the first to end,
+    then whatever else has) wait on :class:`Pending` answers.  Every part of a call is ready when the
+    call has ended, so its first part stands for it."""
 
-    @staticmethod
-    def wait(items: list[Pending], timeout: float) -> list[Pending]:
+    def __init__(self, every: bool) -> None:
+        self.every = every
+
+    def wait(self, items: list[Pending], timeout: float) -> list[Pending]:
         by_first = {p.refs[0]: p for p in items}
-        done, _ = ray.wait(list(by_first), num_returns=1, timeout=timeout)
-        if done and len(by_first) > 1:
+        done, _ = ray.wait(list(by_first), num_returns=len(by_first) if self.every else 1, timeout=timeout)
+        if done and not self.every and len(by_first) > 1:
             done, _ = ray.wait(list(by_first), num_returns=len(by_first), timeout=0)
         return [by_first[ref] for ref in done]
 
@@ -130,7 +133,8 @@ class PendingWaiter:
         return Outcome(pool, value=unpack([first.value, *rest]))
 
 
-PENDING = PendingWaiter()
+PENDING = PendingWaiter(every=True)        # a sync call's answers
+FIRST_PENDING = PendingWaiter(every=False)  # recv's sub-batches
 
 
 def node_gone(pool: int) -> Outcome:
@@ -182,7 +186,7 @@ def gather(refs: list, pools: list[int], watch: Watch, waiter: Any = RefWaiter) 
     them in slices: an error in one pool does not stop the wait for the others, so their deaths are
     seen too.  Raises only what ``watch`` raises.  ``waiter``: how the futures are waited on
     (``wait(items, timeout)`` -> the finished ones, ``outcome(item, pool)``): Ray futures by
-    default, packed answers with :data:`~.answers.PENDING`."""
+    default, packed answers with :data:`PENDING`."""
     out: list[Outcome | None] = [None] * len(refs)
     left = dict(zip(refs, range(len(refs))))
     while left:
