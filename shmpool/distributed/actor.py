@@ -18,6 +18,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import ShmpoolError
 from ..pool import Pool
+from .answers import pack
 from .batches import Rows
 from .placement import numa_cpu_groups, slot_cpus
 
@@ -100,14 +101,17 @@ class PoolActor:
                          node_id=ray.get_runtime_context().get_node_id(), hostname=os.uname().nodename,
                          num_workers=p.num_workers, cpus=p.worker_cpus)
 
-    @_portable
-    def reset(self, seeds: list, options: Any) -> Resets:
-        obs, infos = self.pool.reset(seed=seeds, options=options)
-        return Resets(obs, infos)
+    # The methods taking ``parts`` answer with their result packed into that many pieces (``num_returns``,
+    # see .answers): Ray returns each inline instead of through the object store.
 
     @_portable
-    def step(self, actions: Any) -> Rows:
-        return Rows.of_step(np.arange(self.pool.num_envs), self.pool.step(actions))
+    def reset(self, seeds: list, options: Any, parts: int) -> Any:
+        obs, infos = self.pool.reset(seed=seeds, options=options)
+        return pack(Resets(obs, infos), parts)
+
+    @_portable
+    def step(self, actions: Any, parts: int) -> Any:
+        return pack(Rows.of_step(np.arange(self.pool.num_envs), self.pool.step(actions)), parts)
 
     @_portable
     def async_reset(self) -> None:
@@ -118,14 +122,14 @@ class PoolActor:
         self.pool.send(actions, env_ids)
 
     @_portable
-    def recv(self) -> Rows:
+    def recv(self, parts: int) -> Any:
         obs, rew, term, trunc, infos = self.pool.recv()
-        return Rows(infos.pop("env_id").astype(np.int64), obs, rew, term, trunc, infos)
+        return pack(Rows(infos.pop("env_id").astype(np.int64), obs, rew, term, trunc, infos), parts)
 
-    def send_recv(self, actions: Any, env_ids: np.ndarray) -> Rows:
+    def send_recv(self, actions: Any, env_ids: np.ndarray, parts: int) -> Any:
         """``send`` then ``recv`` in one actor call (one Ray round trip)."""
         self.send(actions, env_ids)
-        return self.recv()
+        return self.recv(parts)
 
     @_portable
     def per_env(self, op: str, name: str, env_ids: list[int], args: tuple, kwargs: dict) -> tuple:
