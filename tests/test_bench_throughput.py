@@ -7,7 +7,8 @@ import os
 import pytest
 
 from bench import throughput
-from bench.throughput import describe_nodes, format_cpu_list, numa_nodes, split_by_node
+from bench.throughput import describe_nodes
+from shmpool.topology import format_cpu_list, numa_nodes, split_by_node
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 WORKERS = "1,2" if len(ALLOWED) >= 2 else "1"
