@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import subjects
 from .cli import comma_list, parser
-from .subjects import ENVPOOL, MAKE, open_vec
 
 DEFAULT_ROWS = [("CartPole-v1", 12, 4), ("CartPole-v1", 32, 16), ("Pong-v5", 8, 4), ("Pong-v5", 32, 16),
                 ("Ant-v5", 8, 4), ("Ant-v5", 32, 16)]
@@ -85,9 +85,10 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     if mode == "sync":
         b = n
     if system == "envpool":
-        vec = open_vec(ENVPOOL, task, n, batch=b, num_threads=2)
+        vec = subjects.open_vec(subjects.ENVPOOL, task, n, batch=b, num_threads=2)
     else:
-        vec = open_vec(MAKE, task, n, batch=b, env_type="gymnasium", wait_policy=policy, pin=pin, max_lead=max_lead,
+        vec = subjects.open_vec(subjects.MAKE, task, n, batch=b, env_type="gymnasium", wait_policy=policy, pin=pin,
+                                max_lead=max_lead,
                        parent_shard=parent_shard)
     env, space = vec.env, vec.action_space
     rng = np.random.default_rng(0)

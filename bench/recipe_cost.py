@@ -17,9 +17,8 @@ from collections.abc import Callable
 import gymnasium as gym
 import numpy as np
 
-from . import cli
+from . import cli, subjects
 from .envs import gym_atari
-from .subjects import ACTION_SEED, ENVPOOL, open_vec
 
 try:
     import mujoco
@@ -161,10 +160,10 @@ def measure(task: str, steps: int, repeats: int, block: int) -> dict[str, float 
 def envpool_cost(task: str, steps: int, repeats: int, n: int = 32) -> float:
     """Median µs per env step of EnvPool with one thread stepping ``n`` envs per call, fed fresh
     uniform random actions every step (as the single envs above are)."""
-    vec = open_vec(ENVPOOL, task, n, num_threads=1)
+    vec = subjects.open_vec(subjects.ENVPOOL, task, n, num_threads=1)
     try:
         space, calls = vec.action_space, max(1, steps // n)
-        rng = np.random.default_rng(ACTION_SEED)
+        rng = np.random.default_rng(subjects.ACTION_SEED)
         if isinstance(space, gym.spaces.Discrete):
             acts = rng.integers(0, space.n, size=(calls, n)).astype(space.dtype)
         else:
