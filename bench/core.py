@@ -17,7 +17,6 @@ import functools
 import mmap
 import multiprocessing as mp
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,9 +31,7 @@ from .envs import EmptyEnv, gym_env_fn
 
 DEFAULT_TASKS = ("CartPole-v1", "Ant-v5")
 DEFAULT_NUM_ENVS = {"CartPole-v1": (8, 32, 128), "Ant-v5": (8, 32)}
-OTHER_NUM_ENVS = (8, 32)
 PINGPONG = "spin ping-pong"
-PY_PINGPONG = "spin ping-pong, Python loop"
 DEFAULT_JSON = str(report.RESULTS / "core.json")   # and the markdown report beside it, core.md
 ROUND_TRIP_POLICIES = {"shmpool empty env, default wait": "auto", "shmpool empty env, wait_policy='spin'": "spin"}
 
@@ -47,40 +44,22 @@ def throughput_cases(task: str, n: int) -> list[Case]:
 
 # --- round-trip subjects ---------------------------------------------------------------------
 
-def python_pingpong(buf: mmap.mmap, offset: int, role: int, rounds: int) -> int:
-    """``_core.spin_pingpong`` written in Python: the floor of a round trip driven by Python code."""
-    load, store = _core.load_word, _core.store_word
-    t0 = time.perf_counter_ns()
-    for i in range(rounds):
-        v = 2 * i + role
-        while load(buf, offset) != v:
-            pass
-        store(buf, offset, v + 1)
-    return time.perf_counter_ns() - t0
-
-
-def _pingpong_side(buf: mmap.mmap, cpu: int, role: int, warm_rounds: int, rounds: int, python: bool,
-                   conn) -> None:
+def _pingpong_side(buf: mmap.mmap, cpu: int, role: int, warm_rounds: int, rounds: int, conn) -> None:
     """One end of the ping-pong (runs in a forked child)."""
     os.sched_setaffinity(0, {cpu})
-    pingpong = python_pingpong if python else _core.spin_pingpong
     # The warm-up on its own word also lines the two ends up, so the timed
     # part starts within a round trip on both sides.
-    pingpong(buf, 0, role, warm_rounds)
-    conn.send(pingpong(buf, 128, role, rounds))
+    _core.spin_pingpong(buf, 0, role, warm_rounds)
+    conn.send(_core.spin_pingpong(buf, 128, role, rounds))
     conn.close()
 
 
 class SpinPingPong:
-    """Spin ping-pong on one shared word between two processes pinned to two cores.
+    """C spin ping-pong (``_core.spin_pingpong``) on one shared word between two processes pinned to two cores."""
 
-    C-speed (``_core.spin_pingpong``) by default; ``python=True`` runs the
-    same loop in Python, to show what the interpreter alone costs."""
-
-    def __init__(self, cpus: tuple[int, int], python: bool = False) -> None:
+    def __init__(self, cpus: tuple[int, int]) -> None:
         self.cpus = cpus
-        self.python = python
-        self.info = {"cpus": list(cpus), "loop": "python" if python else "C"}
+        self.info = {"cpus": list(cpus), "loop": "C"}
 
     def measure(self, seconds: float, warmup: float) -> Sample:
         calibration = 20_000
@@ -98,7 +77,7 @@ class SpinPingPong:
             for role, cpu in enumerate(self.cpus):
                 recv_end, send_end = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_pingpong_side, name=f"pingpong-{role}", daemon=True,
-                                   args=(buf, cpu, role, warm_rounds, rounds, self.python, send_end))
+                                   args=(buf, cpu, role, warm_rounds, rounds, send_end))
                 proc.start()
                 send_end.close()
                 procs.append(proc)
@@ -152,8 +131,7 @@ class PoolRoundTrip:
 
 def round_trip_cases(parent_cpu: int, worker_cpu: int) -> list[Case]:
     cpus = (parent_cpu, worker_cpu)
-    cases = [Case(PINGPONG, functools.partial(SpinPingPong, cpus)),
-             Case(PY_PINGPONG, functools.partial(SpinPingPong, cpus, python=True))]
+    cases = [Case(PINGPONG, functools.partial(SpinPingPong, cpus))]
     for name, policy in ROUND_TRIP_POLICIES.items():
         cases.append(Case(name, functools.partial(PoolRoundTrip, policy, parent_cpu, worker_cpu)))
     return cases
@@ -208,7 +186,7 @@ def round_trip_rows(group: report.Group) -> list[list[str]]:
     for case in group.cases:
         us, p50, p99 = group.us(case.name), group.latency(case.name, "p50"), group.latency(case.name, "p99")
         info = next((r.info for r in group.records if r.case == case.name and r.info), {})
-        if case.name in (PINGPONG, PY_PINGPONG):
+        if case.name == PINGPONG:
             policy = f"spin ({info.get('loop', '?')} loop)"
         else:
             policy = f"{info['wait_policy']} / {info['worker_wait_policy']}" if info else "—"
@@ -239,30 +217,29 @@ def targets(groups: Sequence[report.Group], round_trip: report.Group | None, loa
         floor = round_trip.us(PINGPONG) if round_trip else None
         p50 = _over(round_trip.latency(name, "p50"), floor) if round_trip else None
         return report.Target(f"empty-env round trip ({label}) against 5× the spin ping-pong (informational)", 5.0,
-                      _over(round_trip.us(name), floor) if round_trip else None, at_most=True,
-                      note="" if p50 is None else f"per-call p50: {report.fmt_ratio(p50)}", moves=moves,
+                             _over(round_trip.us(name), floor) if round_trip else None, at_most=True,
+                             note="" if p50 is None else f"per-call p50: {report.fmt_ratio(p50)}", moves=moves,
                              informational=True)
 
     default, spin = ROUND_TRIP_POLICIES
     return [
         report.Target("CartPole-v1 N=32 env-only: shmpool sync ≥ 1.6× SyncVectorEnv", 1.6,
-               ratio("CartPole-v1", 32, subjects.POOL_SYNC, subjects.SYNC_VEC),
-               moves=f"needs both cores free (ceiling ~2.4× here); {busy}"),
+                      ratio("CartPole-v1", 32, subjects.POOL_SYNC, subjects.SYNC_VEC),
+                      moves=f"needs both cores free (ceiling ~2.4× here); {busy}"),
         report.Target("CartPole-v1 N=32 env-only: shmpool sync ≥ 10× AsyncVectorEnv", 10.0,
-               ratio("CartPole-v1", 32, subjects.POOL_SYNC, subjects.ASYNC_VEC),
-               moves="AsyncVectorEnv's own speed, which varies up to 4× between runs on 2 cores (N processes "
-                     "and pipes on 2 cores); it holds when AsyncVectorEnv runs ~8× slower than SyncVectorEnv"),
-        report.Target("Ant-v5 N=8 env-only: shmpool sync ≥ 1.8× SyncVectorEnv", 1.8, ratio("Ant-v5", 8,
-                                                                                           subjects.POOL_SYNC,
-                                                                                           subjects.SYNC_VEC),
-               moves=f"physics-bound: the ceiling is the number of cores (2×); {busy}"),
+                      ratio("CartPole-v1", 32, subjects.POOL_SYNC, subjects.ASYNC_VEC),
+                      moves="AsyncVectorEnv's own speed, which varies up to 4× between runs on 2 cores (N processes "
+                      "and pipes on 2 cores); it holds when AsyncVectorEnv runs ~8× slower than SyncVectorEnv"),
+        report.Target("Ant-v5 N=8 env-only: shmpool sync ≥ 1.8× SyncVectorEnv", 1.8,
+                      ratio("Ant-v5", 8, subjects.POOL_SYNC, subjects.SYNC_VEC),
+                      moves=f"physics-bound: the ceiling is the number of cores (2×); {busy}"),
         round_trip_target("default wait", default),
         round_trip_target("wait_policy='spin'", spin),
     ]
 
 
 def write_report(args: argparse.Namespace, env: dict[str, Any], skipped: dict[str, str], groups: list[report.Group],
-           round_trip: report.Group | None, round_trip_note: str, goals: list[report.Target]) -> str:
+                 round_trip: report.Group | None, round_trip_note: str, goals: list[report.Target]) -> str:
     """The whole report as markdown: printed once, and the results file."""
     lines = [f"## shmpool core benchmark — {env['date']}", "",
              f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · load average "
@@ -308,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpus, note = round_trip_cpus(args)
     round_trip = None if cpus is None else report.run_cells([("round trip", 1)], lambda *_: round_trip_cases(*cpus),
                                                             args,
-                                                     err, 2 + len(ROUND_TRIP_POLICIES))[0]
+                                                            err, 2 + len(ROUND_TRIP_POLICIES))[0]
     goals = targets(groups, round_trip, env["loadavg_at_start"][0])
     text = write_report(args, env, skipped, groups, round_trip, note, goals)
     print(text, flush=True)
