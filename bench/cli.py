@@ -39,13 +39,11 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
 
 
 def add_run_options(p: argparse.ArgumentParser, defaults: RunDefaults, *, quick: str,
-                    seconds_in: Any = None, seconds_help: str = "timed seconds per repetition") -> None:
-    """Declare ``--seconds --warmup [--repeats] --json --quick``; ``quick`` says what ``--quick`` runs.
-
-    ``seconds_in``: a mutually exclusive group to put ``--seconds`` in (e.g. beside ``--total-steps``)."""
+                    seconds_help: str = "timed seconds per repetition") -> None:
+    """Declare ``--seconds --warmup [--repeats] --json --quick``; ``quick`` says what ``--quick`` runs."""
     p.set_defaults(run_defaults=defaults)
     s, w = defaults.seconds, defaults.warmup
-    (seconds_in or p).add_argument("--seconds", type=float, help=f"{seconds_help} (default {s[0]:g}, --quick {s[1]:g})")
+    p.add_argument("--seconds", type=float, help=f"{seconds_help} (default {s[0]:g}, --quick {s[1]:g})")
     p.add_argument("--warmup", type=float, help=f"untimed seconds before each repetition (default {w[0]:g}, "
                                                 f"--quick {w[1]:g})")
     if defaults.repeats is not None:

@@ -27,7 +27,7 @@ import gymnasium as gym
 from shmpool.topology import SYSFS_NODES, allowed_cpus, format_cpu_list, numa_nodes, resolve_cpus, split_by_node
 
 from . import cli, report, subjects
-from ._timing import Budget, Case, Record, Summary, run_interleaved, summarize
+from ._timing import Case, Record, Summary, run_interleaved, summarize
 from .envs import ATARI_TASKS, gym_env_fn, recipe_env
 
 FOR_LOOP, SUBPROCESS, SB3, DUMMY, SHMVEC = "For-loop", "Subprocess", "SB3 SubprocVecEnv", "SB3 DummyVecEnv", "ShmVecEnv"
@@ -99,7 +99,7 @@ def open_groups(kind: str, env: Any, groups: list[list[int]], sizes: list[int], 
     return vecs
 
 
-def open_system(system: str, task: str, cell: Cell, per_worker: int, budget: Budget) -> subjects.EnvOnly:
+def open_system(system: str, task: str, cell: Cell, per_worker: int) -> subjects.EnvOnly:
     """``system``'s envs for one cell, stepped with seeded random actions; ``info`` records its pools and the
     cpus the cell may use."""
     make_env = gym_env_fn(task)
@@ -121,7 +121,7 @@ def open_system(system: str, task: str, cell: Cell, per_worker: int, budget: Bud
     else:
         env = recipe_env(task) if system in RECIPE_SYSTEMS else make_env
         vecs = open_groups(subjects.POOL, env, cell.groups if system == SP_NUMA else one, sizes, batch_of)
-    subject = subjects.EnvOnly(vecs, actions, budget)
+    subject = subjects.EnvOnly(vecs, actions)
     subject.info = {"pools": [{**v.info, "num_envs": v.num_envs} for v in vecs], "affinity": cell.cpus}
     if hasattr(vecs[0].env, "processes"):
         subject.info["child_affinity"] = subjects.child_affinity(vecs[0].env.processes)
@@ -226,7 +226,6 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def run(plan: Plan, args: argparse.Namespace, err: Any) -> None:
-    budget = Budget(args.seconds, args.total_steps)
     with report.progress(err, len(plan.cells) * len(plan.systems) * args.repeats) as update:
         for cell in plan.cells:
             def on_start(case: Case, rep: int, cell: Cell = cell) -> None:
@@ -237,7 +236,7 @@ def run(plan: Plan, args: argparse.Namespace, err: Any) -> None:
                 update(advance=1, last="failed" if r.sample is None
                        else f"{r.case}: {r.sample.rate * plan.frame_skip:,.0f} FPS")
 
-            cell.cases = [Case(s, functools.partial(open_system, s, plan.task, cell, args.envs_per_worker, budget))
+            cell.cases = [Case(s, functools.partial(open_system, s, plan.task, cell, args.envs_per_worker))
                           for s in plan.systems]
             with affinity(cell.cpus):   # the whole cell, taskset-like: this process and every child it starts
                 cell.records = run_interleaved(cell.cases, repeats=args.repeats, seconds=args.seconds,
@@ -254,7 +253,7 @@ def markdown(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> str:
     """EnvPool's table (one row per system, one column per number of workers or N, FPS medians) and its notes."""
     rows = [[s, *("error" if (f := c.fps(s, plan.frame_skip)) is None else f"{f.median:.2f}" for c in plan.cells)]
             for s in plan.systems]
-    mode = (f"{args.total_steps} env steps" if args.total_steps else f"{args.seconds:g} s") + " per repetition"
+    mode = f"{args.seconds:g} s per repetition"
     columns = (f"Columns: workers W (cores); a cell limits every system to the first W cpus (process affinity, "
                f"taskset-like; shmpool workers pinned one per core; EnvPool num_threads=W). num_envs = "
                f"{args.envs_per_worker} × W for every system" if args.num_envs is None else
@@ -323,8 +322,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpus", help="taskset syntax, e.g. 0-7,16-23 (default: this process's allowed cpus)")
     p.add_argument("--numa", action="store_true", help="add the numa+async rows (one pool per NUMA node)")
     p.add_argument("--numa-root", default=SYSFS_NODES, help=argparse.SUPPRESS)
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--total-steps", type=int, help="env steps per repetition instead of --seconds")
     p.add_argument("--envs-per-worker", type=int, default=DEFAULT_ENVS_PER_WORKER,
                    help=f"num_envs = this × workers (default {DEFAULT_ENVS_PER_WORKER})")
     p.add_argument("--frame-skip", type=int, help="FPS multiplier (default: 4 for Pong-v5, else 1)")
@@ -333,7 +330,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                      f"{', '.join(ON_REQUEST)})")
     p.add_argument("--md", metavar="PATH", help="write the markdown table here")
     p.add_argument("--png", metavar="PATH", help="write a plot of FPS against workers (or N) here")
-    cli.add_run_options(p, cli.RunDefaults(), quick="0.2 s, 1 repeat", seconds_in=budget)
+    cli.add_run_options(p, cli.RunDefaults(), quick="0.2 s, 1 repeat")
     args = cli.parse(p, argv)
     try:
         args.cpus = resolve_cpus(args.cpus)
@@ -357,8 +354,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.frame_skip = args.frame_skip or FRAME_SKIP.get(args.task, 1)
     if args.envs_per_worker < 1:
         p.error("--envs-per-worker must be >= 1")
-    if args.total_steps is not None and args.total_steps < 1:
-        p.error("--total-steps must be >= 1")
     if args.task not in ATARI_TASKS:   # Pong-v5 is EnvPool's id (our recipe), not a gymnasium one
         try:
             gym.spec(args.task)
@@ -379,8 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = markdown(plan, args, env)
     print(text, flush=True)   # the table once, as markdown (EnvPool's format)
     for kind, path, write in (("markdown", args.md, lambda p: Path(p).write_text(text)),
-                              ("raw measurements", args.json, lambda p: report.write_json(p, json_data(plan, args,
-                                                                                                       env))),
+                              ("raw measurements", args.json,
+                               lambda p: report.write_json(p, json_data(plan, args, env))),
                               ("plot", args.png, lambda p: write_png(p, plan, env))):
         if path:
             write(path)
