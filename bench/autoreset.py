@@ -77,8 +77,8 @@ def _actions(space: gym.Space, n: int, kind: str) -> list[np.ndarray]:
 def _open(system: str, task: str, n: int, action_kind: str) -> Stepping:
     same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     kind, options = {POOL_NEXT: (subjects.POOL, {"autoreset_mode": "next_step"}),
-                     POOL_SAME: (subjects.POOL, {"autoreset_mode": "same_step"}), VECTOR_SAME: (subjects.VECTOR,
-                                                                                                same_step),
+                     POOL_SAME: (subjects.POOL, {"autoreset_mode": "same_step"}),
+                     VECTOR_SAME: (subjects.VECTOR, same_step),
                      subjects.SHM_VEC: (subjects.SHM_VEC, {}), SYNC_SAME: (subjects.SYNC_VEC, same_step),
                      DUMMY: (subjects.SB3_DUMMY, {})}[system]
     vec = subjects.open_vec(kind, task, n, **options)
@@ -115,8 +115,8 @@ def episode_length(g: report.Group, system: str) -> str:
 
 
 def rows(groups: Sequence[report.Group]) -> list[list[str]]:
-    return [[g.task, str(g.num_envs), c.name, report.fmt_summary(g.rate(c.name)), report.fmt_ratio(g.ratio(c.name,
-                                                                                                           POOL_NEXT)),
+    return [[g.task, str(g.num_envs), c.name, report.fmt_summary(g.rate(c.name)),
+             report.fmt_ratio(g.ratio(c.name, POOL_NEXT)),
              report.fmt_summary(transitions(g, c.name)), report.fmt_ratio(transition_ratio(g, c.name)),
              episode_length(g, c.name)]
             for g in groups for c in g.cases]
@@ -129,12 +129,12 @@ def targets(groups: Sequence[report.Group]) -> list[report.Target]:
     for g in groups:
         if g.ran(subjects.SHM_VEC):
             out.append(report.Target(f"{g.task} N={g.num_envs}: ShmVecEnv ≥ 0.95× the NEXT_STEP pool, env steps/s",
-                                     0.95,
-                              g.ratio(subjects.SHM_VEC, POOL_NEXT), moves=moves + "; and the episode length: NEXT_STEP "
-                              "spends one slot per episode on a reset, SAME_STEP does that reset inside a step"))
+                                     0.95, g.ratio(subjects.SHM_VEC, POOL_NEXT),
+                                     moves=moves + "; and the episode length: NEXT_STEP spends one slot per episode on "
+                                     "a reset, SAME_STEP does that reset inside a step"))
             out.append(report.Target(f"{g.task} N={g.num_envs}: ShmVecEnv ≥ 0.95× the NEXT_STEP pool, transitions/s",
                                      0.95,
-                              transition_ratio(g, subjects.SHM_VEC), moves=moves))
+                                     transition_ratio(g, subjects.SHM_VEC), moves=moves))
     return out
 
 
@@ -166,8 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = report.environment()
     systems = [s for s in SYSTEMS if report.version_of("stable_baselines3") or s not in (subjects.SHM_VEC, DUMMY)]
     groups = report.run_cells([(t, n) for t in args.tasks for n in args.num_envs],
-                       lambda task, n: [Case(s, functools.partial(_open, s, task, n, args.actions)) for s in systems],
-                       args, err, len(systems))
+                              lambda task, n: [Case(s, functools.partial(_open, s, task, n, args.actions))
+                                               for s in systems],
+                              args, err, len(systems))
     goals = targets(groups)
     text = "\n".join([f"## shmpool autoreset benchmark — {env['date']}", "", header_line(args, env), "",
                       TITLE + ":", "", report.markdown_table(HEADER, rows(groups)), "",
@@ -176,8 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         report.write_results(args.json, {"benchmark": "bench.autoreset", "environment": env,
                                          "config": report.config_of(args),
-                                  "throughput": [g.to_json() for g in groups],
-                                  "targets": [t.to_json() for t in goals]}, text, err)
+                                         "throughput": [g.to_json() for g in groups],
+                                         "targets": [t.to_json() for t in goals]}, text, err)
     return 1 if report.print_failures(groups, err) else 0
 
 

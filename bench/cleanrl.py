@@ -379,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for rep in range(args.repeats):
                 for system in args.systems:
                     run = run_one(case, system, rep, paths[case.script, system], paths[case.script, system].parent,
-                                     args.extra_env, args.script_args, args.timeout)
+                                  args.extra_env, args.script_args, args.timeout)
                     case_runs.append(run)
                     state = run.error.splitlines()[0] if run.error else f"SPS {run.sps:,}"
                     print(f"{case.name} T={case.timesteps:,} · {system} · rep {rep + 1}/{args.repeats}: {state} "

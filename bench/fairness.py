@@ -89,7 +89,7 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     else:
         vec = subjects.open_vec(subjects.MAKE, task, n, batch=b, env_type="gymnasium", wait_policy=policy, pin=pin,
                                 max_lead=max_lead,
-                       parent_shard=parent_shard)
+                                parent_shard=parent_shard)
     env, space = vec.env, vec.action_space
     rng = np.random.default_rng(0)
     actions = np.stack([space.sample() for _ in range(b)]) if not hasattr(space, "n") else \

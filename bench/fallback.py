@@ -65,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)   # the lane's own warning, expected here
         groups = report.run_cells([("Dict obs", n) for n in args.num_envs],
-                           lambda _, n: cases(BOX_ONLY, n) + cases(WITH_TEXT, n), args, err, 2 * len(subjects.SYSTEMS))
+                                  lambda _, n: cases(BOX_ONLY, n) + cases(WITH_TEXT, n), args, err,
+                                  2 * len(subjects.SYSTEMS))
     rows = [[str(g.num_envs), system, report.fmt_summary(g.rate(f"{system} · {BOX_ONLY}")),
              report.fmt_summary(g.rate(f"{system} · {WITH_TEXT}")),
              report.fmt_ratio(g.ratio(f"{system} · {WITH_TEXT}", f"{system} · {BOX_ONLY}")),
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         report.write_results(args.json, {"benchmark": "bench.fallback", "environment": env,
                                          "config": report.config_of(args),
-                                  "throughput": [g.to_json() for g in groups]}, text, err)
+                                         "throughput": [g.to_json() for g in groups]}, text, err)
     return 1 if report.print_failures(groups, err) else 0
 
 

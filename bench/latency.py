@@ -82,7 +82,7 @@ def open_cell(task: str, mode: str, n: int, batch: int, wait_policy: str | None,
         options.update(num_workers=len(cpus), cpus=cpus)
     vec = subjects.open_vec(subjects.RAY if system == "ray" else subjects.POOL, env_spec(task), n, batch=batch,
                             asynchronous=mode == "async",
-                   **options)
+                            **options)
     space = vec.action_space   # the Ray runs step no-op zeros (as they always did), the others fixed actions
     actions = np.zeros((n, *space.shape), space.dtype) if cpus is not None else subjects.fixed_actions(space, n)
     return subjects.Latency(vec, actions, MEASURED)
@@ -218,7 +218,7 @@ def x_axis_name(args: argparse.Namespace) -> str:
 
 
 def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
-           skipped: list[dict[str, Any]], ray: dict[str, Any] | None) -> None:
+                 skipped: list[dict[str, Any]], ray: dict[str, Any] | None) -> None:
     """The table once, as markdown, with what its columns mean."""
     lines = [f"## shmpool latency benchmark — {env['date']}", "",
              f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · "
@@ -232,7 +232,7 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict
         lines += ["", f"Ray: {ray['nodes']} local nodes (1 CPU, {ray['store_mb']} MB store each) on cpus {args.cpus}, "
                   f"start-up {ray['startup_s']:.1f} s; Ray's floor, one actor call (`ray.get(actor.echo.remote(x))`, "
                   "p50 / p95 µs): " + "; ".join(f"{k} {report.fmt_us(v['p50'])} / {report.fmt_us(v['p95'])}"
-                                               for k, v in ray["round_trip_us"].items())
+                                                for k, v in ray["round_trip_us"].items())
                   + ". Driver CPU = this process's CPU per call (all threads); overhead = Ray p50 − local p50."]
     lines += ["", report.markdown_table(HEADER + (RAY_HEADER if ray else ()), table_rows(cells, bool(ray)))]
     if skipped:
@@ -377,8 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = report.environment()
     systems = ("local", "ray") if args.ray else ("local",)
     cpus = args.cpus if args.ray else None
-    cases = [Case(f"{mode} N={n} batch={b} {system}", functools.partial(open_cell, args.task, mode, n, b,
-                                                                       args.wait_policy, system, cpus))
+    cases = [Case(f"{mode} N={n} batch={b} {system}",
+                  functools.partial(open_cell, args.task, mode, n, b, args.wait_policy, system, cpus))
              for mode, n, b in cells for system in systems]
     cluster = RayCluster(args.ray, args.store_mb) if args.ray else None
     try:

@@ -190,16 +190,16 @@ def targets(groups: Sequence[report.Group]) -> list[report.Target]:
     parity = ("both sides are physics-bound on the same cores (EnvPool's C++ threads, our pinned workers), so the "
               "margin comes only from less native work per step; other processes on the box take from both")
     return [*(report.Target(f"{task} N=32 shmpool {mode} ≥ 1.1× EnvPool {mode}", 1.1, ratio(task, 32, ours, theirs),
-                     moves=parity)
+                            moves=parity)
               for task in TASK_SIZES for mode, ours, theirs in (("async", subjects.POOL_ASYNC, EP_ASYNC),
                                                                 ("sync", subjects.POOL_SYNC, EP_SYNC))),
-            report.Target("BatchPong-v0 N=16384 ≥ 100× one env at a time", 100.0, ratio(BATCH_PONG, 16384, BP_POOL,
-                                                                                        BP_SYNC),
-                   moves="the shard size per worker (one numpy call per shard) against Python's per-env cost")]
+            report.Target("BatchPong-v0 N=16384 ≥ 100× one env at a time", 100.0,
+                          ratio(BATCH_PONG, 16384, BP_POOL, BP_SYNC),
+                          moves="the shard size per worker (one numpy call per shard) against Python's per-env cost")]
 
 
 def write_report(args: argparse.Namespace, env: dict[str, Any], groups: list[report.Group], skipped: dict[str, str],
-           envpool_note: str | None, costs: dict[str, dict[str, float]], goals: list[report.Target]) -> str:
+                 envpool_note: str | None, costs: dict[str, dict[str, float]], goals: list[report.Target]) -> str:
     """The report once, as markdown: the tables sit inside the explanations."""
     workers = sorted({r.info["num_workers"] for g in groups for r in g.records
                       if r.case == subjects.POOL_SYNC and "num_workers" in r.info})
@@ -276,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {**report.environment(), "envpool": envpool if not args.no_envpool else None,
            "ale_py": report.version_of("ale_py"), "os_cpu_count": os.cpu_count()}
     groups = report.run_cells(cells, lambda task, n: batch_pong_cases(n, pool_workers(n)) if task == BATCH_PONG else
-                       task_cases(task, n, envpool_note is None), args, err, len(TASK_SYSTEMS))
+                              task_cases(task, n, envpool_note is None), args, err, len(TASK_SYSTEMS))
     costs = {}
     for task in dict.fromkeys(t for t, _ in cells if t != BATCH_PONG):
         err.print(f"single-core cost per step: {task}", highlight=False)

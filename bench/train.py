@@ -168,7 +168,7 @@ def run(args: argparse.Namespace, err: Any) -> tuple[list[report.Group], dict[st
     neighbour = BusyNeighbour() if args.busy_neighbour else None
     try:
         return report.run_cells([(t, n) for t in args.tasks for n in args.num_envs], cases, args, err,
-                         len(args.systems)), skipped
+                                len(args.systems)), skipped
     finally:
         if neighbour is not None:
             neighbour.close()
@@ -223,21 +223,21 @@ def targets(groups: Sequence[report.Group], busy: bool) -> list[report.Target]:
         best = best_gym(g)
         if busy:
             goals.append(report.Target(f"{g.task} N={g.num_envs}, one core busy elsewhere: shmpool sync ≥ 0.9× "
-                                "SyncVectorEnv", 0.9, g.ratio(subjects.POOL_SYNC, subjects.SYNC_VEC),
-                                moves=f"with one core taken, {share}"))
+                                       "SyncVectorEnv", 0.9, g.ratio(subjects.POOL_SYNC, subjects.SYNC_VEC),
+                                       moves=f"with one core taken, {share}"))
             continue
         goal = 1.0 if g.task == "CartPole-v1" else 1.5
         if g.task == "CartPole-v1" or g.num_envs == 32:
             goals.append(report.Target(f"{g.task} N={g.num_envs}: shmpool sync ≥ {goal:g}× the best gymnasium vector "
-                                f"env ({best})", goal, g.ratio(subjects.POOL_SYNC, best) if best else None,
-                                moves=share + ("; CartPole's env steps are so cheap that there is little to "
-                                               "win over the for-loop, and much to lose" if g.task == "CartPole-v1"
-                                               else "")))
+                                       f"env ({best})", goal, g.ratio(subjects.POOL_SYNC, best) if best else None,
+                                       moves=share + ("; CartPole's env steps are so cheap that there is little "
+                                                      "to win over the for-loop, and much to lose"
+                                                      if g.task == "CartPole-v1" else "")))
         if g.num_envs >= 32:
             goals.append(report.Target(f"{g.task} N={g.num_envs}: shmpool sync max/min over repetitions ≤ 1.3×", 1.3,
-                                spread(g, subjects.POOL_SYNC), at_most=True,
-                                moves="other processes on the box, and wake-ups that miss (a sleeping worker "
-                                      "or trainer thread woken late stalls the whole step)"))
+                                       spread(g, subjects.POOL_SYNC), at_most=True,
+                                       moves="other processes on the box, and wake-ups that miss (a sleeping worker "
+                                       "or trainer thread woken late stalls the whole step)"))
     return goals
 
 
@@ -377,8 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         report.write_results(args.json, {"benchmark": "bench.train", "environment": env,
                                          "config": report.config_of(args),
-                                  "skipped": skipped, "cells": [g.to_json() for g in groups],
-                                  "targets": [t.to_json() for t in goals]}, text, err)
+                                         "skipped": skipped, "cells": [g.to_json() for g in groups],
+                                         "targets": [t.to_json() for t in goals]}, text, err)
         if groups:
             plot(groups, Path(args.json).with_suffix(".png"), f"PPO-shaped loop, torch {env['torch_threads']} "
                  "threads" + (", one core busy elsewhere" if args.busy_neighbour else ""))
