@@ -162,7 +162,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _, err = report.consoles()
+    err = report.stderr_console()
     env = report.environment()
     systems = [s for s in SYSTEMS if report.version_of("stable_baselines3") or s not in (subjects.SHM_VEC, DUMMY)]
     groups = report.run_cells([(t, n) for t in args.tasks for n in args.num_envs],
@@ -173,13 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = "\n".join([f"## shmpool autoreset benchmark — {env['date']}", "", header_line(args, env), "",
                       TITLE + ":", "", report.markdown_table(HEADER, rows(groups)), "",
                       "### Targets (medians of this run)", "", *(t.line() for t in goals)])
-    print(text, flush=True)
-    if args.json:
-        report.write_results(args.json, {"benchmark": "bench.autoreset", "environment": env,
-                                         "config": report.config_of(args),
-                                         "throughput": [g.to_json() for g in groups],
-                                         "targets": [t.to_json() for t in goals]}, text, err)
-    return 1 if report.print_failures(groups, err) else 0
+    return report.finish(args, "bench.autoreset", env, text, err, groups,
+                         throughput=[g.to_json() for g in groups], targets=[t.to_json() for t in goals])
 
 
 if __name__ == "__main__":

@@ -302,7 +302,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.command = " ".join(["python -m bench cleanrl", *(sys.argv[1:] if argv is None else argv)])
     if not args.scripts:
         p.error(f"give --scripts DIR or set {SCRIPTS_ENV}: a folder with CleanRL's ppo.py and "
-                "ppo_continuous_action.py (see --help for how to get them)")
+                "ppo_continuous_action.py (bench/README.md, cleanrl, says how to get them)")
     args.scripts = Path(args.scripts).expanduser().resolve()
     args.cases = parse_cases(p, args.cases)
     args.systems = list(dict.fromkeys(cli.comma_list(args.systems)))

@@ -93,6 +93,16 @@ def comma_list(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def choice_list(p: argparse.ArgumentParser, option: str, text: str, allowed: Sequence[str]) -> list[str]:
+    """A non-empty comma list of names out of ``allowed``, duplicates dropped (first kept); a usage error
+    otherwise."""
+    values = list(dict.fromkeys(comma_list(text)))
+    if not values or not set(values) <= set(allowed):
+        names = [repr(a) for a in allowed]
+        p.error(f"{option} takes {', '.join(names[:-1])} and/or {names[-1]}, not {text!r}")
+    return values
+
+
 def positive_ints(p: argparse.ArgumentParser, option: str, text: str) -> list[int]:
     """A comma list of positive integers, duplicates dropped (first kept); a usage error otherwise."""
     try:

@@ -276,7 +276,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _, err = report.consoles()
+    err = report.stderr_console()
     skipped = {t: why for t in args.tasks if (why := unavailable(t))}
     report.say_skipped(skipped, err)
     env = report.environment()
@@ -284,18 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups = report.run_cells(cells, throughput_cases, args, err, len(subjects.SYSTEMS))
     cpus, note = round_trip_cpus(args)
     round_trip = None if cpus is None else report.run_cells([("round trip", 1)], lambda *_: round_trip_cases(*cpus),
-                                                            args,
-                                                            err, 2 + len(ROUND_TRIP_POLICIES))[0]
+                                                            args, err, 1 + len(ROUND_TRIP_POLICIES))[0]
     goals = targets(groups, round_trip, env["loadavg_at_start"][0])
     text = write_report(args, env, skipped, groups, round_trip, note, goals)
-    print(text, flush=True)
-    if args.json:
-        report.write_results(args.json, {
-            "benchmark": "bench.core", "environment": env, "config": report.config_of(args), "skipped": skipped,
-            "throughput": [g.to_json() for g in groups],
-            "round_trip": round_trip.to_json() if round_trip is not None else {"note": note},
-            "targets": [t.to_json() for t in goals]}, text, err)
-    return 1 if report.print_failures(groups + ([round_trip] if round_trip else []), err) else 0
+    return report.finish(args, "bench.core", env, text, err, groups + ([round_trip] if round_trip else []),
+                         skipped=skipped, throughput=[g.to_json() for g in groups],
+                         round_trip=round_trip.to_json() if round_trip is not None else {"note": note},
+                         targets=[t.to_json() for t in goals])
 
 
 if __name__ == "__main__":

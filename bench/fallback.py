@@ -60,7 +60,7 @@ def parse_args(argv: Sequence[str] | None):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _, err = report.consoles()
+    err = report.stderr_console()
     env = report.environment()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)   # the lane's own warning, expected here
@@ -75,12 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = ["N", "system", "Box only steps/s", "Box+Text steps/s", "Box+Text ÷ Box only",
               "Box+Text ÷ AsyncVectorEnv Box+Text"]
     text = "Env-only steps/s, median (min–max) over repetitions:\n\n" + report.markdown_table(header, rows)
-    print(text, flush=True)
-    if args.json:
-        report.write_results(args.json, {"benchmark": "bench.fallback", "environment": env,
-                                         "config": report.config_of(args),
-                                         "throughput": [g.to_json() for g in groups]}, text, err)
-    return 1 if report.print_failures(groups, err) else 0
+    return report.finish(args, "bench.fallback", env, text, err, groups, throughput=[g.to_json() for g in groups])
 
 
 if __name__ == "__main__":

@@ -343,10 +343,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                      else ([8] if quick else list(DEFAULT_NUM_ENVS)))
     args.batch_size = (cli.positive_ints(p, "--batch-size", args.batch_size) if args.batch_size is not None
                        else ([1, 8] if quick else list(DEFAULT_BATCH_SIZES)))
-    args.modes = cli.comma_list(args.modes)
-    bad = [m for m in args.modes if m not in MODES]
-    if bad or not args.modes:
-        p.error(f"--modes must be a comma list of {', '.join(MODES)}, got {','.join(bad) or 'nothing'}")
+    args.modes = cli.choice_list(p, "--modes", args.modes, MODES)
     if not plan_cells(args.num_envs, args.batch_size, args.modes)[0]:
         p.error(f"nothing to run: every --batch-size {args.batch_size} is larger than every "
                 f"--num-envs {args.num_envs}")
@@ -369,7 +366,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _, err = report.consoles()
+    err = report.stderr_console()
     cells, skipped = plan_cells(args.num_envs, args.batch_size, args.modes)
     for s in skipped:
         err.print(f"[yellow]skipped[/yellow] N={s['num_envs']} batch={s['batch_size']}: {s['reason']}",

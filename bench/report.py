@@ -144,11 +144,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def consoles(width: int = 200) -> tuple[Any, Any]:
-    """(stdout, stderr) rich consoles; a piped stdout keeps wide lines rather than folding them to 80 columns."""
+def stderr_console() -> Any:
+    """A rich console on stderr, for progress, skips and failures (reports go to stdout with ``print``)."""
     from rich.console import Console
-    out = Console()
-    return (out if out.is_terminal else Console(width=width)), Console(stderr=True)
+    return Console(stderr=True)
 
 
 @contextlib.contextmanager
@@ -276,6 +275,17 @@ def print_failures(groups: Iterable[Any], err: Any) -> int:
         err.print(f"{g.where()} · {r.case} · rep {r.rep + 1} failed:", style="red", markup=False, highlight=False)
         sys.stderr.write(r.error.rstrip() + "\n")  # not through rich: no markup, no re-wrapping
     return len(failed)
+
+
+def finish(args: Any, benchmark: str, env: dict[str, Any], text: str, err: Any, groups: Iterable[Any],
+           **fields: Any) -> int:
+    """Print the report ``text``; with ``--json`` write it and the raw measurements (``benchmark``, ``env``,
+    the options, then ``fields``); say every failure.  Returns the exit status: 1 if a cell failed."""
+    print(text, flush=True)
+    if args.json:
+        write_results(args.json, {"benchmark": benchmark, "environment": env, "config": config_of(args), **fields},
+                      text, err)
+    return 1 if print_failures(groups, err) else 0
 
 
 # --- targets -----------------------------------------------------------------------------------

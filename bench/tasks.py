@@ -265,7 +265,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    out, err = report.consoles(240)
+    err = report.stderr_console()
     cells, skipped = make_plan(args)
     report.say_skipped(skipped, err)
     envpool = report.version_of("envpool")
@@ -283,15 +283,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         costs[task] = step_costs(task, args.cost_steps, args.cost_repeats, with_envpool=envpool_note is None)
     goals = targets(groups)
     text = write_report(args, env, groups, skipped, envpool_note, costs, goals)
-    print(text, file=out.file, flush=True)
-    if args.json:
-        report.write_results(args.json, {
-            "benchmark": "bench.tasks", "environment": env, "config": report.config_of(args),
-            "actions": {"distribution": "uniform over the action space, one fixed array per (task, N)",
-                        "seed": subjects.ACTION_SEED},
-            "skipped": skipped, "envpool_note": envpool_note, "throughput": [g.to_json() for g in groups],
-            "step_cost_us": costs, "targets": [t.to_json() for t in goals]}, text, err)
-    return 1 if report.print_failures(groups, err) else 0
+    return report.finish(args, "bench.tasks", env, text, err, groups,
+                         actions={"distribution": "uniform over the action space, one fixed array per (task, N)",
+                                  "seed": subjects.ACTION_SEED},
+                         skipped=skipped, envpool_note=envpool_note, throughput=[g.to_json() for g in groups],
+                         step_cost_us=costs, targets=[t.to_json() for t in goals])
 
 
 if __name__ == "__main__":

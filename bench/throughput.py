@@ -364,7 +364,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _, err = report.consoles()
+    err = report.stderr_console()
     plan = make_plan(args)
     for line in plan.notes + [f"{s}: not run — {why}" for s, why in plan.skipped.items()]:
         err.print(line, highlight=False, markup=False, soft_wrap=True)

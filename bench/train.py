@@ -337,10 +337,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     else:
         args.num_envs = [8] if args.quick else list(DEFAULT_NUM_ENVS)
     if args.systems:
-        args.systems = cli.comma_list(args.systems)
-        unknown = [s for s in args.systems if s not in SYSTEMS]
-        if unknown:
-            p.error(f"unknown system(s) {unknown}; systems: {', '.join(SYSTEMS)}")
+        args.systems = cli.choice_list(p, "--systems", args.systems, SYSTEMS)
     else:
         args.systems = [subjects.SYNC_VEC, subjects.POOL_SYNC] if args.quick else list(subjects.ALL_SYSTEMS)
     return args
@@ -369,20 +366,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.torch_threads)
     env = {**report.environment(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
            "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "MKL_", "KMP_"))}}
-    _, err = report.consoles()
+    err = report.stderr_console()
     groups, skipped = run(args, err)
     goals = targets(groups, args.busy_neighbour)
     text = markdown(args, env, groups, skipped, goals)
-    print(text, flush=True)
-    if args.json:
-        report.write_results(args.json, {"benchmark": "bench.train", "environment": env,
-                                         "config": report.config_of(args),
-                                         "skipped": skipped, "cells": [g.to_json() for g in groups],
-                                         "targets": [t.to_json() for t in goals]}, text, err)
-        if groups:
-            plot(groups, Path(args.json).with_suffix(".png"), f"PPO-shaped loop, torch {env['torch_threads']} "
-                 "threads" + (", one core busy elsewhere" if args.busy_neighbour else ""))
-    return 1 if report.print_failures(groups, err) else 0
+    status = report.finish(args, "bench.train", env, text, err, groups, skipped=skipped,
+                           cells=[g.to_json() for g in groups], targets=[t.to_json() for t in goals])
+    if args.json and groups:
+        plot(groups, Path(args.json).with_suffix(".png"), f"PPO-shaped loop, torch {env['torch_threads']} "
+             "threads" + (", one core busy elsewhere" if args.busy_neighbour else ""))
+    return status
 
 
 if __name__ == "__main__":
