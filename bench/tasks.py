@@ -216,8 +216,7 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], groups: list[rep
         "num_threads = shmpool's workers, default thread affinity; async: batch_size = N/2. Actions: one fixed "
         f"array of random actions, uniform over the action space (seed {subjects.ACTION_SEED}), the same for every "
         "system — the action distribution changes MuJoCo's cost a lot (full-range random actions cause many "
-        "contacts), "
-        "so compare only runs with the same actions. Pong-v5: every system runs EnvPool's preprocessing "
+        "contacts), so compare only runs with the same actions. Pong-v5: every system runs EnvPool's preprocessing "
         "(30 no-ops, 4 frames max-pooled, 84x84 INTER_AREA gray, 4-frame stack); gymnasium's rows are "
         "`ALE/Pong-v5` (frameskip=1, no sticky actions) + `AtariPreprocessing` + `FrameStackObservation(4)`.", "",
         "Throughput, env steps/s, median (min–max); ratios of medians:", "",
