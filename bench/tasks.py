@@ -6,7 +6,7 @@
 
 gymnasium Sync/Async over the equivalent wrappers, shmpool sync/async over its recipe, EnvPool sync/async
 over its C++ env (num_threads = shmpool's workers), one fixed array of seeded uniform random actions for
-all; then each task's single-core µs per step (bench recipe-cost, EnvPool on one thread) and BatchPong-v0
+all; then each task's single-core µs per step (recipe, physics, Python; EnvPool on one thread) and BatchPong-v0
 in shmpool's workers against one env at a time.  How to read it: bench/README.md, "tasks".
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from shmpool.batched import Batched
 from . import cli, report, subjects
 from ._timing import Case, Sample, timed_loop
 from .envs import gym_env_fn, recipe_env
+from .recipe_cost import TASKS as MUJOCO_RECIPES
 from .recipe_cost import step_costs
 
 EP_SYNC, EP_ASYNC = "EnvPool sync", "EnvPool async"
@@ -222,12 +223,14 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], groups: list[rep
         "Throughput, env steps/s, median (min–max); ratios of medians:", "",
         report.markdown_table(HEADER, rows(groups)),
     ]
+    if args.costs_only:   # the header line, then the cost table alone
+        del lines[4:]
     if envpool_note is not None:
         lines += ["", f"EnvPool rows unavailable — {envpool_note}"]
     lines += [f"\n{task}: skipped — {reason}" for task, reason in skipped.items()]
     if costs:
         lines += ["", f"Single-core cost per env step (µs, median of {args.cost_repeats} interleaved runs of "
-                  f"{args.cost_steps} steps; `bench recipe-cost`; physics = ctrl write + mj_step×frame_skip + "
+                  f"{args.cost_steps} steps; physics = ctrl write + mj_step×frame_skip + "
                   "mj_rnePostConstraint (Atari: the native floor, ALE frames + screen reads + max-pool + "
                   "cv2 resize, in a bare loop); Python overhead = step with physics stubbed out (Atari: recipe "
                   "minus that floor; gymnasium's wrapped env, minus the same floor); EnvPool = one C++ "
@@ -237,7 +240,8 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], groups: list[rep
         lines += ["", "### BatchPong-v0: steps/s (median of repetitions, min-max)", "",
                   report.markdown_table(BP_HEADER, batch_pong_rows(groups)), "",
                   f"One-at-a-time sides step min(N, {BASELINE_ENVS:,}) envs; their per-env cost does not depend on N."]
-    lines += ["", "### Targets (medians of this run)", "", *(t.line() for t in goals)]
+    if not args.costs_only:
+        lines += ["", "### Targets (medians of this run)", "", *(t.line() for t in goals)]
     return "\n".join(lines)
 
 
@@ -250,9 +254,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cost-steps", type=int, help="steps per side for the single-core cost (default 2000, --quick 200)")
     p.add_argument("--cost-repeats", type=int, help="repetitions of the single-core cost (default 3, --quick 1)")
     p.add_argument("--no-envpool", action="store_true", help="leave out the EnvPool rows")
+    p.add_argument("--costs-only", action="store_true", help="only the single-core cost per step, of any MuJoCo "
+                   "recipe or Atari <Game>-v5 in --tasks ('all': every MuJoCo recipe)")
     cli.add_run_options(p, cli.RunDefaults(), quick="0.2 s, 1 repeat, N=8, short single-core cost")
     args = cli.parse(p, argv, cost_steps=(2000, 200), cost_repeats=(3, 1))
     args.tasks = cli.comma_list(args.tasks) if args.tasks else list(DEFAULT_TASKS)
+    if args.costs_only and args.tasks == ["all"]:
+        args.tasks = list(MUJOCO_RECIPES)
     if args.num_envs:
         args.num_envs = cli.positive_ints(p, "--num-envs", args.num_envs)
     else:
@@ -265,7 +273,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     err = report.stderr_console()
-    cells, skipped = make_plan(args)
+    cells, skipped = ([], {}) if args.costs_only else make_plan(args)
     report.say_skipped(skipped, err)
     envpool = report.version_of("envpool")
     envpool_note = ("not run (--no-envpool)" if args.no_envpool else
@@ -277,7 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups = report.run_cells(cells, lambda task, n: batch_pong_cases(n, pool_workers(n)) if task == BATCH_PONG else
                               task_cases(task, n, envpool_note is None), args, err, len(TASK_SYSTEMS))
     costs = {}
-    for task in dict.fromkeys(t for t, _ in cells if t != BATCH_PONG):
+    cost_tasks = args.tasks if args.costs_only else [t for t, _ in cells]
+    for task in dict.fromkeys(t for t in cost_tasks if t != BATCH_PONG):
         err.print(f"single-core cost per step: {task}", highlight=False)
         costs[task] = step_costs(task, args.cost_steps, args.cost_repeats, with_envpool=envpool_note is None)
     goals = targets(groups)
