@@ -18,7 +18,8 @@ COMMANDS = {
     "train": ("bench.train", "env steps/s inside a PPO-shaped training loop (or SB3's PPO.learn) per vector-env "
                              "system: gymnasium, SB3, EnvPool, shmpool"),
     "tasks": ("bench.tasks", "the built-in Pong-v5/Ant-v5 recipes against EnvPool and gymnasium, env-only, with "
-                             "single-core µs per step, and BatchPong-v0 against one env at a time"),
+                             "single-core µs per step (--costs-only: of any recipe), and BatchPong-v0 against one "
+                             "env at a time"),
     "throughput": ("bench.throughput", "EnvPool's table: frames/s per system against the number of cores "
                                        "(--cpus, --numa), or against N (--num-envs: the PoolVecEnv sweep)"),
     "latency": ("bench.latency", "per-call and per-env-step latency percentiles of sync step and async "
@@ -31,8 +32,6 @@ COMMANDS = {
                                    "observation"),
     "deploy": ("bench.deploy", "env-only and a GPU-shaped loop under a CPU quota (--cpu-quota, root), and the "
                                "workers' CPU while the trainer is busy elsewhere"),
-    "recipe-cost": ("bench.recipe_cost", "single-core µs per env.step: a recipe against gymnasium's env, its "
-                                         "physics floor and the Python around it"),
 }
 
 

@@ -105,32 +105,6 @@ def timed_loop(step: Callable[[], object], units_per_call: int, seconds: float, 
     return Sample(calls * units_per_call, now - start)
 
 
-def counted_loop(step: Callable[[], object], units_per_call: int, total: int, warmup: float = 0.0) -> Sample:
-    """:func:`timed_loop` for a fixed amount of work: call ``step`` until ``total`` units are done."""
-    end = clock() + warmup
-    while clock() < end:
-        step()
-    done = 0
-    start = clock()
-    while done < total:
-        step()
-        done += units_per_call
-    return Sample(done, clock() - start)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How long one repetition runs: ``seconds`` of stepping, or ``total_steps`` units when given."""
-
-    seconds: float
-    total_steps: int | None = None
-
-    def run(self, step: Callable[[], object], units: int, warmup: float) -> Sample:
-        if self.total_steps is not None:
-            return counted_loop(step, units, self.total_steps, warmup)
-        return timed_loop(step, units, self.seconds, warmup)
-
-
 def latency_loop(step: Callable[[], object], seconds: float, warmup: float = 0.0,
                  percentiles: Sequence[int] = (50, 90, 99)) -> Sample:
     """:func:`timed_loop` with one unit per call that also keeps every call's latency.

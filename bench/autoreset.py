@@ -21,37 +21,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
-from . import cli
+from . import cli, report, subjects
 from ._timing import Case, Sample, Summary, timed_loop
-from .report import (
-    Group,
-    Target,
-    config_of,
-    consoles,
-    environment,
-    fmt_ratio,
-    fmt_summary,
-    markdown_table,
-    print_failures,
-    run_cells,
-    version_of,
-    write_results,
-)
-from .subjects import (
-    ACTION_SEED,
-    POOL,
-    SB3_DUMMY,
-    SHM_VEC,
-    SYNC_VEC,
-    VECTOR,
-    Vec,
-    fixed_random_actions,
-    open_vec,
-)
 
 POOL_NEXT, POOL_SAME, VECTOR_SAME = "Pool NEXT_STEP", "Pool SAME_STEP", "VectorEnv SAME_STEP"
-SYNC_SAME, DUMMY = "SyncVectorEnv SAME_STEP", SB3_DUMMY
-SYSTEMS = (POOL_NEXT, POOL_SAME, VECTOR_SAME, SHM_VEC, SYNC_SAME, DUMMY)
+SYNC_SAME, DUMMY = "SyncVectorEnv SAME_STEP", subjects.SB3_DUMMY
+SYSTEMS = (POOL_NEXT, POOL_SAME, VECTOR_SAME, subjects.SHM_VEC, SYNC_SAME, DUMMY)
 DEFAULT_JSON = None
 ACTION_SETS = 64
 
@@ -61,7 +36,7 @@ class Stepping:
     bookkeeping per step (which envs ended): NEXT_STEP's autoreset slots (the step after an
     end, which resets instead of stepping) are counted so transitions can be told from slots."""
 
-    def __init__(self, vec: Vec, next_step: bool, actions: list[np.ndarray]) -> None:
+    def __init__(self, vec: subjects.Vec, next_step: bool, actions: list[np.ndarray]) -> None:
         self.vec, self.n, self.info = vec, vec.num_envs, dict(vec.info)
         self.ended = self.reset_slots = 0
         done = np.zeros(self.n, dtype=bool)
@@ -93,18 +68,20 @@ def _actions(space: gym.Space, n: int, kind: str) -> list[np.ndarray]:
     """``fixed``: one seeded batch, every step (CartPole: episodes of ~10 steps); ``random``:
     ``ACTION_SETS`` seeded batches drawn before timing and cycled (CartPole: ~22 steps)."""
     if kind == "fixed":
-        return [fixed_random_actions(space, n)]
+        return [subjects.fixed_random_actions(space, n)]
     batched = batch_space(space, n)
-    batched.seed(ACTION_SEED)
+    batched.seed(subjects.ACTION_SEED)
     return [batched.sample() for _ in range(ACTION_SETS)]
 
 
 def _open(system: str, task: str, n: int, action_kind: str) -> Stepping:
     same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-    kind, options = {POOL_NEXT: (POOL, {"autoreset_mode": "next_step"}),
-                     POOL_SAME: (POOL, {"autoreset_mode": "same_step"}), VECTOR_SAME: (VECTOR, same_step),
-                     SHM_VEC: (SHM_VEC, {}), SYNC_SAME: (SYNC_VEC, same_step), DUMMY: (SB3_DUMMY, {})}[system]
-    vec = open_vec(kind, task, n, **options)
+    kind, options = {POOL_NEXT: (subjects.POOL, {"autoreset_mode": "next_step"}),
+                     POOL_SAME: (subjects.POOL, {"autoreset_mode": "same_step"}),
+                     VECTOR_SAME: (subjects.VECTOR, same_step),
+                     subjects.SHM_VEC: (subjects.SHM_VEC, {}), SYNC_SAME: (subjects.SYNC_VEC, same_step),
+                     DUMMY: (subjects.SB3_DUMMY, {})}[system]
+    vec = subjects.open_vec(kind, task, n, **options)
     try:
         actions = _actions(vec.action_space, n, action_kind)
         vec.reset()
@@ -119,41 +96,45 @@ HEADER = ["task", "N", "system", "env steps/s: median (min–max)", f"÷ {POOL_N
 TITLE = "Env-only throughput, SAME_STEP systems against the NEXT_STEP pool (same run)"
 
 
-def transitions(g: Group, system: str) -> Summary | None:
+def transitions(g: report.Group, system: str) -> Summary | None:
     """env.step calls per second: NEXT_STEP's autoreset slots (a reset, no transition) left out."""
     return Summary.of(r.info["transitions"] / r.sample.seconds for r in g.records
                       if r.case == system and r.sample is not None and "transitions" in r.info)
 
 
-def transition_ratio(g: Group, system: str) -> float | None:
+def transition_ratio(g: report.Group, system: str) -> float | None:
     a, b = transitions(g, system), transitions(g, POOL_NEXT)
     return None if a is None or b is None else a.median / b.median
 
 
-def episode_length(g: Group, system: str) -> str:
+def episode_length(g: report.Group, system: str) -> str:
     recs = [r for r in g.records if r.case == system and r.sample is not None and r.info.get("ended")]
     if not recs:
         return "—"
     return f"{sum(r.info['transitions'] for r in recs) / sum(r.info['ended'] for r in recs):.1f}"
 
 
-def rows(groups: Sequence[Group]) -> list[list[str]]:
-    return [[g.task, str(g.num_envs), c.name, fmt_summary(g.rate(c.name)), fmt_ratio(g.ratio(c.name, POOL_NEXT)),
-             fmt_summary(transitions(g, c.name)), fmt_ratio(transition_ratio(g, c.name)), episode_length(g, c.name)]
+def rows(groups: Sequence[report.Group]) -> list[list[str]]:
+    return [[g.task, str(g.num_envs), c.name, report.fmt_summary(g.rate(c.name)),
+             report.fmt_ratio(g.ratio(c.name, POOL_NEXT)),
+             report.fmt_summary(transitions(g, c.name)), report.fmt_ratio(transition_ratio(g, c.name)),
+             episode_length(g, c.name)]
             for g in groups for c in g.cases]
 
 
-def targets(groups: Sequence[Group]) -> list[Target]:
+def targets(groups: Sequence[report.Group]) -> list[report.Target]:
     moves = ("what SAME_STEP adds per ended episode (final observation and info) and SB3's face per step "
              "(observation copy, a list of info dicts)")
     out = []
     for g in groups:
-        if g.ran(SHM_VEC):
-            out.append(Target(f"{g.task} N={g.num_envs}: ShmVecEnv ≥ 0.95× the NEXT_STEP pool, env steps/s", 0.95,
-                              g.ratio(SHM_VEC, POOL_NEXT), moves=moves + "; and the episode length: NEXT_STEP "
-                              "spends one slot per episode on a reset, SAME_STEP does that reset inside a step"))
-            out.append(Target(f"{g.task} N={g.num_envs}: ShmVecEnv ≥ 0.95× the NEXT_STEP pool, transitions/s", 0.95,
-                              transition_ratio(g, SHM_VEC), moves=moves))
+        if g.ran(subjects.SHM_VEC):
+            out.append(report.Target(f"{g.task} N={g.num_envs}: ShmVecEnv ≥ 0.95× the NEXT_STEP pool, env steps/s",
+                                     0.95, g.ratio(subjects.SHM_VEC, POOL_NEXT),
+                                     moves=moves + "; and the episode length: NEXT_STEP spends one slot per episode on "
+                                     "a reset, SAME_STEP does that reset inside a step"))
+            out.append(report.Target(f"{g.task} N={g.num_envs}: ShmVecEnv ≥ 0.95× the NEXT_STEP pool, transitions/s",
+                                     0.95,
+                                     transition_ratio(g, subjects.SHM_VEC), moves=moves))
     return out
 
 
@@ -181,22 +162,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _, err = consoles()
-    env = environment()
-    systems = [s for s in SYSTEMS if version_of("stable_baselines3") or s not in (SHM_VEC, DUMMY)]
-    groups = run_cells([(t, n) for t in args.tasks for n in args.num_envs],
-                       lambda task, n: [Case(s, functools.partial(_open, s, task, n, args.actions)) for s in systems],
-                       args, err, len(systems))
+    err = report.stderr_console()
+    env = report.environment()
+    systems = [s for s in SYSTEMS if report.version_of("stable_baselines3") or s not in (subjects.SHM_VEC, DUMMY)]
+    groups = report.run_cells([(t, n) for t in args.tasks for n in args.num_envs],
+                              lambda task, n: [Case(s, functools.partial(_open, s, task, n, args.actions))
+                                               for s in systems],
+                              args, err, len(systems))
     goals = targets(groups)
     text = "\n".join([f"## shmpool autoreset benchmark — {env['date']}", "", header_line(args, env), "",
-                      TITLE + ":", "", markdown_table(HEADER, rows(groups)), "",
+                      TITLE + ":", "", report.markdown_table(HEADER, rows(groups)), "",
                       "### Targets (medians of this run)", "", *(t.line() for t in goals)])
-    print(text, flush=True)
-    if args.json:
-        write_results(args.json, {"benchmark": "bench.autoreset", "environment": env, "config": config_of(args),
-                                  "throughput": [g.to_json() for g in groups],
-                                  "targets": [t.to_json() for t in goals]}, text, err)
-    return 1 if print_failures(groups, err) else 0
+    return report.finish(args, "bench.autoreset", env, text, err, groups,
+                         throughput=[g.to_json() for g in groups], targets=[t.to_json() for t in goals])
 
 
 if __name__ == "__main__":

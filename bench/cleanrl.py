@@ -1,76 +1,7 @@
 """CleanRL's own PPO scripts, run as users run them, over SyncVectorEnv and over ``shmpool.VectorEnv``.
 
-    python -m bench cleanrl --scripts /tmp/cleanrl_scratch              # 4 cases x sync,shmpool x 3 repeats
-    CLEANRL_SCRIPTS=/tmp/cleanrl_scratch python -m bench cleanrl --systems sync,shmpool,shmpool-optout
-    python -m bench cleanrl --scripts DIR --cases ppo:CartPole-v1:8 --total-timesteps 4096 --repeats 1
-    python -m bench cleanrl --scripts DIR --out /tmp/cleanrl_run        # also /tmp/cleanrl_run.{md,json}
-
-Getting the scripts (CleanRL's code is not part of this repository): ``--scripts DIR`` (or the
-environment variable ``CLEANRL_SCRIPTS``) names a folder holding ``ppo.py`` and
-``ppo_continuous_action.py`` from the public repository vwxyzjn/cleanrl (files ``cleanrl/ppo.py`` and
-``cleanrl/ppo_continuous_action.py``): clone that repository outside this one and pass its
-``cleanrl`` folder, or copy the two files into a scratch folder outside this repository.  They import ``tyro`` and
-``torch.utils.tensorboard`` (package ``tensorboard``): ``pip install tyro tensorboard``.  Written for
-CleanRL's revision fe8d8a0 (2026-04-20); the runner refuses a script where one of the patches below does
-not find its text.
-
-What runs: each case ``SCRIPT:ENV_ID:N[:TOTAL_TIMESTEPS]`` is CleanRL's script with ``--env-id ENV_ID
---num-envs N --seed 1 --no-track --no-capture-video --total-timesteps T`` (tyro's spelling of
-``--track False --capture-video False``; both are CleanRL's defaults anyway) and every other
-hyperparameter at CleanRL's default, in a subprocess of its own whose working directory is a scratch
-folder outside the repository (``--workdir``, default a fresh temporary folder, removed afterwards
-unless ``--keep``; the scripts' tensorboard ``runs/`` land there).  The child's environment is this
-one without any ``OMP_*``, ``GOMP_*``, ``KMP_*``, ``MKL_*``, ``OPENBLAS_*`` or ``SHMPOOL_*`` variable,
-plus ``--env KEY=VAL`` (given to every system); torch keeps its own defaults (threads included).
-CleanRL runs ``T // (N * num_steps)`` iterations, so T is rounded up to whole iterations (at least one):
-``ppo.py`` collects N x 128 steps per iteration, ``ppo_continuous_action.py`` N x 2048 (``--script-args
-"--num-steps 512"`` changes that; the table says the T actually run).  Default T: 131,072 for ``ppo.py``
-(128 iterations at N=8, 32 at N=32: ~15-25 s a run on a 2-vCPU VM), 16,384 for
-``ppo_continuous_action.py``, i.e. one iteration (Ant-v5: ~20 s at N=8; at N=32 one iteration is 65,536
-steps, about a minute).
-
-Systems (only the vector-env line differs between them; every other patch is the same for all):
-
-- ``sync``: CleanRL's ``gym.vector.SyncVectorEnv(`` as it stands (the anchor);
-- ``async``: ``gym.vector.AsyncVectorEnv(``;
-- ``shmpool``: ``shmpool.VectorEnv(`` and ``import shmpool`` after ``import gymnasium as gym``;
-- ``shmpool-optout``: the ``shmpool`` script with ``SHMPOOL_NO_OMP_TUNING=1`` in the child's environment.
-
-Patches applied to both scripts (textual, each must match exactly once):
-
-1. the vector-env line, per system (above);
-2. gymnasium 1.x logs episodes in ``infos["episode"]`` with the mask ``infos["_episode"]``, not in
-   ``infos["final_info"][i]["episode"]`` (gymnasium 0.29, CleanRL's pin): without the patch the
-   ``if "final_info" in infos:`` block never runs, silently.  It becomes ``if "_episode" in infos: for i
-   in np.flatnonzero(infos["_episode"]):`` with the same print and the two ``writer.add_scalar`` calls
-   on ``infos["episode"]["r"][i]`` and ``["l"][i]``, so the parent does per-episode work as CleanRL
-   does on its pinned gymnasium;
-3. one line after the training loop, before ``envs.close()``: ``CLEANRL_BENCH {json}`` with
-   ``global_step``, the seconds since CleanRL's ``start_time``, and a checksum of the final agent
-   parameters (``sum(p.double().sum())`` and a SHA-256 of their bytes) — the check that training was
-   the same on every system.
-
-and to ``ppo_continuous_action.py`` only:
-
-4. gymnasium 1.x's ``TransformObservation(env, func, observation_space)`` has no default for the space:
-   ``gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))`` gets
-   ``env.observation_space`` as its third argument (the space under the clip, as gymnasium 0.29 kept).
-   Its default ``--env-id`` is ``HalfCheetah-v4``; the cases pass ``Ant-v5``.
-
-Not patched: gymnasium 1.x's vector envs autoreset on the NEXT step (the step after a done returns the
-reset observation with reward 0), which CleanRL's GAE, written for same-step autoreset, takes as an
-ordinary transition.  It changes what is learnt a little, not how fast, and the same on every system
-(``shmpool.VectorEnv`` defaults to NEXT_STEP as gymnasium does).
-
-SPS: CleanRL prints ``SPS: int(global_step / (time.time() - start_time))`` after every iteration, with
-``start_time`` taken just before ``envs.reset``: a running, global rate.  The table takes the LAST such
-line of a run, i.e. the global SPS of the whole run: every rollout (policy forward, ``envs.step``,
-tensors, episode logging) and every PPO update, without imports, env construction (the pool's start)
-and teardown.  The JSON also keeps ``global_step / seconds`` of patch 3 (the same quantity, not rounded).
-Repetitions are interleaved: repetition 1 of every system of a case, then repetition 2, ...; the table
-gives the median (min–max) per system and the ratio of medians to ``sync``.  Training is identical
-when every run of a case, on every system, ends with the same parameter SHA-256 (the seed is fixed, the
-envs are seeded ``seed + i`` alike and the actions are sampled in the parent).
+Only the vector-env line differs between systems; bench/README.md (cleanrl) says where to get the scripts,
+which patches make them run on gymnasium 1.x, what the SPS column is and when training counts as identical.
 """
 from __future__ import annotations
 
@@ -371,7 +302,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.command = " ".join(["python -m bench cleanrl", *(sys.argv[1:] if argv is None else argv)])
     if not args.scripts:
         p.error(f"give --scripts DIR or set {SCRIPTS_ENV}: a folder with CleanRL's ppo.py and "
-                "ppo_continuous_action.py (see --help for how to get them)")
+                "ppo_continuous_action.py (bench/README.md, cleanrl, says how to get them)")
     args.scripts = Path(args.scripts).expanduser().resolve()
     args.cases = parse_cases(p, args.cases)
     args.systems = list(dict.fromkeys(cli.comma_list(args.systems)))
@@ -448,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for rep in range(args.repeats):
                 for system in args.systems:
                     run = run_one(case, system, rep, paths[case.script, system], paths[case.script, system].parent,
-                                     args.extra_env, args.script_args, args.timeout)
+                                  args.extra_env, args.script_args, args.timeout)
                     case_runs.append(run)
                     state = run.error.splitlines()[0] if run.error else f"SPS {run.sps:,}"
                     print(f"{case.name} T={case.timesteps:,} · {system} · rep {rep + 1}/{args.repeats}: {state} "

@@ -39,13 +39,11 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
 
 
 def add_run_options(p: argparse.ArgumentParser, defaults: RunDefaults, *, quick: str,
-                    seconds_in: Any = None, seconds_help: str = "timed seconds per repetition") -> None:
-    """Declare ``--seconds --warmup [--repeats] --json --quick``; ``quick`` says what ``--quick`` runs.
-
-    ``seconds_in``: a mutually exclusive group to put ``--seconds`` in (e.g. beside ``--total-steps``)."""
+                    seconds_help: str = "timed seconds per repetition") -> None:
+    """Declare ``--seconds --warmup [--repeats] --json --quick``; ``quick`` says what ``--quick`` runs."""
     p.set_defaults(run_defaults=defaults)
     s, w = defaults.seconds, defaults.warmup
-    (seconds_in or p).add_argument("--seconds", type=float, help=f"{seconds_help} (default {s[0]:g}, --quick {s[1]:g})")
+    p.add_argument("--seconds", type=float, help=f"{seconds_help} (default {s[0]:g}, --quick {s[1]:g})")
     p.add_argument("--warmup", type=float, help=f"untimed seconds before each repetition (default {w[0]:g}, "
                                                 f"--quick {w[1]:g})")
     if defaults.repeats is not None:
@@ -93,6 +91,16 @@ def fill_defaults(args: Any, **defaults: tuple[Any, Any]) -> None:
 def comma_list(text: str) -> list[str]:
     """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def choice_list(p: argparse.ArgumentParser, option: str, text: str, allowed: Sequence[str]) -> list[str]:
+    """A non-empty comma list of names out of ``allowed``, duplicates dropped (first kept); a usage error
+    otherwise."""
+    values = list(dict.fromkeys(comma_list(text)))
+    if not values or not set(values) <= set(allowed):
+        names = [repr(a) for a in allowed]
+        p.error(f"{option} takes {', '.join(names[:-1])} and/or {names[-1]}, not {text!r}")
+    return values
 
 
 def positive_ints(p: argparse.ArgumentParser, option: str, text: str) -> list[int]:

@@ -17,7 +17,6 @@ import functools
 import mmap
 import multiprocessing as mp
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,89 +25,41 @@ import numpy as np
 
 from shmpool import _core
 
-from . import cli
+from . import cli, report, subjects
 from ._timing import Case, Sample, Summary, latency_loop
 from .envs import EmptyEnv, gym_env_fn
-from .report import (
-    RESULTS,
-    Group,
-    Target,
-    config_of,
-    consoles,
-    environment,
-    fmt_ratio,
-    fmt_summary,
-    fmt_us,
-    markdown_table,
-    print_failures,
-    run_cells,
-    say_skipped,
-    write_results,
-)
-from .subjects import (
-    ASYNC_VEC,
-    POOL,
-    POOL_ASYNC,
-    POOL_SYNC,
-    SYNC_VEC,
-    SYSTEMS,
-    action_space_of,
-    fixed_actions,
-    headline_cases,
-    open_vec,
-)
 
 DEFAULT_TASKS = ("CartPole-v1", "Ant-v5")
 DEFAULT_NUM_ENVS = {"CartPole-v1": (8, 32, 128), "Ant-v5": (8, 32)}
-OTHER_NUM_ENVS = (8, 32)
 PINGPONG = "spin ping-pong"
-PY_PINGPONG = "spin ping-pong, Python loop"
-DEFAULT_JSON = str(RESULTS / "core.json")   # and the markdown report beside it, core.md
+DEFAULT_JSON = str(report.RESULTS / "core.json")   # and the markdown report beside it, core.md
 ROUND_TRIP_POLICIES = {"shmpool empty env, default wait": "auto", "shmpool empty env, wait_policy='spin'": "spin"}
 
 
 def throughput_cases(task: str, n: int) -> list[Case]:
     """The four systems of one (task, N) cell, all stepped with the same actions."""
     make_env = gym_env_fn(task)
-    return headline_cases(make_env, task, n, fixed_actions(action_space_of(make_env), n))
+    return subjects.headline_cases(make_env, task, n, subjects.fixed_actions(subjects.action_space_of(make_env), n))
 
 
 # --- round-trip subjects ---------------------------------------------------------------------
 
-def python_pingpong(buf: mmap.mmap, offset: int, role: int, rounds: int) -> int:
-    """``_core.spin_pingpong`` written in Python: the floor of a round trip driven by Python code."""
-    load, store = _core.load_word, _core.store_word
-    t0 = time.perf_counter_ns()
-    for i in range(rounds):
-        v = 2 * i + role
-        while load(buf, offset) != v:
-            pass
-        store(buf, offset, v + 1)
-    return time.perf_counter_ns() - t0
-
-
-def _pingpong_side(buf: mmap.mmap, cpu: int, role: int, warm_rounds: int, rounds: int, python: bool,
-                   conn) -> None:
+def _pingpong_side(buf: mmap.mmap, cpu: int, role: int, warm_rounds: int, rounds: int, conn) -> None:
     """One end of the ping-pong (runs in a forked child)."""
     os.sched_setaffinity(0, {cpu})
-    pingpong = python_pingpong if python else _core.spin_pingpong
     # The warm-up on its own word also lines the two ends up, so the timed
     # part starts within a round trip on both sides.
-    pingpong(buf, 0, role, warm_rounds)
-    conn.send(pingpong(buf, 128, role, rounds))
+    _core.spin_pingpong(buf, 0, role, warm_rounds)
+    conn.send(_core.spin_pingpong(buf, 128, role, rounds))
     conn.close()
 
 
 class SpinPingPong:
-    """Spin ping-pong on one shared word between two processes pinned to two cores.
+    """C spin ping-pong (``_core.spin_pingpong``) on one shared word between two processes pinned to two cores."""
 
-    C-speed (``_core.spin_pingpong``) by default; ``python=True`` runs the
-    same loop in Python, to show what the interpreter alone costs."""
-
-    def __init__(self, cpus: tuple[int, int], python: bool = False) -> None:
+    def __init__(self, cpus: tuple[int, int]) -> None:
         self.cpus = cpus
-        self.python = python
-        self.info = {"cpus": list(cpus), "loop": "python" if python else "C"}
+        self.info = {"cpus": list(cpus), "loop": "C"}
 
     def measure(self, seconds: float, warmup: float) -> Sample:
         calibration = 20_000
@@ -126,7 +77,7 @@ class SpinPingPong:
             for role, cpu in enumerate(self.cpus):
                 recv_end, send_end = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_pingpong_side, name=f"pingpong-{role}", daemon=True,
-                                   args=(buf, cpu, role, warm_rounds, rounds, self.python, send_end))
+                                   args=(buf, cpu, role, warm_rounds, rounds, send_end))
                 proc.start()
                 send_end.close()
                 procs.append(proc)
@@ -158,7 +109,8 @@ class PoolRoundTrip:
     def __init__(self, wait_policy: str, parent_cpu: int, worker_cpu: int) -> None:
         # The pool is created before the parent pins itself: ``cpus=`` must lie
         # inside the parent's own affinity mask.
-        self.vec = open_vec(POOL, EmptyEnv, 1, num_workers=1, cpus=[worker_cpu], wait_policy=wait_policy)
+        self.vec = subjects.open_vec(subjects.POOL, EmptyEnv, 1, num_workers=1, cpus=[worker_cpu],
+                                     wait_policy=wait_policy)
         self.info = {**self.vec.info, "parent_cpu": parent_cpu}
         self._saved_affinity = os.sched_getaffinity(0)
         try:
@@ -179,8 +131,7 @@ class PoolRoundTrip:
 
 def round_trip_cases(parent_cpu: int, worker_cpu: int) -> list[Case]:
     cpus = (parent_cpu, worker_cpu)
-    cases = [Case(PINGPONG, functools.partial(SpinPingPong, cpus)),
-             Case(PY_PINGPONG, functools.partial(SpinPingPong, cpus, python=True))]
+    cases = [Case(PINGPONG, functools.partial(SpinPingPong, cpus))]
     for name, policy in ROUND_TRIP_POLICIES.items():
         cases.append(Case(name, functools.partial(PoolRoundTrip, policy, parent_cpu, worker_cpu)))
     return cases
@@ -209,7 +160,8 @@ def round_trip_cpus(args: argparse.Namespace) -> tuple[tuple[int, int] | None, s
 
 # --- the report ------------------------------------------------------------------------------
 
-THROUGHPUT_HEADER = ("task", "N", *SYSTEMS, "sync ÷ SyncVectorEnv", "sync ÷ AsyncVectorEnv", "async ÷ SyncVectorEnv")
+THROUGHPUT_HEADER = ("task", "N", *subjects.SYSTEMS, "sync ÷ SyncVectorEnv", "sync ÷ AsyncVectorEnv",
+                     "async ÷ SyncVectorEnv")
 ROUND_TRIP_HEADER = ("round trip", "µs per step: median (min–max)", "× ping-pong", "p50 µs", "p99 µs",
                      "p50 × ping-pong", "wait policy (parent / worker)")
 READING = """Reading it: two shards on two cores (sync: one worker process, and this process stepping the other
@@ -220,26 +172,28 @@ env costs: both ends of a pool step run Python (~2 µs in the parent, ~3.5 µs i
 is expected; the spin policy shows the floor of the wait itself."""
 
 
-def throughput_rows(groups: Sequence[Group]) -> list[list[str]]:
-    return [[g.task, str(g.num_envs), *(fmt_summary(g.rate(s)) for s in SYSTEMS),
-             fmt_ratio(g.ratio(POOL_SYNC, SYNC_VEC)), fmt_ratio(g.ratio(POOL_SYNC, ASYNC_VEC)),
-             fmt_ratio(g.ratio(POOL_ASYNC, SYNC_VEC))] for g in groups]
+def throughput_rows(groups: Sequence[report.Group]) -> list[list[str]]:
+    return [[g.task, str(g.num_envs), *(report.fmt_summary(g.rate(s)) for s in subjects.SYSTEMS),
+             report.fmt_ratio(g.ratio(subjects.POOL_SYNC, subjects.SYNC_VEC)),
+             report.fmt_ratio(g.ratio(subjects.POOL_SYNC, subjects.ASYNC_VEC)),
+             report.fmt_ratio(g.ratio(subjects.POOL_ASYNC, subjects.SYNC_VEC))] for g in groups]
 
 
-def round_trip_rows(group: Group) -> list[list[str]]:
+def round_trip_rows(group: report.Group) -> list[list[str]]:
     """Mean µs per round trip (elapsed / count) and, for pool steps, per-call percentiles."""
     floor = group.us(PINGPONG)
     rows = []
     for case in group.cases:
         us, p50, p99 = group.us(case.name), group.latency(case.name, "p50"), group.latency(case.name, "p99")
         info = next((r.info for r in group.records if r.case == case.name and r.info), {})
-        if case.name in (PINGPONG, PY_PINGPONG):
+        if case.name == PINGPONG:
             policy = f"spin ({info.get('loop', '?')} loop)"
         else:
             policy = f"{info['wait_policy']} / {info['worker_wait_policy']}" if info else "—"
-        rows.append([case.name, fmt_summary(us, fmt_us), fmt_ratio(_over(us, floor)),
-                     "—" if p50 is None else fmt_us(p50.median), "—" if p99 is None else fmt_us(p99.median),
-                     fmt_ratio(_over(p50, floor)), policy])
+        rows.append([case.name, report.fmt_summary(us, report.fmt_us), report.fmt_ratio(_over(us, floor)),
+                     "—" if p50 is None else report.fmt_us(p50.median),
+                     "—" if p99 is None else report.fmt_us(p99.median),
+                     report.fmt_ratio(_over(p50, floor)), policy])
     return rows
 
 
@@ -247,7 +201,7 @@ def _over(a: Summary | None, b: Summary | None) -> float | None:
     return None if a is None or b is None else a.median / b.median
 
 
-def targets(groups: Sequence[Group], round_trip: Group | None, load: float) -> list[Target]:
+def targets(groups: Sequence[report.Group], round_trip: report.Group | None, load: float) -> list[report.Target]:
     """The env-only targets, each with what moves it (``load``: the load average when the run started)."""
     def ratio(task: str, n: int, num: str, den: str) -> float | None:
         g = next((g for g in groups if g.task == task and g.num_envs == n), None)
@@ -256,34 +210,36 @@ def targets(groups: Sequence[Group], round_trip: Group | None, load: float) -> l
     busy = (f"other processes on the box (load average {load:.1f} at the start on "
             f"{len(os.sched_getaffinity(0))} cores) take cores from shmpool's workers first")
 
-    def round_trip_target(label: str, name: str) -> Target:
+    def round_trip_target(label: str, name: str) -> report.Target:
         # Informational: a C handoff is ~0.2 µs, a pool step runs Python at both ends.
         moves = ("both ends of a pool step run Python (~6 µs together) against a C handoff of ~0.2 µs: "
                  "not reachable from Python; the wait policy and the CPU move it")
         floor = round_trip.us(PINGPONG) if round_trip else None
         p50 = _over(round_trip.latency(name, "p50"), floor) if round_trip else None
-        return Target(f"empty-env round trip ({label}) against 5× the spin ping-pong (informational)", 5.0,
-                      _over(round_trip.us(name), floor) if round_trip else None, at_most=True,
-                      note="" if p50 is None else f"per-call p50: {fmt_ratio(p50)}", moves=moves, informational=True)
+        return report.Target(f"empty-env round trip ({label}) against 5× the spin ping-pong (informational)", 5.0,
+                             _over(round_trip.us(name), floor) if round_trip else None, at_most=True,
+                             note="" if p50 is None else f"per-call p50: {report.fmt_ratio(p50)}", moves=moves,
+                             informational=True)
 
     default, spin = ROUND_TRIP_POLICIES
     return [
-        Target("CartPole-v1 N=32 env-only: shmpool sync ≥ 1.6× SyncVectorEnv", 1.6,
-               ratio("CartPole-v1", 32, POOL_SYNC, SYNC_VEC),
-               moves=f"needs both cores free (ceiling ~2.4× here); {busy}"),
-        Target("CartPole-v1 N=32 env-only: shmpool sync ≥ 10× AsyncVectorEnv", 10.0,
-               ratio("CartPole-v1", 32, POOL_SYNC, ASYNC_VEC),
-               moves="AsyncVectorEnv's own speed, which varies up to 4× between runs on 2 cores (N processes "
-                     "and pipes on 2 cores); it holds when AsyncVectorEnv runs ~8× slower than SyncVectorEnv"),
-        Target("Ant-v5 N=8 env-only: shmpool sync ≥ 1.8× SyncVectorEnv", 1.8, ratio("Ant-v5", 8, POOL_SYNC, SYNC_VEC),
-               moves=f"physics-bound: the ceiling is the number of cores (2×); {busy}"),
+        report.Target("CartPole-v1 N=32 env-only: shmpool sync ≥ 1.6× SyncVectorEnv", 1.6,
+                      ratio("CartPole-v1", 32, subjects.POOL_SYNC, subjects.SYNC_VEC),
+                      moves=f"needs both cores free (ceiling ~2.4× here); {busy}"),
+        report.Target("CartPole-v1 N=32 env-only: shmpool sync ≥ 10× AsyncVectorEnv", 10.0,
+                      ratio("CartPole-v1", 32, subjects.POOL_SYNC, subjects.ASYNC_VEC),
+                      moves="AsyncVectorEnv's own speed, which varies up to 4× between runs on 2 cores (N processes "
+                      "and pipes on 2 cores); it holds when AsyncVectorEnv runs ~8× slower than SyncVectorEnv"),
+        report.Target("Ant-v5 N=8 env-only: shmpool sync ≥ 1.8× SyncVectorEnv", 1.8,
+                      ratio("Ant-v5", 8, subjects.POOL_SYNC, subjects.SYNC_VEC),
+                      moves=f"physics-bound: the ceiling is the number of cores (2×); {busy}"),
         round_trip_target("default wait", default),
         round_trip_target("wait_policy='spin'", spin),
     ]
 
 
-def report(args: argparse.Namespace, env: dict[str, Any], skipped: dict[str, str], groups: list[Group],
-           round_trip: Group | None, round_trip_note: str, goals: list[Target]) -> str:
+def write_report(args: argparse.Namespace, env: dict[str, Any], skipped: dict[str, str], groups: list[report.Group],
+                 round_trip: report.Group | None, round_trip_note: str, goals: list[report.Target]) -> str:
     """The whole report as markdown: printed once, and the results file."""
     lines = [f"## shmpool core benchmark — {env['date']}", "",
              f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · load average "
@@ -291,12 +247,12 @@ def report(args: argparse.Namespace, env: dict[str, Any], skipped: dict[str, str
              f"gymnasium {env['gymnasium']}, mujoco {env['mujoco']} · {args.repeats} interleaved repetitions × "
              f"{args.seconds:g} s (warm-up {args.warmup:g} s)", "",
              "Env-only throughput, env steps/s: median (min–max); ratios of medians:", "",
-             markdown_table(THROUGHPUT_HEADER, throughput_rows(groups))]
+             report.markdown_table(THROUGHPUT_HEADER, throughput_rows(groups))]
     lines += [f"\n{task} skipped — {reason}" for task, reason in skipped.items()]
     if round_trip is not None:
         lines += ["", "Round trip, one empty env on one worker, parent and worker pinned to different cores (µs per "
                   "step = elapsed / steps; p50/p99 per call; × ping-pong = ÷ the C spin ping-pong's µs):", "",
-                  markdown_table(ROUND_TRIP_HEADER, round_trip_rows(round_trip))]
+                  report.markdown_table(ROUND_TRIP_HEADER, round_trip_rows(round_trip))]
     else:
         lines += ["", f"Round trip {round_trip_note}."]
     lines += ["", READING, "", "### Targets (medians of this run)", "", *(t.line() for t in goals)]
@@ -320,25 +276,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _, err = consoles()
+    err = report.stderr_console()
     skipped = {t: why for t in args.tasks if (why := unavailable(t))}
-    say_skipped(skipped, err)
-    env = environment()
+    report.say_skipped(skipped, err)
+    env = report.environment()
     cells = [(t, n) for t in args.tasks if t not in skipped for n in args.num_envs or DEFAULT_NUM_ENVS.get(t, (8, 32))]
-    groups = run_cells(cells, throughput_cases, args, err, len(SYSTEMS))
+    groups = report.run_cells(cells, throughput_cases, args, err, len(subjects.SYSTEMS))
     cpus, note = round_trip_cpus(args)
-    round_trip = None if cpus is None else run_cells([("round trip", 1)], lambda *_: round_trip_cases(*cpus), args,
-                                                     err, 2 + len(ROUND_TRIP_POLICIES))[0]
+    round_trip = None if cpus is None else report.run_cells([("round trip", 1)], lambda *_: round_trip_cases(*cpus),
+                                                            args, err, 1 + len(ROUND_TRIP_POLICIES))[0]
     goals = targets(groups, round_trip, env["loadavg_at_start"][0])
-    text = report(args, env, skipped, groups, round_trip, note, goals)
-    print(text, flush=True)
-    if args.json:
-        write_results(args.json, {
-            "benchmark": "bench.core", "environment": env, "config": config_of(args), "skipped": skipped,
-            "throughput": [g.to_json() for g in groups],
-            "round_trip": round_trip.to_json() if round_trip is not None else {"note": note},
-            "targets": [t.to_json() for t in goals]}, text, err)
-    return 1 if print_failures(groups + ([round_trip] if round_trip else []), err) else 0
+    text = write_report(args, env, skipped, groups, round_trip, note, goals)
+    return report.finish(args, "bench.core", env, text, err, groups + ([round_trip] if round_trip else []),
+                         skipped=skipped, throughput=[g.to_json() for g in groups],
+                         round_trip=round_trip.to_json() if round_trip is not None else {"note": note},
+                         targets=[t.to_json() for t in goals])
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from . import subjects
 from .cli import parser
-from .subjects import POOL, SYNC_VEC, Vec, open_vec
 
 CGROUP = Path("/sys/fs/cgroup")
 GPU_WAIT_S = 0.003
@@ -67,12 +67,12 @@ def parse_wait_policy(text: str) -> str | tuple[str, str]:
     return (parent, workers) if workers else parent
 
 
-def _open(system: str, n: int, wait_policy: str | tuple[str, str] = "auto") -> tuple[Vec, list[int], str]:
+def _open(system: str, n: int, wait_policy: str | tuple[str, str] = "auto") -> tuple[subjects.Vec, list[int], str]:
     if system == "SyncVectorEnv":
-        vec = open_vec(SYNC_VEC, "CartPole-v1", n)
+        vec = subjects.open_vec(subjects.SYNC_VEC, "CartPole-v1", n)
         vec.reset()
         return vec, [], system
-    vec = open_vec(POOL, "CartPole-v1", n, wait_policy=wait_policy)
+    vec = subjects.open_vec(subjects.POOL, "CartPole-v1", n, wait_policy=wait_policy)
     vec.reset()
     # Worker processes only: a shard this process steps (parent_shard) is the loop's own CPU.
     return vec, [pid for pid in vec.env.worker_pids if pid != os.getpid()], repr(vec.env)

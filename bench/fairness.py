@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .cli import comma_list, parser
-from .subjects import ENVPOOL, MAKE, open_vec
+from . import subjects
+from .cli import choice_list, comma_list, parser
 
 DEFAULT_ROWS = [("CartPole-v1", 12, 4), ("CartPole-v1", 32, 16), ("Pong-v5", 8, 4), ("Pong-v5", 32, 16),
                 ("Ant-v5", 8, 4), ("Ant-v5", 32, 16)]
@@ -85,10 +85,11 @@ def measure(system: str, task: str, n: int, b: int, warmup: int, cycles: int, po
     if mode == "sync":
         b = n
     if system == "envpool":
-        vec = open_vec(ENVPOOL, task, n, batch=b, num_threads=2)
+        vec = subjects.open_vec(subjects.ENVPOOL, task, n, batch=b, num_threads=2)
     else:
-        vec = open_vec(MAKE, task, n, batch=b, env_type="gymnasium", wait_policy=policy, pin=pin, max_lead=max_lead,
-                       parent_shard=parent_shard)
+        vec = subjects.open_vec(subjects.MAKE, task, n, batch=b, env_type="gymnasium", wait_policy=policy, pin=pin,
+                                max_lead=max_lead,
+                                parent_shard=parent_shard)
     env, space = vec.env, vec.action_space
     rng = np.random.default_rng(0)
     actions = np.stack([space.sample() for _ in range(b)]) if not hasattr(space, "n") else \
@@ -151,16 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     tasks = None if a.tasks is None else comma_list(a.tasks)
     rows = [r for r in DEFAULT_ROWS if tasks is None or r[0] in tasks]
-    pins = comma_list(a.pins)
-    if not set(pins) <= {"pinned", "unpinned"}:
-        ap.error(f"--pins takes 'pinned' and/or 'unpinned', not {a.pins!r}")
+    pins = choice_list(ap, "--pins", a.pins, ("pinned", "unpinned"))
     leads = comma_list(a.max_leads)
-    layouts = comma_list(a.layouts)
-    if not set(layouts) <= set(_LAYOUTS):
-        ap.error(f"--layouts takes 'auto', 'parent' and/or 'processes', not {a.layouts!r}")
-    modes = comma_list(a.modes)
-    if not set(modes) <= {"async", "sync"}:
-        ap.error(f"--modes takes 'async' and/or 'sync', not {a.modes!r}")
+    layouts = choice_list(ap, "--layouts", a.layouts, list(_LAYOUTS))
+    modes = choice_list(ap, "--modes", a.modes, ("async", "sync"))
     systems = [("shmpool", p, pin, lead, lay) for p in comma_list(a.policies) for pin in pins for lead in leads
                for lay in layouts] + ([] if a.no_envpool else [("envpool", "-", "-", "-", "-")])
     results = []

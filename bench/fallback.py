@@ -16,20 +16,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from . import cli
+from . import cli, report, subjects
 from ._timing import Case
-from .report import (
-    config_of,
-    consoles,
-    environment,
-    fmt_ratio,
-    fmt_summary,
-    markdown_table,
-    print_failures,
-    run_cells,
-    write_results,
-)
-from .subjects import ASYNC_VEC, SYSTEMS, headline_cases
 
 BOX_ONLY, WITH_TEXT = "Box only", "Box+Text"
 
@@ -58,7 +46,7 @@ class DictObsEnv(gym.Env):
 
 def cases(kind: str, n: int) -> list[Case]:
     make_env = functools.partial(DictObsEnv, text=kind == WITH_TEXT)
-    return headline_cases(make_env, make_env, n, np.zeros(n, np.int64), suffix=f" · {kind}")
+    return subjects.headline_cases(make_env, make_env, n, np.zeros(n, np.int64), suffix=f" · {kind}")
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -72,25 +60,22 @@ def parse_args(argv: Sequence[str] | None):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _, err = consoles()
-    env = environment()
+    err = report.stderr_console()
+    env = report.environment()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)   # the lane's own warning, expected here
-        groups = run_cells([("Dict obs", n) for n in args.num_envs],
-                           lambda _, n: cases(BOX_ONLY, n) + cases(WITH_TEXT, n), args, err, 2 * len(SYSTEMS))
-    rows = [[str(g.num_envs), system, fmt_summary(g.rate(f"{system} · {BOX_ONLY}")),
-             fmt_summary(g.rate(f"{system} · {WITH_TEXT}")),
-             fmt_ratio(g.ratio(f"{system} · {WITH_TEXT}", f"{system} · {BOX_ONLY}")),
-             fmt_ratio(g.ratio(f"{system} · {WITH_TEXT}", f"{ASYNC_VEC} · {WITH_TEXT}"))]
-            for g in groups for system in SYSTEMS]
+        groups = report.run_cells([("Dict obs", n) for n in args.num_envs],
+                                  lambda _, n: cases(BOX_ONLY, n) + cases(WITH_TEXT, n), args, err,
+                                  2 * len(subjects.SYSTEMS))
+    rows = [[str(g.num_envs), system, report.fmt_summary(g.rate(f"{system} · {BOX_ONLY}")),
+             report.fmt_summary(g.rate(f"{system} · {WITH_TEXT}")),
+             report.fmt_ratio(g.ratio(f"{system} · {WITH_TEXT}", f"{system} · {BOX_ONLY}")),
+             report.fmt_ratio(g.ratio(f"{system} · {WITH_TEXT}", f"{subjects.ASYNC_VEC} · {WITH_TEXT}"))]
+            for g in groups for system in subjects.SYSTEMS]
     header = ["N", "system", "Box only steps/s", "Box+Text steps/s", "Box+Text ÷ Box only",
               "Box+Text ÷ AsyncVectorEnv Box+Text"]
-    text = "Env-only steps/s, median (min–max) over repetitions:\n\n" + markdown_table(header, rows)
-    print(text, flush=True)
-    if args.json:
-        write_results(args.json, {"benchmark": "bench.fallback", "environment": env, "config": config_of(args),
-                                  "throughput": [g.to_json() for g in groups]}, text, err)
-    return 1 if print_failures(groups, err) else 0
+    text = "Env-only steps/s, median (min–max) over repetitions:\n\n" + report.markdown_table(header, rows)
+    return report.finish(args, "bench.fallback", env, text, err, groups, throughput=[g.to_json() for g in groups])
 
 
 if __name__ == "__main__":

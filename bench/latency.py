@@ -28,15 +28,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from . import cli, envs
+from . import cli, envs, report, subjects
 from ._timing import Case, Record, percentiles_of, run_interleaved
-from .report import RESULTS, config_of, consoles, environment, fmt_rate, fmt_us, markdown_table, progress, write_json
-from .subjects import POOL, RAY, Latency, fixed_actions, open_vec
 
 DEFAULT_TASK = "CartPole-v1"
 DEFAULT_NUM_ENVS = (8, 32, 128)
 DEFAULT_BATCH_SIZES = (1, 8, 32)
-DEFAULT_JSON = str(RESULTS / "latency.json")
+DEFAULT_JSON = str(report.RESULTS / "latency.json")
 MODES = ("sync", "async")
 REPORTED = (50, 75, 90, 95, 99)                   # the percentiles in the table and the JSON
 MEASURED = (1, 5, 10, 25, *REPORTED)              # low ones too: throughput p90 = batch / latency p10
@@ -74,7 +72,7 @@ def plan_cells(num_envs: Sequence[int], batch_sizes: Sequence[int], modes: Seque
 
 
 def open_cell(task: str, mode: str, n: int, batch: int, wait_policy: str | None, system: str = "local",
-              cpus: list[int] | None = None) -> Latency:
+              cpus: list[int] | None = None) -> subjects.Latency:
     """A fresh pool of ``n`` envs, ``batch`` per call, every call timed.  With ``cpus`` (the Ray runs): the
     local pool has a pinned worker per listed core, RayPool one pool of one worker per core's node."""
     options: dict[str, Any] = {} if wait_policy is None else {"wait_policy": wait_policy}
@@ -82,11 +80,12 @@ def open_cell(task: str, mode: str, n: int, batch: int, wait_policy: str | None,
         options.update(num_workers=1, per_pool_kwargs=[{"cpus": [c]} for c in cpus])
     elif cpus is not None:
         options.update(num_workers=len(cpus), cpus=cpus)
-    vec = open_vec(RAY if system == "ray" else POOL, env_spec(task), n, batch=batch, asynchronous=mode == "async",
-                   **options)
+    vec = subjects.open_vec(subjects.RAY if system == "ray" else subjects.POOL, env_spec(task), n, batch=batch,
+                            asynchronous=mode == "async",
+                            **options)
     space = vec.action_space   # the Ray runs step no-op zeros (as they always did), the others fixed actions
-    actions = np.zeros((n, *space.shape), space.dtype) if cpus is not None else fixed_actions(space, n)
-    return Latency(vec, actions, MEASURED)
+    actions = np.zeros((n, *space.shape), space.dtype) if cpus is not None else subjects.fixed_actions(space, n)
+    return subjects.Latency(vec, actions, MEASURED)
 
 
 def cell_json(task: str, mode: str, system: str, n: int, b: int, records: list[Record]) -> dict[str, Any]:
@@ -202,13 +201,13 @@ def table_rows(cells: Sequence[dict[str, Any]], ray: bool) -> list[list[str]]:
             row += ["error", *("—" for _ in HEADER[4:])]
         else:
             a, o = c["agent_latency_us"], c["observer_latency_us"]
-            row += [str(c["calls"]), *(fmt_us(a[f"p{q}"]) for q in REPORTED), fmt_us(a["max"]),
-                    fmt_us(o["p50"]) if "p50" in o else "—", fmt_us(o["p99"]) if "p99" in o else "—",
-                    fmt_rate(c["throughput"])]
+            row += [str(c["calls"]), *(report.fmt_us(a[f"p{q}"]) for q in REPORTED), report.fmt_us(a["max"]),
+                    report.fmt_us(o["p50"]) if "p50" in o else "—", report.fmt_us(o["p99"]) if "p99" in o else "—",
+                    report.fmt_rate(c["throughput"])]
         if ray:
             over, ratio = c.get("overhead_us", {}).get("p50"), c.get("throughput_ratio")
-            row += [c["system"], fmt_us(c["driver_cpu_us_per_call"]) if "driver_cpu_us_per_call" in c else "—",
-                    "—" if over is None else fmt_us(over), "—" if ratio is None else f"{ratio:.2f}"]
+            row += [c["system"], report.fmt_us(c["driver_cpu_us_per_call"]) if "driver_cpu_us_per_call" in c else "—",
+                    "—" if over is None else report.fmt_us(over), "—" if ratio is None else f"{ratio:.2f}"]
         rows.append(row)
     return rows
 
@@ -218,8 +217,8 @@ def x_axis_name(args: argparse.Namespace) -> str:
     return "batch_size" if len(args.batch_size) > len(args.num_envs) else "num_envs"
 
 
-def report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
-           skipped: list[dict[str, Any]], ray: dict[str, Any] | None) -> None:
+def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
+                 skipped: list[dict[str, Any]], ray: dict[str, Any] | None) -> None:
     """The table once, as markdown, with what its columns mean."""
     lines = [f"## shmpool latency benchmark — {env['date']}", "",
              f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · "
@@ -232,10 +231,10 @@ def report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, 
     if ray:
         lines += ["", f"Ray: {ray['nodes']} local nodes (1 CPU, {ray['store_mb']} MB store each) on cpus {args.cpus}, "
                   f"start-up {ray['startup_s']:.1f} s; Ray's floor, one actor call (`ray.get(actor.echo.remote(x))`, "
-                  "p50 / p95 µs): " + "; ".join(f"{k} {fmt_us(v['p50'])} / {fmt_us(v['p95'])}"
-                                               for k, v in ray["round_trip_us"].items())
+                  "p50 / p95 µs): " + "; ".join(f"{k} {report.fmt_us(v['p50'])} / {report.fmt_us(v['p95'])}"
+                                                for k, v in ray["round_trip_us"].items())
                   + ". Driver CPU = this process's CPU per call (all threads); overhead = Ray p50 − local p50."]
-    lines += ["", markdown_table(HEADER + (RAY_HEADER if ray else ()), table_rows(cells, bool(ray)))]
+    lines += ["", report.markdown_table(HEADER + (RAY_HEADER if ray else ()), table_rows(cells, bool(ray)))]
     if skipped:
         combos = ", ".join(f"N={s['num_envs']} batch={s['batch_size']}" for s in skipped)
         lines += ["", f"Skipped (batch_size > num_envs): {combos}."]
@@ -307,7 +306,7 @@ def plot(data: dict[str, Any], path: str) -> None:
         tp = ax.twinx()
         tp.plot(xs, [c["throughput"] for c in pts], "s-", color="black", lw=2.4, ms=6, label="env steps/s")
         tp.set_ylim(0, 1.15 * top)
-        tp.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_rate(v)))
+        tp.yaxis.set_major_formatter(FuncFormatter(lambda v, _: report.fmt_rate(v)))
         tp.set_ylabel("throughput, env steps/s")
         handles, labels = (a + b for a, b in zip(ax.get_legend_handles_labels(), tp.get_legend_handles_labels()))
     for ax in list(axes.flat)[len(groups):]:
@@ -344,10 +343,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                      else ([8] if quick else list(DEFAULT_NUM_ENVS)))
     args.batch_size = (cli.positive_ints(p, "--batch-size", args.batch_size) if args.batch_size is not None
                        else ([1, 8] if quick else list(DEFAULT_BATCH_SIZES)))
-    args.modes = cli.comma_list(args.modes)
-    bad = [m for m in args.modes if m not in MODES]
-    if bad or not args.modes:
-        p.error(f"--modes must be a comma list of {', '.join(MODES)}, got {','.join(bad) or 'nothing'}")
+    args.modes = cli.choice_list(p, "--modes", args.modes, MODES)
     if not plan_cells(args.num_envs, args.batch_size, args.modes)[0]:
         p.error(f"nothing to run: every --batch-size {args.batch_size} is larger than every "
                 f"--num-envs {args.num_envs}")
@@ -370,20 +366,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _, err = consoles()
+    err = report.stderr_console()
     cells, skipped = plan_cells(args.num_envs, args.batch_size, args.modes)
     for s in skipped:
         err.print(f"[yellow]skipped[/yellow] N={s['num_envs']} batch={s['batch_size']}: {s['reason']}",
                   highlight=False)
-    env = environment()
+    env = report.environment()
     systems = ("local", "ray") if args.ray else ("local",)
     cpus = args.cpus if args.ray else None
-    cases = [Case(f"{mode} N={n} batch={b} {system}", functools.partial(open_cell, args.task, mode, n, b,
-                                                                       args.wait_policy, system, cpus))
+    cases = [Case(f"{mode} N={n} batch={b} {system}",
+                  functools.partial(open_cell, args.task, mode, n, b, args.wait_policy, system, cpus))
              for mode, n, b in cells for system in systems]
     cluster = RayCluster(args.ray, args.store_mb) if args.ray else None
     try:
-        with progress(err, len(cases) * args.repeats) as update:
+        with report.progress(err, len(cases) * args.repeats) as update:
             records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
                                       on_start=lambda case, rep: update(description=f"{args.task} · {case.name}"),
                                       on_done=lambda _: update(advance=1))
@@ -393,12 +389,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             cluster.close()
     results = with_overheads([cell_json(args.task, mode, system, n, b, [r for r in records if r.case == case.name])
                               for (mode, n, b, system), case in zip(((*c, s) for c in cells for s in systems), cases)])
-    report(args, env, results, skipped, ray)
-    data = {"benchmark": "bench.latency", "environment": env, "config": config_of(args),
+    write_report(args, env, results, skipped, ray)
+    data = {"benchmark": "bench.latency", "environment": env, "config": report.config_of(args),
             "x_axis_name": x_axis_name(args), "definitions": DEFINITIONS, "ray": ray, "skipped": skipped,
             "cells": results}
     if args.json:
-        write_json(args.json, data)
+        report.write_json(args.json, data)
         err.print(f"cells written to {args.json}")
     png = args.png or (str(Path(args.json).with_suffix(".png")) if args.json and getattr(args, "save", False) else None)
     if png and any("agent_latency_us" in c for c in results):

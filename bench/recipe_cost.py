@@ -1,11 +1,5 @@
-"""Single-core cost of one ``env.step``: shmpool's MuJoCo/Atari recipe vs gymnasium's env.
-
-    python -m bench recipe-cost --task Ant-v5 [--steps 5000 --repeats 3]   # --task all: every MuJoCo recipe
-
-Blocks of ``--block`` steps alternate between the sides (recipe, gymnasium, gymnasium unwrapped), the
-median µs/step of ``--repeats`` runs is printed; physics = the recipe's ctrl write + mj_step (Atari: the
-native floor in a bare loop); Python overhead = the step with physics stubbed out.  bench tasks prints
-the same beside its table.  How to read it: bench/README.md, "recipe-cost".
+"""Single-core cost of one ``env.step``: shmpool's MuJoCo/Atari recipe vs gymnasium's env, its physics floor
+and the Python around each; ``python -m bench tasks`` reports it (``--costs-only``: that table alone).
 """
 from __future__ import annotations
 
@@ -17,9 +11,8 @@ from collections.abc import Callable
 import gymnasium as gym
 import numpy as np
 
-from . import cli
+from . import subjects
 from .envs import gym_atari
-from .subjects import ACTION_SEED, ENVPOOL, open_vec
 
 try:
     import mujoco
@@ -161,10 +154,10 @@ def measure(task: str, steps: int, repeats: int, block: int) -> dict[str, float 
 def envpool_cost(task: str, steps: int, repeats: int, n: int = 32) -> float:
     """Median µs per env step of EnvPool with one thread stepping ``n`` envs per call, fed fresh
     uniform random actions every step (as the single envs above are)."""
-    vec = open_vec(ENVPOOL, task, n, num_threads=1)
+    vec = subjects.open_vec(subjects.ENVPOOL, task, n, num_threads=1)
     try:
         space, calls = vec.action_space, max(1, steps // n)
-        rng = np.random.default_rng(ACTION_SEED)
+        rng = np.random.default_rng(subjects.ACTION_SEED)
         if isinstance(space, gym.spaces.Discrete):
             acts = rng.integers(0, space.n, size=(calls, n)).astype(space.dtype)
         else:
@@ -190,27 +183,3 @@ def step_costs(task: str, steps: int, repeats: int, with_envpool: bool = True) -
         costs["EnvPool, 1 thread"] = envpool_cost(task, steps, repeats)
     return costs
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = cli.parser("python -m bench recipe-cost", __doc__)
-    parser.add_argument("--task", default="Ant-v5",
-                        help=f"one of {sorted(TASKS)}, an Atari <Game>-v5 (e.g. Pong-v5) or 'all' (MuJoCo)")
-    parser.add_argument("--steps", type=int, default=5000, help="timed steps per repetition")
-    parser.add_argument("--repeats", type=int, default=3, help="repetitions (median reported)")
-    parser.add_argument("--block", type=int, default=50, help="steps per side before switching sides")
-    args = parser.parse_args(argv)
-    tasks = list(TASKS) if args.task == "all" else [args.task]
-    print("µs/step, median of", args.repeats, "interleaved runs of", args.steps, "steps")
-    print(f"{'task':26s} {'recipe':>8s} {'physics':>8s} {'gymnasium':>9s} {'ratio':>6s} {'gym unwr.':>9s}"
-          f" | python overhead: {'recipe':>6s} {'gym':>6s}")
-    for task in tasks:
-        r = measure(task, args.steps, args.repeats, args.block)
-        unwrapped = "—" if r["gym unwrapped"] is None else f"{r['gym unwrapped']:.1f}"
-        print(f"{task:26s} {r['recipe']:8.1f} {r['physics']:8.1f} {r['gymnasium']:9.1f}"
-              f" {r['gymnasium'] / r['recipe']:5.2f}x {unwrapped:>9s} | {'':16s}"
-              f" {r['recipe overhead']:6.1f} {r['gym overhead']:6.1f}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

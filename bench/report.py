@@ -29,39 +29,24 @@ RESULTS = Path(__file__).resolve().parent / "results"   # bench/results: the def
 
 def environment() -> dict[str, Any]:
     """Versions, cpu, affinity, memory policy and date: what a reader needs to compare two runs."""
-    try:
-        import mujoco
-        mujoco_version = mujoco.__version__
-    except ImportError:
-        mujoco_version = None
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "gymnasium": gym.__version__,
-        "mujoco": mujoco_version,
+        "mujoco": version_of("mujoco"),
         "shmpool": shmpool.__version__,
         "git_commit": git_commit(),
         "platform": platform.platform(),
-        "cpu_model": cpu_model(),
+        "cpu_model": proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
         "cpu_count": os.cpu_count(),
         "sched_getaffinity": sorted(os.sched_getaffinity(0)),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
         # What numactl --membind/--cpunodebind left in force (inherited by the workers).
-        "mems_allowed": proc_status("Mems_allowed_list"),
+        "mems_allowed": proc_field("/proc/self/status", "Mems_allowed_list"),
         "numa_policy": numa_policy(),
         "start_method": mp.get_start_method(),
     }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def git_commit() -> str | None:
@@ -78,15 +63,14 @@ def git_commit() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
-def proc_status(field: str) -> str | None:
-    """A field of /proc/self/status (e.g. ``Mems_allowed_list``: the NUMA nodes memory may come from)."""
+def proc_field(path: str, name: str) -> str | None:
+    """The first ``name: value`` line's value in a /proc file (``/proc/cpuinfo``'s ``model name``,
+    ``/proc/self/status``'s ``Mems_allowed_list``: the NUMA nodes memory may come from), or None."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return line.split(":", 1)[1].strip()
+        lines = Path(path).read_text().splitlines()
     except OSError:
-        pass
-    return None
+        return None
+    return next((v.strip() for k, _, v in (line.partition(":") for line in lines) if k.strip() == name), None)
 
 
 def numa_policy() -> str | None:
@@ -144,11 +128,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def consoles(width: int = 200) -> tuple[Any, Any]:
-    """(stdout, stderr) rich consoles; a piped stdout keeps wide lines rather than folding them to 80 columns."""
+def stderr_console() -> Any:
+    """A rich console on stderr, for progress, skips and failures (reports go to stdout with ``print``)."""
     from rich.console import Console
-    out = Console()
-    return (out if out.is_terminal else Console(width=width)), Console(stderr=True)
+    return Console(stderr=True)
 
 
 @contextlib.contextmanager
@@ -276,6 +259,17 @@ def print_failures(groups: Iterable[Any], err: Any) -> int:
         err.print(f"{g.where()} · {r.case} · rep {r.rep + 1} failed:", style="red", markup=False, highlight=False)
         sys.stderr.write(r.error.rstrip() + "\n")  # not through rich: no markup, no re-wrapping
     return len(failed)
+
+
+def finish(args: Any, benchmark: str, env: dict[str, Any], text: str, err: Any, groups: Iterable[Any],
+           **fields: Any) -> int:
+    """Print the report ``text``; with ``--json`` write it and the raw measurements (``benchmark``, ``env``,
+    the options, then ``fields``); say every failure.  Returns the exit status: 1 if a cell failed."""
+    print(text, flush=True)
+    if args.json:
+        write_results(args.json, {"benchmark": benchmark, "environment": env, "config": config_of(args), **fields},
+                      text, err)
+    return 1 if print_failures(groups, err) else 0
 
 
 # --- targets -----------------------------------------------------------------------------------

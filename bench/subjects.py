@@ -223,10 +223,10 @@ class EnvOnly:
 
     ``actions``: ``(n, ...)`` rows (a vec takes its first ``batch``), a list of such arrays
     (cycled, one per call), or ``n -> rows``.  Several vecs (one per NUMA node) are stepped in
-    turn from this thread.  ``budget``: seconds or a step count (``bench._timing.Budget``)."""
+    turn from this thread."""
 
-    def __init__(self, vecs: Sequence[Vec], actions: Any, budget: Any = None) -> None:
-        self.vecs, self.budget = list(vecs), budget
+    def __init__(self, vecs: Sequence[Vec], actions: Any) -> None:
+        self.vecs = list(vecs)
         self.units = sum(v.batch for v in self.vecs)
         self.info: dict[str, Any] = self.vecs[0].info if len(self.vecs) == 1 else {}
         try:
@@ -245,8 +245,6 @@ class EnvOnly:
         self._step = calls[0] if len(calls) == 1 else functools.partial(_each, calls)
 
     def measure(self, seconds: float, warmup: float) -> Sample:
-        if self.budget is not None:
-            return self.budget.run(self._step, self.units, warmup)
         return timed_loop(self._step, self.units, seconds, warmup)
 
     def close(self) -> None:
@@ -265,10 +263,9 @@ def _each(calls: Sequence[Callable[[], object]]) -> None:
         call()
 
 
-def env_only(kind: str, env: Any, n: int, actions: Any, *, batch: int | None = None, budget: Any = None,
-             **options: Any) -> EnvOnly:
+def env_only(kind: str, env: Any, n: int, actions: Any, *, batch: int | None = None, **options: Any) -> EnvOnly:
     """:class:`EnvOnly` over one :func:`open_vec`: a :class:`~bench._timing.Case`'s opener."""
-    return EnvOnly([open_vec(kind, env, n, batch=batch, **options)], actions, budget)
+    return EnvOnly([open_vec(kind, env, n, batch=batch, **options)], actions)
 
 
 class Latency:

@@ -24,26 +24,11 @@ from typing import Any
 
 import gymnasium as gym
 
-from shmpool.topology import allowed_cpus, resolve_cpus
+from shmpool.topology import SYSFS_NODES, allowed_cpus, format_cpu_list, numa_nodes, resolve_cpus, split_by_node
 
-from . import cli
-from ._timing import Budget, Case, Record, Summary, run_interleaved, summarize
+from . import cli, report, subjects
+from ._timing import Case, Record, Summary, run_interleaved, summarize
 from .envs import ATARI_TASKS, gym_env_fn, recipe_env
-from .report import config_of, consoles, environment, markdown_table, print_failures, progress, version_of, write_json
-from .subjects import (
-    ASYNC_VEC,
-    ENVPOOL,
-    POOL,
-    SB3_DUMMY,
-    SB3_SUBPROC,
-    SHM_VEC,
-    SYNC_VEC,
-    EnvOnly,
-    action_space_of,
-    child_affinity,
-    fixed_random_actions,
-    open_vec,
-)
 
 FOR_LOOP, SUBPROCESS, SB3, DUMMY, SHMVEC = "For-loop", "Subprocess", "SB3 SubprocVecEnv", "SB3 DummyVecEnv", "ShmVecEnv"
 EP_SYNC, EP_ASYNC, EP_NUMA = "EnvPool (sync)", "EnvPool (async)", "EnvPool (numa+async)"
@@ -65,7 +50,6 @@ ALIASES = {"for-loop": FOR_LOOP, "subprocess": SUBPROCESS, "sb3": SB3, "sb3-dumm
 # classic-control tasks count one step as one frame (EnvPool's Ant numbers do the same).
 FRAME_SKIP = {"Pong-v5": 4}
 DEFAULT_ENVS_PER_WORKER = 8
-SYSFS_NODES = "/sys/devices/system/node"
 
 
 # --- cores and NUMA nodes ---------------------------------------------------------------------
@@ -79,40 +63,6 @@ def affinity(cpus: Sequence[int]) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, old)
-
-
-def format_cpu_list(cpus: Sequence[int]) -> str:
-    """The inverse of ``shmpool.parse_cpu_list`` (without strides): ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    runs: list[list[int]] = []
-    for c in sorted(cpus):
-        if runs and c == runs[-1][-1] + 1:
-            runs[-1].append(c)
-        else:
-            runs.append([c])
-    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
-def numa_nodes(root: str | os.PathLike = SYSFS_NODES) -> dict[int, list[int]]:
-    """Every NUMA node's cpus as sysfs lists them (``nodeN/cpulist``); empty where sysfs has no node.
-
-    The twin of ``shmpool.distributed.placement.numa_cpu_groups``, which reads only the real sysfs
-    (the tests give a fake one) and comes with Ray's imports."""
-    from shmpool import parse_cpu_list
-    nodes = {}
-    for d in Path(root).glob("node*"):
-        if d.name[4:].isdigit():
-            with contextlib.suppress(OSError):
-                text = (d / "cpulist").read_text().strip()
-                nodes[int(d.name[4:])] = parse_cpu_list(text) if text else []   # memory-only: no cpus
-    return dict(sorted(nodes.items()))
-
-
-def split_by_node(cpus: Sequence[int], nodes: dict[int, list[int]]) -> list[list[int]]:
-    """``cpus`` grouped by NUMA node in node order; cores of no known node first, as one group."""
-    groups: dict[int, list[int]] = {}
-    for c in cpus:
-        groups.setdefault(next((k for k, on in nodes.items() if c in on), -1), []).append(c)
-    return [groups[k] for k in sorted(groups)]
 
 
 def describe_nodes(cpus: Sequence[int], nodes: dict[int, list[int]]) -> str:
@@ -135,13 +85,13 @@ def open_groups(kind: str, env: Any, groups: list[list[int]], sizes: list[int], 
     vecs = []
     try:
         for cpus, n in zip(groups, sizes):
-            if kind == ENVPOOL:
+            if kind == subjects.ENVPOOL:
                 consecutive = list(cpus) == list(range(cpus[0], cpus[0] + len(cpus)))
                 options = {"num_threads": len(cpus), "thread_affinity_offset": cpus[0] if consecutive else -1}
             else:
                 options = {"num_workers": len(cpus), "cpus": cpus}
             with affinity(cpus):
-                vecs.append(open_vec(kind, env, n, batch=batch_of(n), **options))
+                vecs.append(subjects.open_vec(kind, env, n, batch=batch_of(n), **options))
     except BaseException:
         for v in vecs:
             v.close()
@@ -149,30 +99,32 @@ def open_groups(kind: str, env: Any, groups: list[list[int]], sizes: list[int], 
     return vecs
 
 
-def open_system(system: str, task: str, cell: Cell, per_worker: int, budget: Budget) -> EnvOnly:
+def open_system(system: str, task: str, cell: Cell, per_worker: int) -> subjects.EnvOnly:
     """``system``'s envs for one cell, stepped with seeded random actions; ``info`` records its pools and the
     cpus the cell may use."""
     make_env = gym_env_fn(task)
-    actions = functools.partial(fixed_random_actions, action_space_of(make_env))   # n -> n seeded random actions
+    actions = functools.partial(subjects.fixed_random_actions,
+                                subjects.action_space_of(make_env))   # n -> n seeded random actions
     n, one = cell.num_envs, [cell.cpus[:cell.cores]]
     sizes = [per_worker * len(g) for g in cell.groups] if cell.sweep is None else [n]
     half = {EP_ASYNC, EP_NUMA, SP_ASYNC, SP_NUMA, SPR_ASYNC}
     batch_of = (lambda k: max(1, k // 2)) if system in half else (lambda k: k)
     if system in (FOR_LOOP, SUBPROCESS, SB3, DUMMY, SHMVEC):
-        kind = {FOR_LOOP: SYNC_VEC, SUBPROCESS: ASYNC_VEC, SB3: SB3_SUBPROC, DUMMY: SB3_DUMMY, SHMVEC: SHM_VEC}[system]
+        kind = {FOR_LOOP: subjects.SYNC_VEC, SUBPROCESS: subjects.ASYNC_VEC, SB3: subjects.SB3_SUBPROC,
+                DUMMY: subjects.SB3_DUMMY, SHMVEC: subjects.SHM_VEC}[system]
         # fork, not SB3's default forkserver: a forkserver keeps the affinity it was started with
         # (the first cell's cores) and hands it to every later child; fork children take the cell's.
         options = {SB3: {"start_method": "fork"}, SHMVEC: {"cpus": one[0]}}.get(system, {})
-        vecs = [open_vec(kind, make_env, n, **options)]
+        vecs = [subjects.open_vec(kind, make_env, n, **options)]
     elif system in ENVPOOL_SYSTEMS:
-        vecs = open_groups(ENVPOOL, task, cell.groups if system == EP_NUMA else one, sizes, batch_of)
+        vecs = open_groups(subjects.ENVPOOL, task, cell.groups if system == EP_NUMA else one, sizes, batch_of)
     else:
         env = recipe_env(task) if system in RECIPE_SYSTEMS else make_env
-        vecs = open_groups(POOL, env, cell.groups if system == SP_NUMA else one, sizes, batch_of)
-    subject = EnvOnly(vecs, actions, budget)
+        vecs = open_groups(subjects.POOL, env, cell.groups if system == SP_NUMA else one, sizes, batch_of)
+    subject = subjects.EnvOnly(vecs, actions)
     subject.info = {"pools": [{**v.info, "num_envs": v.num_envs} for v in vecs], "affinity": cell.cpus}
     if hasattr(vecs[0].env, "processes"):
-        subject.info["child_affinity"] = child_affinity(vecs[0].env.processes)
+        subject.info["child_affinity"] = subjects.child_affinity(vecs[0].env.processes)
     return subject
 
 
@@ -253,7 +205,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         why = envpool_status(args.task)[1]
         if why:
             skipped.update({s: why for s in ENVPOOL_SYSTEMS if s in systems})
-    if any(s in systems for s in SB3_SYSTEMS) and not version_of("stable_baselines3"):
+    if any(s in systems for s in SB3_SYSTEMS) and not report.version_of("stable_baselines3"):
         skipped.update({s: "not installed (stable_baselines3 does not import)" for s in SB3_SYSTEMS if s in systems})
     systems = [s for s in systems if s not in skipped]
     if any(s in systems for s in ENVPOOL_SYSTEMS):
@@ -274,8 +226,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def run(plan: Plan, args: argparse.Namespace, err: Any) -> None:
-    budget = Budget(args.seconds, args.total_steps)
-    with progress(err, len(plan.cells) * len(plan.systems) * args.repeats) as update:
+    with report.progress(err, len(plan.cells) * len(plan.systems) * args.repeats) as update:
         for cell in plan.cells:
             def on_start(case: Case, rep: int, cell: Cell = cell) -> None:
                 update(description=f"{plan.task} W={cell.workers} N={cell.num_envs} · {case.name} · "
@@ -285,7 +236,7 @@ def run(plan: Plan, args: argparse.Namespace, err: Any) -> None:
                 update(advance=1, last="failed" if r.sample is None
                        else f"{r.case}: {r.sample.rate * plan.frame_skip:,.0f} FPS")
 
-            cell.cases = [Case(s, functools.partial(open_system, s, plan.task, cell, args.envs_per_worker, budget))
+            cell.cases = [Case(s, functools.partial(open_system, s, plan.task, cell, args.envs_per_worker))
                           for s in plan.systems]
             with affinity(cell.cpus):   # the whole cell, taskset-like: this process and every child it starts
                 cell.records = run_interleaved(cell.cases, repeats=args.repeats, seconds=args.seconds,
@@ -302,14 +253,14 @@ def markdown(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> str:
     """EnvPool's table (one row per system, one column per number of workers or N, FPS medians) and its notes."""
     rows = [[s, *("error" if (f := c.fps(s, plan.frame_skip)) is None else f"{f.median:.2f}" for c in plan.cells)]
             for s in plan.systems]
-    mode = (f"{args.total_steps} env steps" if args.total_steps else f"{args.seconds:g} s") + " per repetition"
+    mode = f"{args.seconds:g} s per repetition"
     columns = (f"Columns: workers W (cores); a cell limits every system to the first W cpus (process affinity, "
                f"taskset-like; shmpool workers pinned one per core; EnvPool num_threads=W). num_envs = "
                f"{args.envs_per_worker} × W for every system" if args.num_envs is None else
                f"Columns: N envs, every system on cpus {format_cpu_list(plan.cpus)} (process affinity); shmpool "
                f"and EnvPool with min(N, {len(plan.cpus)}) workers/threads")
     lines = [f"<!-- {plan.task} - {env['cpu_model']} -->", "",
-             markdown_table([title(plan, env), *(c.label for c in plan.cells)], rows), "",
+             report.markdown_table([title(plan, env), *(c.label for c in plan.cells)], rows), "",
              f"<!-- {plan.task} - {env['cpu_model']} -->", "",
              f"`{args.command}` · {env['date']} · cpus {format_cpu_list(plan.cpus)} · python {env['python']}, "
              f"gymnasium {env['gymnasium']}, shmpool {env['shmpool']}, envpool {env.get('envpool') or '—'}, "
@@ -324,7 +275,7 @@ def markdown(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> str:
 
 def json_data(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
     groups = split_by_node(plan.cpus, plan.nodes)
-    return {"benchmark": "bench.throughput", "environment": env, "config": config_of(args),
+    return {"benchmark": "bench.throughput", "environment": env, "config": report.config_of(args),
             "task": plan.task, "frame_skip": plan.frame_skip, "cpus": plan.cpus,
             "num_envs_rule": f"{args.envs_per_worker} x workers; async batch_size = num_envs // 2",
             "actions": "fixed seeded random actions (bench.subjects.fixed_random_actions, seed 0)",
@@ -371,8 +322,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpus", help="taskset syntax, e.g. 0-7,16-23 (default: this process's allowed cpus)")
     p.add_argument("--numa", action="store_true", help="add the numa+async rows (one pool per NUMA node)")
     p.add_argument("--numa-root", default=SYSFS_NODES, help=argparse.SUPPRESS)
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--total-steps", type=int, help="env steps per repetition instead of --seconds")
     p.add_argument("--envs-per-worker", type=int, default=DEFAULT_ENVS_PER_WORKER,
                    help=f"num_envs = this × workers (default {DEFAULT_ENVS_PER_WORKER})")
     p.add_argument("--frame-skip", type=int, help="FPS multiplier (default: 4 for Pong-v5, else 1)")
@@ -381,7 +330,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                      f"{', '.join(ON_REQUEST)})")
     p.add_argument("--md", metavar="PATH", help="write the markdown table here")
     p.add_argument("--png", metavar="PATH", help="write a plot of FPS against workers (or N) here")
-    cli.add_run_options(p, cli.RunDefaults(), quick="0.2 s, 1 repeat", seconds_in=budget)
+    cli.add_run_options(p, cli.RunDefaults(), quick="0.2 s, 1 repeat")
     args = cli.parse(p, argv)
     try:
         args.cpus = resolve_cpus(args.cpus)
@@ -405,8 +354,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.frame_skip = args.frame_skip or FRAME_SKIP.get(args.task, 1)
     if args.envs_per_worker < 1:
         p.error("--envs-per-worker must be >= 1")
-    if args.total_steps is not None and args.total_steps < 1:
-        p.error("--total-steps must be >= 1")
     if args.task not in ATARI_TASKS:   # Pong-v5 is EnvPool's id (our recipe), not a gymnasium one
         try:
             gym.spec(args.task)
@@ -417,22 +364,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    _, err = consoles()
+    err = report.stderr_console()
     plan = make_plan(args)
     for line in plan.notes + [f"{s}: not run — {why}" for s, why in plan.skipped.items()]:
         err.print(line, highlight=False, markup=False, soft_wrap=True)
-    env = {**environment(), "envpool": envpool_status(args.task)[0],
-           "stable_baselines3": version_of("stable_baselines3"), "allowed_cpus_at_start": allowed_cpus()}
+    env = {**report.environment(), "envpool": envpool_status(args.task)[0],
+           "stable_baselines3": report.version_of("stable_baselines3"), "allowed_cpus_at_start": allowed_cpus()}
     run(plan, args, err)
     text = markdown(plan, args, env)
     print(text, flush=True)   # the table once, as markdown (EnvPool's format)
     for kind, path, write in (("markdown", args.md, lambda p: Path(p).write_text(text)),
-                              ("raw measurements", args.json, lambda p: write_json(p, json_data(plan, args, env))),
+                              ("raw measurements", args.json,
+                               lambda p: report.write_json(p, json_data(plan, args, env))),
                               ("plot", args.png, lambda p: write_png(p, plan, env))):
         if path:
             write(path)
             err.print(f"{kind} written to {path}", highlight=False)
-    return 1 if print_failures(plan.cells, err) else 0
+    return 1 if report.print_failures(plan.cells, err) else 0
 
 
 if __name__ == "__main__":

@@ -29,43 +29,15 @@ from typing import Any
 
 import gymnasium as gym
 
-from . import cli
+from . import cli, report, subjects
 from ._timing import Case, Sample, clock, summarize
 from .envs import gym_env_fn
 from .ppo import PPOConfig, Trainer, default_rollout_steps
-from .report import (
-    RESULTS,
-    Group,
-    Target,
-    config_of,
-    consoles,
-    environment,
-    fmt_ratio,
-    fmt_summary,
-    markdown_table,
-    print_failures,
-    run_cells,
-    write_results,
-)
-from .subjects import (
-    ALL_SYSTEMS,
-    ENVPOOL,
-    GYM_VECTOR,
-    POOL_ASYNC_PARENT,
-    POOL_SYNC,
-    POOL_SYNC_PROCESSES,
-    POOL_SYNC_UNPINNED,
-    SB3_DUMMY,
-    SB3_SUBPROC,
-    SHM_VEC,
-    SHMPOOL,
-    SYNC_VEC,
-    open_stepper,
-    open_vec,
-)
 
-SB3_PPO = {"SB3 PPO DummyVecEnv": SB3_DUMMY, "SB3 PPO SubprocVecEnv": SB3_SUBPROC, "SB3 PPO ShmVecEnv": SHM_VEC}
-SYSTEMS = (*ALL_SYSTEMS, POOL_SYNC_UNPINNED, POOL_SYNC_PROCESSES, POOL_ASYNC_PARENT, *SB3_PPO)   # default: ALL_SYSTEMS
+SB3_PPO = {"SB3 PPO DummyVecEnv": subjects.SB3_DUMMY, "SB3 PPO SubprocVecEnv": subjects.SB3_SUBPROC,
+           "SB3 PPO ShmVecEnv": subjects.SHM_VEC}
+SYSTEMS = (*subjects.ALL_SYSTEMS, subjects.POOL_SYNC_UNPINNED, subjects.POOL_SYNC_PROCESSES,
+           subjects.POOL_ASYNC_PARENT, *SB3_PPO)   # default: ALL_SYSTEMS
 # Box bounds cast to float32 warn on every env built (workers too): noise in the middle of the table.
 BOX_PRECISION = ("Box low's precision lowered", "Box high's precision lowered")
 TASKS = ("CartPole-v1", "Pong-v5", "Ant-v5")
@@ -80,7 +52,7 @@ class TrainingRun:
     """A :class:`~bench.ppo.Trainer` over one system, as a subject of ``run_interleaved``."""
 
     def __init__(self, system: str, task: str, n: int, rollout_steps: int | None) -> None:
-        self.env = open_stepper(system, task, n, seed=SEED)
+        self.env = subjects.open_stepper(system, task, n, seed=SEED)
         try:
             steps = rollout_steps or default_rollout_steps(self.env.batch)
             self.trainer = Trainer(self.env, PPOConfig(rollout_steps=steps), seed=SEED)
@@ -118,7 +90,7 @@ class SB3Training:
         from stable_baselines3 import PPO
         from stable_baselines3.common.vec_env import VecNormalize
         kwargs, normalize = zoo_hyperparameters(task)
-        self.vec = open_vec(SB3_PPO[system], task, n, seed=SEED)
+        self.vec = subjects.open_vec(SB3_PPO[system], task, n, seed=SEED)
         try:
             venv = VecNormalize(self.vec.env) if normalize else self.vec.env
             self.model = PPO("MlpPolicy", venv, seed=SEED, device="cpu", **kwargs)
@@ -173,19 +145,20 @@ class BusyNeighbour:
 
 def unavailable(system: str, task: str) -> str | None:
     """Why ``system`` cannot run ``task`` here (a missing package), or None."""
-    modules = {SB3_DUMMY: "stable_baselines3", SB3_SUBPROC: "stable_baselines3", ENVPOOL: "envpool",
+    modules = {subjects.SB3_DUMMY: "stable_baselines3", subjects.SB3_SUBPROC: "stable_baselines3",
+               subjects.ENVPOOL: "envpool",
                **dict.fromkeys(SB3_PPO, "stable_baselines3")}
     try:
         if system in modules:
             __import__(modules[system])
-        if system not in (ENVPOOL, *SHMPOOL):
+        if system not in (subjects.ENVPOOL, *subjects.SHMPOOL):
             gym_env_fn(task)().close()
     except (ImportError, gym.error.DependencyNotInstalled) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 
 
-def run(args: argparse.Namespace, err: Any) -> tuple[list[Group], dict[str, str]]:
+def run(args: argparse.Namespace, err: Any) -> tuple[list[report.Group], dict[str, str]]:
     """Every (task, N) cell, its systems interleaved; returns the groups and the skipped (task · system)."""
     skipped = {f"{t} · {s}": why for t in args.tasks for s in args.systems if (why := unavailable(s, t))}
 
@@ -194,8 +167,8 @@ def run(args: argparse.Namespace, err: Any) -> tuple[list[Group], dict[str, str]
                 if f"{task} · {s}" not in skipped]
     neighbour = BusyNeighbour() if args.busy_neighbour else None
     try:
-        return run_cells([(t, n) for t in args.tasks for n in args.num_envs], cases, args, err,
-                         len(args.systems)), skipped
+        return report.run_cells([(t, n) for t in args.tasks for n in args.num_envs], cases, args, err,
+                                len(args.systems)), skipped
     finally:
         if neighbour is not None:
             neighbour.close()
@@ -203,43 +176,44 @@ def run(args: argparse.Namespace, err: Any) -> tuple[list[Group], dict[str, str]
 
 # --- the report ------------------------------------------------------------------------------------
 
-def header(groups: Sequence[Group]) -> tuple[str, ...]:
-    return ("task", "N", "system", "env steps/s: median (min–max)", f"÷ {anchor(groups[0]) if groups else SYNC_VEC}",
+def header(groups: Sequence[report.Group]) -> tuple[str, ...]:
+    return ("task", "N", "system", "env steps/s: median (min–max)",
+            f"÷ {anchor(groups[0]) if groups else subjects.SYNC_VEC}",
             "÷ best gymnasium vector env", "max/min over reps", "share of the loop in env.step (SB3 PPO: rollouts)")
 
 
-def anchor(g: Group) -> str:
+def anchor(g: report.Group) -> str:
     """What the ratios are taken against: SyncVectorEnv, or the first system when it did not run."""
-    return SYNC_VEC if g.ran(SYNC_VEC) or not g.cases else g.cases[0].name
+    return subjects.SYNC_VEC if g.ran(subjects.SYNC_VEC) or not g.cases else g.cases[0].name
 
 
-def best_gym(g: Group) -> str | None:
+def best_gym(g: report.Group) -> str | None:
     """The faster of SyncVectorEnv and AsyncVectorEnv in this cell (by median), or None."""
-    rates = [(r.median, s) for s in GYM_VECTOR if (r := g.rate(s)) is not None]
+    rates = [(r.median, s) for s in subjects.GYM_VECTOR if (r := g.rate(s)) is not None]
     return max(rates)[1] if rates else None
 
 
-def spread(g: Group, system: str) -> float | None:
+def spread(g: report.Group, system: str) -> float | None:
     s = g.rate(system)
     return None if s is None or s.lo <= 0 else s.hi / s.lo
 
 
-def rows(groups: Sequence[Group]) -> list[list[str]]:
+def rows(groups: Sequence[report.Group]) -> list[list[str]]:
     out = []
     for g in groups:
         best = best_gym(g)
         for case in g.cases:
             sp = spread(g, case.name)
             share = summarize(g.records, case.name, lambda s: sum(s.parts_s.values()) / s.seconds)
-            out.append([g.task, str(g.num_envs), case.name, fmt_summary(g.rate(case.name)),
-                        fmt_ratio(g.ratio(case.name, anchor(g))),
-                        fmt_ratio(g.ratio(case.name, best)) if best else "—",
+            out.append([g.task, str(g.num_envs), case.name, report.fmt_summary(g.rate(case.name)),
+                        report.fmt_ratio(g.ratio(case.name, anchor(g))),
+                        report.fmt_ratio(g.ratio(case.name, best)) if best else "—",
                         "—" if sp is None else f"{sp:.2f}",
                         "—" if share is None else f"{share.median:.0%}"])
     return out
 
 
-def targets(groups: Sequence[Group], busy: bool) -> list[Target]:
+def targets(groups: Sequence[report.Group], busy: bool) -> list[report.Target]:
     """What a trainer-in-the-loop shmpool should reach (sync, the one-line swap), checked on this run."""
     cores = len(os.sched_getaffinity(0))
     share = (f"the {cores} cores are shared by the env workers, this process and torch's threads: waiting that "
@@ -248,22 +222,22 @@ def targets(groups: Sequence[Group], busy: bool) -> list[Target]:
     for g in groups:
         best = best_gym(g)
         if busy:
-            goals.append(Target(f"{g.task} N={g.num_envs}, one core busy elsewhere: shmpool sync ≥ 0.9× "
-                                "SyncVectorEnv", 0.9, g.ratio(POOL_SYNC, SYNC_VEC),
-                                moves=f"with one core taken, {share}"))
+            goals.append(report.Target(f"{g.task} N={g.num_envs}, one core busy elsewhere: shmpool sync ≥ 0.9× "
+                                       "SyncVectorEnv", 0.9, g.ratio(subjects.POOL_SYNC, subjects.SYNC_VEC),
+                                       moves=f"with one core taken, {share}"))
             continue
         goal = 1.0 if g.task == "CartPole-v1" else 1.5
         if g.task == "CartPole-v1" or g.num_envs == 32:
-            goals.append(Target(f"{g.task} N={g.num_envs}: shmpool sync ≥ {goal:g}× the best gymnasium vector "
-                                f"env ({best})", goal, g.ratio(POOL_SYNC, best) if best else None,
-                                moves=share + ("; CartPole's env steps are so cheap that there is little to "
-                                               "win over the for-loop, and much to lose" if g.task == "CartPole-v1"
-                                               else "")))
+            goals.append(report.Target(f"{g.task} N={g.num_envs}: shmpool sync ≥ {goal:g}× the best gymnasium vector "
+                                       f"env ({best})", goal, g.ratio(subjects.POOL_SYNC, best) if best else None,
+                                       moves=share + ("; CartPole's env steps are so cheap that there is little "
+                                                      "to win over the for-loop, and much to lose"
+                                                      if g.task == "CartPole-v1" else "")))
         if g.num_envs >= 32:
-            goals.append(Target(f"{g.task} N={g.num_envs}: shmpool sync max/min over repetitions ≤ 1.3×", 1.3,
-                                spread(g, POOL_SYNC), at_most=True,
-                                moves="other processes on the box, and wake-ups that miss (a sleeping worker "
-                                      "or trainer thread woken late stalls the whole step)"))
+            goals.append(report.Target(f"{g.task} N={g.num_envs}: shmpool sync max/min over repetitions ≤ 1.3×", 1.3,
+                                       spread(g, subjects.POOL_SYNC), at_most=True,
+                                       moves="other processes on the box, and wake-ups that miss (a sleeping worker "
+                                       "or trainer thread woken late stalls the whole step)"))
     return goals
 
 
@@ -277,8 +251,8 @@ takes one core for the whole run.  Light envs (CartPole) leave little to win ove
 for-loop; heavy ones (Pong, Ant) gain up to the number of cores."""
 
 
-def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Group], skipped: dict[str, str],
-             goals: Sequence[Target]) -> str:
+def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[report.Group], skipped: dict[str, str],
+             goals: Sequence[report.Target]) -> str:
     lines = [
         f"## Trainer in the loop — {env['date']}",
         "",
@@ -291,7 +265,7 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Gro
         "median (min–max); ratios of medians in the same run; the last column is the median share of the "
         "loop's wall time spent inside the vector env's step (the rest: the policy, the update, the loop):",
         "",
-        markdown_table(header(groups), rows(groups)),
+        report.markdown_table(header(groups), rows(groups)),
     ]
     lines += [f"\n{where} skipped — {reason}" for where, reason in skipped.items()]
     goal_lines = [t.line() for t in goals] or ["- none for these cells (they are set for CartPole at every N and "
@@ -300,7 +274,7 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[Gro
     return "\n".join(lines)
 
 
-def plot(groups: Sequence[Group], path: Path, title: str) -> None:
+def plot(groups: Sequence[report.Group], path: Path, title: str) -> None:
     """One panel per task: each system's steps/s ÷ SyncVectorEnv over N, with min–max whiskers."""
     import matplotlib
     matplotlib.use("Agg")
@@ -341,14 +315,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = cli.parser("python -m bench train", __doc__)
     p.add_argument("--tasks", help=f"comma list of {', '.join(TASKS)} (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--num-envs", help="comma list of N (default 8,32)")
-    p.add_argument("--systems", help=f"comma list of systems (default: {', '.join(ALL_SYSTEMS)}; "
-                                     f"also {POOL_SYNC_UNPINNED}, {POOL_SYNC_PROCESSES}, {POOL_ASYNC_PARENT})")
+    p.add_argument("--systems", help=f"comma list of systems (default: {', '.join(subjects.ALL_SYSTEMS)}; "
+                                     f"also {subjects.POOL_SYNC_UNPINNED}, {subjects.POOL_SYNC_PROCESSES}, "
+                                     f"{subjects.POOL_ASYNC_PARENT})")
     p.add_argument("--rollout-steps", type=int,
                    help="loop steps between updates (default 1024 / batch, at least 8: ~1,024 transitions)")
     p.add_argument("--torch-threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
     p.add_argument("--busy-neighbour", action="store_true",
                    help="run a process that burns one core for the whole run (another job on the box)")
-    cli.add_run_options(p, cli.RunDefaults(seconds=(4.0, 0.5), warmup=(0.5, 0.01), json=str(RESULTS / "train.json")),
+    cli.add_run_options(p, cli.RunDefaults(seconds=(4.0, 0.5), warmup=(0.5, 0.01),
+                                           json=str(report.RESULTS / "train.json")),
                         quick="CartPole-v1 N=8, SyncVectorEnv and shmpool sync, 1 repeat of 0.5 s",
                         seconds_help="timed seconds per repetition, in whole rollout+update iterations")
     args = cli.parse(p, argv)
@@ -361,12 +337,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     else:
         args.num_envs = [8] if args.quick else list(DEFAULT_NUM_ENVS)
     if args.systems:
-        args.systems = cli.comma_list(args.systems)
-        unknown = [s for s in args.systems if s not in SYSTEMS]
-        if unknown:
-            p.error(f"unknown system(s) {unknown}; systems: {', '.join(SYSTEMS)}")
+        args.systems = cli.choice_list(p, "--systems", args.systems, SYSTEMS)
     else:
-        args.systems = [SYNC_VEC, POOL_SYNC] if args.quick else list(ALL_SYSTEMS)
+        args.systems = [subjects.SYNC_VEC, subjects.POOL_SYNC] if args.quick else list(subjects.ALL_SYSTEMS)
     return args
 
 
@@ -391,21 +364,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    env = {**environment(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+    env = {**report.environment(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
            "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "MKL_", "KMP_"))}}
-    _, err = consoles()
+    err = report.stderr_console()
     groups, skipped = run(args, err)
     goals = targets(groups, args.busy_neighbour)
     text = markdown(args, env, groups, skipped, goals)
-    print(text, flush=True)
-    if args.json:
-        write_results(args.json, {"benchmark": "bench.train", "environment": env, "config": config_of(args),
-                                  "skipped": skipped, "cells": [g.to_json() for g in groups],
-                                  "targets": [t.to_json() for t in goals]}, text, err)
-        if groups:
-            plot(groups, Path(args.json).with_suffix(".png"), f"PPO-shaped loop, torch {env['torch_threads']} "
-                 "threads" + (", one core busy elsewhere" if args.busy_neighbour else ""))
-    return 1 if print_failures(groups, err) else 0
+    status = report.finish(args, "bench.train", env, text, err, groups, skipped=skipped,
+                           cells=[g.to_json() for g in groups], targets=[t.to_json() for t in goals])
+    if args.json and groups:
+        plot(groups, Path(args.json).with_suffix(".png"), f"PPO-shaped loop, torch {env['torch_threads']} "
+             "threads" + (", one core busy elsewhere" if args.busy_neighbour else ""))
+    return status
 
 
 if __name__ == "__main__":

@@ -71,6 +71,44 @@ def resolve_cpus(cpus: str | Iterable[int] | None) -> list[int]:
 
 # --- CPU quotas (cgroup v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us) ---
 
+SYSFS_NODES = "/sys/devices/system/node"
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """The inverse of :func:`parse_cpu_list` (without strides): ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def numa_nodes(root: str | os.PathLike = SYSFS_NODES) -> dict[int, list[int]]:
+    """Every NUMA node's cpus as sysfs lists them (``nodeN/cpulist``), in node order: node id -> sorted
+    cpu ids (empty for a memory-only node); ``{}`` where sysfs has no nodes.  A node whose list cannot
+    be read or parsed is left out."""
+    nodes = {}
+    for d in Path(root).glob("node*"):
+        if d.name[4:].isdigit():
+            try:
+                text = (d / "cpulist").read_text().strip()
+                nodes[int(d.name[4:])] = parse_cpu_list(text) if text else []
+            except (OSError, ValueError):
+                continue
+    return dict(sorted(nodes.items()))
+
+
+def split_by_node(cpus: Iterable[int], nodes: dict[int, list[int]]) -> list[list[int]]:
+    """``cpus`` grouped by NUMA node (``nodes`` as :func:`numa_nodes` gives them) in node order, each
+    group in the order of ``cpus``; cores of no known node come first, as one group."""
+    groups: dict[int, list[int]] = {}
+    for c in cpus:
+        groups.setdefault(next((k for k, on in nodes.items() if c in on), -1), []).append(c)
+    return [groups[k] for k in sorted(groups)]
+
+
 def parse_cpu_max(text: str) -> float | None:
     """CPUs allowed by a cgroup v2 ``cpu.max`` (``"max 100000"`` or ``"50000 100000"``); None if unlimited."""
     fields = text.split()

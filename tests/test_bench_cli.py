@@ -118,3 +118,12 @@ def test_every_command_the_docs_quote_exists_with_its_options():
             assert option in proc.stdout, (line, option)
         checked += 1
     assert checked >= 10
+
+
+def test_choice_list(capsys):
+    p = parser()
+    assert cli.choice_list(p, "--modes", "sync, async,sync", ("async", "sync")) == ["sync", "async"]
+    for text in ("sync,fast", ""):
+        with pytest.raises(SystemExit):
+            cli.choice_list(p, "--modes", text, ("async", "sync"))
+        assert f"--modes takes 'async' and/or 'sync', not {text!r}" in capsys.readouterr().err

@@ -75,7 +75,7 @@ def test_plot_synthetic_json(tmp_path, x):
     (["--batch-size", "1,-2"], "--batch-size must be a comma list of positive integers"),
     (["--batch-size", ""], "--batch-size must be a comma list of positive integers"),
     (["--num-envs", "4", "--batch-size", "8,16", "--modes", "async"], "nothing to run"),
-    (["--modes", "sync,fast"], "--modes must be a comma list of sync, async, got fast"),
+    (["--modes", "sync,fast"], "--modes takes 'sync' and/or 'async', not 'sync,fast'"),
     (["--seconds", "0"], "--seconds must be > 0"),
     (["--task", "NoSuchTask-v9"], "--task 'NoSuchTask-v9' cannot be made here"),
 ])

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..arguments import check_batch_size, check_count, shard_sizes
-from ..topology import parse_cpu_list
+from ..topology import SYSFS_NODES, numa_nodes
 
 
 @dataclass(frozen=True)
@@ -95,26 +95,11 @@ def describe_range(r: range) -> str:
     return f"{r.start}..{r.stop - 1}"
 
 
-def numa_cpu_groups() -> list[list[int]]:
+def numa_cpu_groups(root: str | os.PathLike = SYSFS_NODES) -> list[list[int]]:
     """The cores this process may use, grouped by NUMA node (one group if sysfs has none)."""
     allowed = sorted(os.sched_getaffinity(0))
-    groups = []
-    base = "/sys/devices/system/node"
-    try:
-        names = sorted((d for d in os.listdir(base) if d.startswith("node") and d[4:].isdigit()),
-                       key=lambda d: int(d[4:]))
-    except OSError:
-        names = []
-    for name in names:
-        try:
-            with open(f"{base}/{name}/cpulist") as f:
-                cpus = set(parse_cpu_list(f.read().strip()))
-        except (OSError, ValueError):
-            continue
-        group = [c for c in allowed if c in cpus]
-        if group:
-            groups.append(group)
-    return groups or [allowed]
+    groups = [[c for c in allowed if c in on] for on in numa_nodes(root).values()]
+    return [g for g in groups if g] or [allowed]
 
 
 def slot_cpus(slot: int, per_node: int | str) -> list[int] | None:
