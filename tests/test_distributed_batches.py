@@ -252,38 +252,3 @@ def test_pure_modules_import_where_ray_is_absent():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "refused: shmpool.distributed needs ray: pip install 'shmpool[ray]'" in out.stdout
-
-
-# --- answers ---------------------------------------------------------------------------------
-
-
-def test_a_packed_answer_comes_back_whole_from_any_number_of_parts():
-    from shmpool.distributed.answers import pack, unpack
-
-    rows = rows_of([3, 1, 4, 1, 5], tag="e")
-    for parts in (1, 2, 3, 7):
-        pieces = pack(rows, parts)
-        pieces = [pieces] if parts == 1 else list(pieces)
-        assert len(pieces) == parts
-        got = unpack(pieces)
-        assert_rows_encode_ids(got)
-        np.testing.assert_array_equal(got.ids, rows.ids)
-        assert list(got.infos["tag"]) == ["e3", "e1", "e4", "e1", "e5"]
-        got.obs["x"][0, 0] = -1.0   # a fresh, writable copy
-        assert rows.obs["x"][0, 0] == 3.0
-
-
-def test_pong_answers_are_cut_under_ray_s_inline_size():
-    """Ray returns an object of at most 100 KiB inline with the reply; 8 Pong observations are 221 KiB."""
-    import gymnasium as gym
-
-    from shmpool.distributed.answers import PART_BYTES, Parts, pack
-
-    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    parts = Parts(space)
-    assert parts.of(1) == 1 and parts.of(8) == 3 and parts.of(16) == 5
-    n = 16
-    answer = Rows(np.arange(n), np.zeros((n, 4, 84, 84), np.uint8), np.zeros(n), np.zeros(n, bool),
-                  np.zeros(n, bool), {})
-    pieces = pack(answer, parts.of(n))
-    assert max(len(p) for p in pieces) <= PART_BYTES < 100 * 1024

@@ -16,9 +16,7 @@ Layout: the envs are split into contiguous ranges, one per pool (pool ``k`` owns
 ``pool.env_range(k)``); each pool lives in a Ray actor pinned to its node
 (``NodeAffinitySchedulingStrategy``, hard) and steps its envs in its own pinned
 worker processes through shared memory, exactly as a local :class:`~shmpool.Pool`.
-Only whole sub-batches cross the network: each answer is pickled and cut into parts small
-enough for Ray to return them inline with the call's reply (:mod:`.answers`), not through the
-object store.
+Only whole sub-batches cross the network, as numpy arrays through Ray's object store.
 
 Sync ``step``/``reset`` send each pool its slice of the actions and concatenate
 the answers in env order: the results are the local pool's for the same seeds
@@ -59,8 +57,7 @@ Rooms (one job each): :mod:`.api` (the public class, one :class:`~shmpool.state.
 every entry), :mod:`.actor` (the Ray actor hosting a local Pool per node), :mod:`.batches` (batch
 assembly, pure numpy), :mod:`.ledger` (async bookkeeping, pure numpy), :mod:`.placement` (nodes,
 pools per node, env ranges, cores), :mod:`.fleet` (starting, rebuilding and stopping the actors),
-:mod:`.faults` (bounded waits and how a pool's answer is classified), :mod:`.answers` (answers cut
-to Ray's inline size), :mod:`.action_check`.
+:mod:`.faults` (bounded waits and how a pool's answer is classified), :mod:`.action_check`.
 :mod:`.batches`, :mod:`.ledger` and :mod:`.placement` import without Ray.
 """
 from __future__ import annotations

@@ -18,7 +18,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import ShmpoolError
 from ..pool import Pool
-from .answers import pack
 from .batches import Rows
 from .placement import numa_cpu_groups, slot_cpus
 
@@ -101,17 +100,14 @@ class PoolActor:
                          node_id=ray.get_runtime_context().get_node_id(), hostname=os.uname().nodename,
                          num_workers=p.num_workers, cpus=p.worker_cpus)
 
-    # The methods taking ``parts`` answer with their result packed into that many pieces (``num_returns``,
-    # see .answers): Ray returns each inline instead of through the object store.
-
     @_portable
-    def reset(self, seeds: list, options: Any, parts: int) -> Any:
+    def reset(self, seeds: list, options: Any) -> Resets:
         obs, infos = self.pool.reset(seed=seeds, options=options)
-        return pack(Resets(obs, infos), parts)
+        return Resets(obs, infos)
 
     @_portable
-    def step(self, actions: Any, parts: int) -> Any:
-        return pack(Rows.of_step(np.arange(self.pool.num_envs), self.pool.step(actions)), parts)
+    def step(self, actions: Any) -> Rows:
+        return Rows.of_step(np.arange(self.pool.num_envs), self.pool.step(actions))
 
     @_portable
     def async_reset(self) -> None:
@@ -122,14 +118,14 @@ class PoolActor:
         self.pool.send(actions, env_ids)
 
     @_portable
-    def recv(self, parts: int) -> Any:
+    def recv(self) -> Rows:
         obs, rew, term, trunc, infos = self.pool.recv()
-        return pack(Rows(infos.pop("env_id").astype(np.int64), obs, rew, term, trunc, infos), parts)
+        return Rows(infos.pop("env_id").astype(np.int64), obs, rew, term, trunc, infos)
 
-    def send_recv(self, actions: Any, env_ids: np.ndarray, parts: int) -> Any:
+    def send_recv(self, actions: Any, env_ids: np.ndarray) -> Rows:
         """``send`` then ``recv`` in one actor call (one Ray round trip)."""
         self.send(actions, env_ids)
-        return self.recv(parts)
+        return self.recv()
 
     @_portable
     def per_env(self, op: str, name: str, env_ids: list[int], args: tuple, kwargs: dict) -> tuple:

@@ -31,17 +31,12 @@ from ..reset_args import check_reset_mask, seed_list
 from ..state import Lifecycle, LifecycleFacts
 from .action_check import ActionCheck
 from .actor import Resets, pools_on_nodes
-from .answers import Parts
 from .batches import Rows, batch_len, concat, merge_infos, take_rows
 from .faults import (
-    FIRST_PENDING,
-    PENDING,
     SLICE_S,
     Outcome,
-    RefWaiter,
     StepTimeoutError,
     Watch,
-    call,
     gather,
     node_gone,
     outcome_of,
@@ -174,7 +169,6 @@ class RayPool(LifecycleFacts):
         self.spec = first.spec
         self.autoreset_mode = first.autoreset_mode
         self._actions = ActionCheck(self.single_action_space, self.num_envs)
-        self._parts = Parts(self.single_observation_space)   # answer parts per call (see .answers)
         self._ledger = Ledger(place, next_step=self.autoreset_mode == NEXT_STEP)
         shut_down = weakref.WeakMethod(self._shut_down)   # no cycle: a forgotten RayPool is freed (and closed) at once
         self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
@@ -243,9 +237,9 @@ class RayPool(LifecycleFacts):
             per_pool = [{**options, "reset_mask": mask[r.start:r.stop]} for r in ranges]
         self._forget_async()
         self._ledger.sync_autoreset.clear()
-        refs = [call(actor.reset, self._parts.of(len(r)), seeds[r.start:r.stop], per_pool[k])
+        refs = [actor.reset.remote(seeds[r.start:r.stop], per_pool[k])
                 for k, (actor, r) in enumerate(zip(self._fleet.actors, ranges))]
-        outcomes = self._wait(refs, list(range(self.num_pools)), "reset", waiter=PENDING)
+        outcomes = self._wait(refs, list(range(self.num_pools)), "reset")
         answers: list[Resets] = self._recovery.settle(outcomes, "reset", restart=True, seeds=seeds, options=per_pool)
         self._life.ready()
         return concat([a.obs for a in answers]), merge_infos([a.infos for a in answers], self._placement.sizes)
@@ -272,8 +266,7 @@ class RayPool(LifecycleFacts):
         self._forget_async()
         auto = self._ledger.sync_autoreset
         ranges = map(self.env_range, range(self.num_pools))
-        self._step_refs = [None if k in auto else
-                           call(actor.step, self._parts.of(len(r)), take_rows(actions, slice(r.start, r.stop)))
+        self._step_refs = [None if k in auto else actor.step.remote(take_rows(actions, slice(r.start, r.stop)))
                            for k, (actor, r) in enumerate(zip(self._fleet.actors, ranges))]
         self._life.step_posted()
 
@@ -285,7 +278,7 @@ class RayPool(LifecycleFacts):
         self._life.check_step_wait()
         refs = self._step_refs
         pools = [k for k, ref in enumerate(refs) if ref is not None]
-        outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout, waiter=PENDING)
+        outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout)
         self._step_refs = None
         self._life.step_done()
         answers = dict(zip(pools, self._recovery.settle(outcomes, "step", restart=True)))
@@ -323,8 +316,7 @@ class RayPool(LifecycleFacts):
             actor = self._fleet.actors[d.pool]
             part = take_rows(actions, d.positions)
             if d.with_recv:
-                parts = self._parts.of(self.sub_batch_sizes[d.pool])
-                self._ledger.requests[call(actor.send_recv, parts, part, d.local_ids)] = d.pool
+                self._ledger.requests[actor.send_recv.remote(part, d.local_ids)] = d.pool
             else:
                 self._ledger.sends[actor.send.remote(part, d.local_ids)] = d.pool
         self._life.in_flight += len(ids)
@@ -342,13 +334,16 @@ class RayPool(LifecycleFacts):
         while ledger.ready.count < B:
             self._check_sends()
             for k in ledger.to_request():
-                ledger.requests[call(self._fleet.actors[k].recv, self._parts.of(self.sub_batch_sizes[k]))] = k
+                ledger.requests[self._fleet.actors[k].recv.remote()] = k
             if not ledger.requests:
                 raise RuntimeError(
                     f"recv() cannot finish: {ledger.ready.count} rows are ready and no pool has a whole sub-batch "
                     f"in flight (in flight per pool {ledger.available}, sub-batches {self.sub_batch_sizes}); send "
                     "the envs recv() returned back, or choose sub_batch_sizes that divide what you send")
-            done = FIRST_PENDING.wait(list(ledger.requests), SLICE_S)
+            refs = list(ledger.requests)
+            done, _ = ray.wait(refs, num_returns=1, timeout=SLICE_S)
+            if done and len(refs) > 1:
+                done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in done:
                 self._take(ref)
             if not done:
@@ -359,7 +354,7 @@ class RayPool(LifecycleFacts):
         return rows.as_recv()
 
     def _take(self, ref: Any) -> None:
-        o = PENDING.outcome(ref, self._ledger.requests.pop(ref))
+        o = outcome_of(ref, self._ledger.requests.pop(ref))
         if o.death is not None:
             self._recovery.async_death(o, "recv")
         elif o.error is not None:
@@ -448,12 +443,10 @@ class RayPool(LifecycleFacts):
             self._abort()
             raise
 
-    def _wait(self, refs: list, pools: list[int], op: str, timeout: float | None = None,
-              waiter: Any = RefWaiter) -> list[Outcome]:
-        """Every answer of one call (``pools[i]`` for ``refs[i]``: Ray futures, or packed answers
-        with ``waiter=PENDING``), waited for in watched slices."""
+    def _wait(self, refs: list, pools: list[int], op: str, timeout: float | None = None) -> list[Outcome]:
+        """Every answer of one call (``pools[i]`` for ``refs[i]``), waited for in watched slices."""
         try:
-            return gather(refs, pools, self._watch(op, timeout), waiter)
+            return gather(refs, pools, self._watch(op, timeout))
         except StepTimeoutError:
             self._abort()
             raise

@@ -17,7 +17,6 @@ import ray.exceptions
 from ..errors import PoolClosedError, WorkerDiedError
 from ..state import CLOSED_DURING_CALL
 from .actor import RemoteError
-from .answers import unpack
 
 SLICE_S = 0.25            # longest uninterrupted ray.wait; the watch runs between slices
 LIVENESS_EVERY_S = 1.0    # how often a waiting call asks the GCS which nodes are alive
@@ -65,76 +64,13 @@ def outcome_of(ref: Any, pool: int) -> Outcome:
     """The :class:`Outcome` of a finished future ``ref`` of pool ``pool``."""
     try:
         return Outcome(pool, value=ray.get(ref, timeout=0))
-    except (*DEATH, ray.exceptions.RayTaskError) as exc:
-        return failed(exc, pool)
-
-
-def failed(exc: BaseException, pool: int) -> Outcome:
-    """The :class:`Outcome` of pool ``pool``'s answer that Ray raised as ``exc`` (a death, or an error
-    raised in the pool)."""
-    if isinstance(exc, DEATH):
+    except DEATH as exc:
         return Outcome(pool, death=exc)
-    cause = remote_cause(exc)
-    if isinstance(cause, WorkerDiedError):  # a worker of the local pool died; that pool closed itself
-        return Outcome(pool, death=cause)
-    return Outcome(pool, error=cause)
-
-
-class RefWaiter:
-    """How :func:`gather` waits on Ray futures: ``ray.wait`` and :func:`outcome_of`."""
-
-    @staticmethod
-    def wait(items: list, timeout: float) -> list:
-        done, _ = ray.wait(items, num_returns=len(items), timeout=timeout)
-        return done
-
-    outcome = staticmethod(outcome_of)
-
-
-class Pending:
-    """The answer of one packed actor call: its ``refs`` (one per part), keyed by identity."""
-
-    __slots__ = ("refs",)
-
-    def __init__(self, refs: Any) -> None:
-        self.refs = refs if isinstance(refs, list) else [refs]
-
-
-def call(method: Any, parts: int, *args: Any) -> Pending:
-    """``method.remote(*args, parts)`` returning ``parts`` objects (the method packs its answer)."""
-    return Pending(method.options(num_returns=parts).remote(*args, parts))
-
-
-class PendingWaiter:
-    """How :func:`gather` (``every``: waits for all of them in one call) and ``recv`` (the first to end,
-    then whatever else has) wait on :class:`Pending` answers.  Every part of a call is ready when the
-    call has ended, so its first part stands for it."""
-
-    def __init__(self, every: bool) -> None:
-        self.every = every
-
-    def wait(self, items: list[Pending], timeout: float) -> list[Pending]:
-        by_first = {p.refs[0]: p for p in items}
-        done, _ = ray.wait(list(by_first), num_returns=len(by_first) if self.every else 1, timeout=timeout)
-        if done and not self.every and len(by_first) > 1:
-            done, _ = ray.wait(list(by_first), num_returns=len(by_first), timeout=0)
-        return [by_first[ref] for ref in done]
-
-    @staticmethod
-    def outcome(item: Pending, pool: int) -> Outcome:
-        first = outcome_of(item.refs[0], pool)
-        if first.error is not None or first.death is not None:
-            return first
-        try:   # the other parts ended with the first; a part too big to go inline is fetched here
-            rest = ray.get(item.refs[1:])
-        except ray.exceptions.RayError as exc:   # the actor died, or its node with a part (lost)
-            return failed(exc, pool) if isinstance(exc, (*DEATH, ray.exceptions.RayTaskError)) \
-                else Outcome(pool, death=exc)
-        return Outcome(pool, value=unpack([first.value, *rest]))
-
-
-PENDING = PendingWaiter(every=True)        # a sync call's answers
-FIRST_PENDING = PendingWaiter(every=False)  # recv's sub-batches
+    except ray.exceptions.RayTaskError as exc:
+        cause = remote_cause(exc)
+        if isinstance(cause, WorkerDiedError):  # a worker of the local pool died; that pool closed itself
+            return Outcome(pool, death=cause)
+        return Outcome(pool, error=cause)
 
 
 def node_gone(pool: int) -> Outcome:
@@ -181,18 +117,17 @@ class Watch:
         return [k for k in sorted(set(waiting_on)) if self.node_of(k) not in alive]
 
 
-def gather(refs: list, pools: list[int], watch: Watch, waiter: Any = RefWaiter) -> list[Outcome]:
+def gather(refs: list, pools: list[int], watch: Watch) -> list[Outcome]:
     """One :class:`Outcome` per future (``refs[i]`` of pool ``pools[i]``), waiting for every one of
     them in slices: an error in one pool does not stop the wait for the others, so their deaths are
-    seen too.  Raises only what ``watch`` raises.  ``waiter``: how the futures are waited on
-    (``wait(items, timeout)`` -> the finished ones, ``outcome(item, pool)``): Ray futures by
-    default, packed answers with :data:`PENDING`."""
+    seen too.  Raises only what ``watch`` raises."""
     out: list[Outcome | None] = [None] * len(refs)
     left = dict(zip(refs, range(len(refs))))
     while left:
-        for ref in waiter.wait(list(left), SLICE_S):
+        done, _ = ray.wait(list(left), num_returns=len(left), timeout=SLICE_S)
+        for ref in done:
             i = left.pop(ref)
-            out[i] = waiter.outcome(ref, pools[i])
+            out[i] = outcome_of(ref, pools[i])
         if left:
             for k in watch.after_slice([pools[i] for i in left.values()]):
                 for ref, i in list(left.items()):

@@ -11,7 +11,6 @@ import cloudpickle
 import ray
 
 from .actor import ActorInfo, Resets, start_actor
-from .answers import unpack
 from .faults import Outcome, RemotePoolDiedError, Watch, gather
 from .placement import Placement, describe_range
 
@@ -147,7 +146,7 @@ class Fleet:
             watch = Watch(f"restarting pool {k}", self.startup_timeout, None, lambda _, node=target: node,
                           self.describe_pools)
             try:
-                answers = gather([actor.describe.remote(), actor.reset.remote(seeds, options, 1)], [k, k], watch)
+                answers = gather([actor.describe.remote(), actor.reset.remote(seeds, options)], [k, k], watch)
             except TimeoutError as slow:
                 answers = [Outcome(k, death=slow)]
             dead = [o.death for o in answers if o.death is not None]
@@ -158,7 +157,7 @@ class Fleet:
             for o in answers:
                 if o.error is not None:   # the new pool's reset raised: the caller's error, not a death
                     raise o.error
-            info, resets = answers[0].value, unpack([answers[1].value])
+            info, resets = (o.value for o in answers)
             self.restarts += 1
             old = self.infos[k]
             self.restart_log.append({"pool": k, "old_pid": old.pid if old is not None else None, "old_node": old_node,
