@@ -6,8 +6,8 @@ Only a pool built with ``on_worker_error="restart"`` ever calls into this room; 
 ``recv``) has no restart branch.  It is built with the parts it uses: the worker set,
 the region, the dispatch room (in-flight marks, the pending step's target), the
 supervisor (its waits, and the side messages it holds for later) and the ``fatal``
-callback; it holds no reference to the pool.  It reports each restart in ``count``,
-``per_worker`` and a bounded ``log``.
+callback; it holds no reference to the pool.  Each restart goes into the pool's
+``RestartRecord`` (counts and a bounded log), which outlives the room.
 """
 from __future__ import annotations
 
