@@ -20,6 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
+from . import _core
 from . import protocol as P
 from .dispatch import Dispatch
 from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
@@ -47,7 +48,7 @@ class Supervisor:
     ``store_pickled_obs(env_id, values)`` keeps observation leaves that travel pickled."""
 
     def __init__(self, workers: WorkerSet, dispatch: Dispatch, status: np.ndarray, infos: InfoReader,
-                 life: Lifecycle, wait_policy, step_timeout: float | None, fatal: Callable[[], None],
+                 life: Lifecycle, wait_policy: _core.WaitPolicy, step_timeout: float | None, fatal: Callable[[], None],
                  store_pickled_obs: Callable[[int, object], None] | None = None) -> None:
         self.workers = workers
         self.dispatch = dispatch
