@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 import warnings
@@ -313,24 +314,47 @@ def test_an_env_constructor_error_comes_back_with_the_env_s_own_text(cluster):
     assert time.monotonic() - start < 60
 
 
-def test_step_timeout_raises_at_its_bound_not_after_the_close_grace(cluster):
-    """Issue 30: step_timeout=3 raised after 13 s (the 10 s close grace was added)."""
-    import gymnasium as gym
+STEP_TIMEOUT_DRIVER = """
+import sys, time
+import gymnasium as gym
+import numpy as np
+import ray
+from shmpool.distributed import RayPool
 
-    class Stuck(gym.Wrapper):
-        def step(self, action):
-            if getattr(self, "stuck", False):
-                time.sleep(60)
-            return super().step(action)
+class Stuck(gym.Wrapper):
+    def step(self, action):
+        if getattr(self, "stuck", False):
+            time.sleep(60)
+        return super().step(action)
 
-    rp = RayPool(lambda: Stuck(gym.make(TASK)), 4, seed=0, num_workers=1, step_timeout=1.0)
-    rp.reset()
-    rp.set_attr("stuck", True, env_ids=[3])
-    start = time.monotonic()
-    with pytest.raises(TimeoutError):
-        rp.step(np.zeros(4, dtype=np.int64))
-    assert time.monotonic() - start < 4.0
-    assert rp.closed
+ray.init(address=sys.argv[1], include_dashboard=False, log_to_driver=False)
+rp = RayPool(lambda: Stuck(gym.make("CartPole-v1")), 4, seed=0, num_workers=1, step_timeout=1.0)
+rp.reset()
+rp.set_attr("stuck", True, env_ids=[3])
+start = time.monotonic()
+try:
+    rp.step(np.zeros(4, dtype=np.int64))
+except TimeoutError:
+    print(f"TimeoutError after {time.monotonic() - start:.2f} s, closed={rp.closed}", flush=True)
+else:
+    print("no error", flush=True)
+"""
+
+
+def test_step_timeout_raises_at_its_bound_not_after_the_close_grace(cluster, tmp_path):
+    """Issue 30: step_timeout=3 raised after 13 s (the 10 s close grace was added).
+
+    Run by a driver of its own: Ray 2.60's driver may crash in a native thread some time after
+    actors it was waiting on are killed mid-call (seen in ~1 of 7 runs of this file, the crash
+    landing in a later test); the pool's part, the error at its bound and the pool closed, is what
+    is asserted here."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STEP_TIMEOUT_DRIVER)
+    done = subprocess.run([sys.executable, str(script), cluster.address], capture_output=True, text=True,
+                          timeout=120)
+    line = next((x for x in done.stdout.splitlines() if x.startswith(("TimeoutError", "no error"))), "")
+    assert line.startswith("TimeoutError after ") and line.endswith("closed=True"), done.stdout + done.stderr[-3000:]
+    assert float(line.split()[2]) < 4.0
 
 
 def test_reset_mask_and_options_list(cluster):
