@@ -293,7 +293,7 @@ class Pool(LifecycleFacts):
         seeds = [None] * n if seed is None else [seed + i for i in range(n)]
         self._restart_record = RestartRecord(plan.num_workers)
         self._replacing = plan.on_worker_error == "restart"
-        self._restarts: Restarts | None = None   # the restart room, in restart mode only
+        self._supervisor = self._restarts = None   # built by _start (the restart room in restart mode only)
         self._startup_timeout = startup_timeout
         self._owner = plan.owner
         self._workers = WorkerSet(mp.get_context(start_method), plan.bounds, list(plan.worker_cpus),
@@ -354,12 +354,10 @@ class Pool(LifecycleFacts):
         self._supervisor = supervisor = Supervisor(
             workers, dispatch, views.status, InfoReader(views, region.map, obs_space), life,
             self.wait_policy, self.step_timeout, fatal, store_pickled_obs)
-        self._take = supervisor.take   # recv()'s take; in restart mode the restart room's
         if self._replacing:
-            self._restarts = supervisor.restarts = restarts = Restarts(
-                self._restart_record, workers, region, dispatch, supervisor, self._map_msg,
-                (obs_space, act_space), self._startup_timeout, fatal)
-            self._take = restarts.take
+            self._restarts = Restarts(self._restart_record, workers, region, dispatch, supervisor, self._map_msg,
+                                      (obs_space, act_space), self._startup_timeout, fatal)
+            supervisor.use_restarts(self._restarts)
 
     # --- public API: sync ---------------------------------------------------------------
 
@@ -497,7 +495,7 @@ class Pool(LifecycleFacts):
         life.check_recv(b)
         dispatch = self._dispatch
         out = dispatch.batch_ids
-        got = dispatch.take_in_turn(out, b, self._take)
+        got = dispatch.take_in_turn(out, b, self._supervisor.recv_take)
         ids = out[:got].astype(np.int32)
         dispatch.received(ids)
         v = self._views
@@ -589,7 +587,9 @@ class Pool(LifecycleFacts):
         """Drop every view of the region the pool made, then the region itself: a closed
         pool holds no memory unless the caller still holds arrays it returned."""
         self._views = self._obs_views = self._actions = None
-        self._dispatch = self._supervisor = self._restarts = self._take = None
+        if self._supervisor is not None:
+            self._supervisor.restarts = None   # the two rooms refer to each other: no cycle outlives the pool
+        self._dispatch = self._supervisor = self._restarts = None
         if self._region is not None:
             self._region.release()
             self._region = None

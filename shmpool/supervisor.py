@@ -60,7 +60,7 @@ class Supervisor:
         self.step_timeout = step_timeout
         self.fatal = fatal
         self.store_pickled_obs = store_pickled_obs
-        self.restarts: Replacing | None = None   # set by a pool built with on_worker_error="restart"
+        self.restarts: Replacing | None = None   # the restart room (use_restarts), in restart mode only
         # Side messages read before their env's turn: a worker sends them in its completion
         # order, and recv hands out an env it held back (max_lead) after envs that finished later.
         self.early: dict[int, P.Extra | P.Failure] = {}
@@ -150,6 +150,16 @@ class Supervisor:
             raise P.ProtocolError(f"side channel out of order: expected env {env_id}, got "
                                   f"{type(msg).__name__} of env {msg.env_id}")
         return msg
+
+    def use_restarts(self, restarts: Replacing) -> None:
+        """``on_worker_error="restart"``: dead workers are replaced, and recv and drain take through
+        the restart room (it watches the workers and hands out taken-over results first)."""
+        self.restarts = restarts
+
+    @property
+    def recv_take(self) -> Callable[[np.ndarray, int, str], int]:
+        """The take of ``recv`` and ``drain``: the restart room's in restart mode, else ``take``."""
+        return self.take if self.restarts is None else self.restarts.take
 
     def take(self, out: np.ndarray, n: int, op: str, start: int = 0) -> int:
         """Fill ``out[start:n]`` with env ids the workers published, in completion order.
@@ -268,8 +278,7 @@ class Supervisor:
 
     def drain(self) -> None:
         """Receive and drop everything in flight (reset and messages need idle workers)."""
-        take = self.take if self.restarts is None else self.restarts.take
-        ids = self.dispatch.drain(take)
+        ids = self.dispatch.drain(self.recv_take)
         if not len(ids):
             return
         try:

@@ -329,6 +329,10 @@ def test_a_tuple_observation_lacking_an_item_is_refused_as_sync_vector_env_refus
         pool.step(act)
         with pytest.raises(EnvError, match=r"env 3 .*observation: a Tuple of 2 items, got 1"):
             pool.step(act)
+        obs, _ = pool.reset()   # usable again, and each env stepped once per step
+        obs, *_ = pool.step(act)
+        np.testing.assert_allclose(obs[0], np.full((4, 2), 0.1, np.float32))
+        assert obs[1].tolist() == [1, 1, 1, 1]
 
 
 # --- 3. the shard stepped here follows a worker's rules ---------------------------------------
