@@ -22,11 +22,12 @@ from .errors import PerformanceWarning
 OPT_OUT = "SHMPOOL_NO_OMP_TUNING"
 SPIN_VARIABLE = "GOMP_SPINCOUNT"
 MARK = "SHMPOOL_SET_GOMP_SPINCOUNT"   # set beside it, so a child process knows the value was ours
-# Iterations libgomp's threads spin before they sleep.  Swept in CleanRL's ppo.py and
-# ppo_continuous_action.py on 2 cores (docs/performance.md): 1,000 and 10,000 slow torch's own
-# ops (SyncVectorEnv's loop lost up to 25 % on CartPole); 100,000 left SyncVectorEnv's loop
-# unchanged and gave the pool its lead on Ant-v5.
-SPIN_COUNT = "100000"
+# Iterations libgomp's threads spin before they sleep: ~28 ns each on these AMD EPYC vCPUs, so
+# ~0.85 ms.  Swept in CleanRL's ppo.py and ppo_continuous_action.py on 2 cores (docs/performance.md):
+# 10,000 and less slow torch's own ops where the envs run in this process (CartPole); 100,000
+# (2.8 ms) outlasts an Ant-v5 step, so torch's helper spins on the worker's core through it (Ant
+# N=8 0.84-0.92x SyncVectorEnv); 30,000 gave Ant N=8 1.09x, N=32 1.53x, CartPole at parity.
+SPIN_COUNT = "30000"
 # Settings that say the user chose how OpenMP waits: any of them, and the pool sets nothing.
 USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "KMP_BLOCKTIME")
 RUNTIMES = ("libgomp", "libiomp", "libomp")   # GNU, Intel and LLVM OpenMP as they appear in /proc/self/maps
