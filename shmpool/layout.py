@@ -7,6 +7,7 @@ Every array is cache-line aligned so no two of them share a line.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,12 @@ def assemble(space: spaces.Space, arrays: Sequence) -> Any:
     return tree_of(space).assemble(arrays)
 
 
+def _leaf_bytes(leaf: Leaf) -> int:
+    # Python ints: a shape whose element count overflows int64 is a size the memory check refuses
+    # by name, not a wrapped count that fails later in a reshape.
+    return leaf.dtype.itemsize * math.prod(leaf.shape)
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -112,11 +119,11 @@ class Layout:
             off += _align(max(nbytes, 1))
 
         for i, leaf in enumerate(lay.act_leaves):
-            put(f"act{i}", num_envs * leaf.dtype.itemsize * int(np.prod(leaf.shape, dtype=np.int64)))
+            put(f"act{i}", num_envs * _leaf_bytes(leaf))
         for i, leaf in enumerate(lay.obs_leaves):
-            put(f"obs{i}", num_envs * leaf.dtype.itemsize * int(np.prod(leaf.shape, dtype=np.int64)))
+            put(f"obs{i}", num_envs * _leaf_bytes(leaf))
         for i, leaf in enumerate(lay.obs_leaves if final_obs else []):
-            put(f"final_obs{i}", num_envs * leaf.dtype.itemsize * int(np.prod(leaf.shape, dtype=np.int64)))
+            put(f"final_obs{i}", num_envs * _leaf_bytes(leaf))
         put("reward", num_envs * 8)
         put("terminated", num_envs)
         put("truncated", num_envs)
@@ -138,7 +145,7 @@ class Views:
         o = layout.offsets
 
         def arr(name, dtype, shape):
-            count = int(np.prod(shape, dtype=np.int64))
+            count = math.prod(shape)
             return np.frombuffer(buf, dtype=dtype, count=count, offset=o[name]).reshape(shape)
 
         self.act = [arr(f"act{i}", lf.dtype, (n, *lf.shape)) for i, lf in enumerate(layout.act_leaves)]

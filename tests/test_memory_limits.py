@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -233,6 +234,30 @@ def test_a_pool_declaring_a_terabyte_per_env_raises_at_construction(no_leaks, no
         shmpool.Pool(_huge_env, 2, num_workers=1)
     assert "needs 2.0 TiB (" in str(info.value), str(info.value)
     assert time.monotonic() - t0 < 30   # worker start-up included; the check itself: the test above
+
+
+def _overflowing_env():
+    import gymnasium as gym
+    import numpy as np
+
+    class Overflowing(gym.Env):
+        # 2**32 x 2**32 elements: a count int64 cannot hold (it wrapped to 0 and failed in a reshape).
+        observation_space = gym.spaces.MultiBinary([1 << 32, 1 << 32])
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(1, np.int8), {}
+
+    return Overflowing()
+
+
+def test_a_shape_whose_element_count_overflows_int64_is_refused_by_size(no_leaks, no_real_reservation):
+    import shmpool
+    with pytest.raises(shmpool.PoolResourceError) as info:
+        shmpool.Pool(_overflowing_env, 2, num_workers=1)
+    # The whole region: 2 envs x 2**64 bytes of observations, plus the flags and control words.
+    size = int(re.search(r"needs 33554432\.0 TiB \((\d+) bytes\)", str(info.value)).group(1))
+    assert 2 * (1 << 64) <= size < 2 * (1 << 64) + (1 << 20), str(info.value)
 
 
 # --- a real memory cgroup -------------------------------------------------------------------

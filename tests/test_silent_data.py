@@ -648,3 +648,32 @@ def test_an_env_s_own_exception_is_named_before_a_result_the_pool_refused(parent
         with pytest.raises(EnvError, match=r"env 1 .*ValueError: own.*\(1 more envs failed too\)") as info:
             pool.step(np.zeros(2, np.int64))
         assert info.value.remote_type == "ValueError"
+
+
+class OldApiGridEnv(gym.Env):
+    """gym < 0.26: reset returns the observation alone; a 2-row observation then unpacks as ``obs, info``."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (2, 3), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        return np.zeros((2, 3), np.float32)
+
+    def step(self, action):
+        return np.zeros((2, 3), np.float32), 0.0, False, {}
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+@pytest.mark.parametrize("face", ["pool", "vector"])
+def test_an_old_api_env_with_two_row_observations_names_the_env(face, parent_shard, no_leaks):
+    fns = [OldApiGridEnv, OldApiGridEnv]
+    if face == "pool":
+        vec = shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard)
+    else:
+        vec = shmpool.VectorEnv(fns, num_workers=2, parent_shard=parent_shard)
+    try:
+        with pytest.raises(EnvError, match=r"^env 0 \(worker 0, pid \d+\) raised in reset: ") as info:
+            vec.reset(seed=0)
+        assert info.value.env_id == 0
+    finally:
+        vec.close()
