@@ -26,7 +26,8 @@ MARK = "SHMPOOL_SET_GOMP_SPINCOUNT"   # set beside it, so a child process knows 
 # ~0.85 ms.  Swept in CleanRL's ppo.py and ppo_continuous_action.py on 2 cores (docs/performance.md):
 # 10,000 and less slow torch's own ops where the envs run in this process (CartPole); 100,000
 # (2.8 ms) outlasts an Ant-v5 step, so torch's helper spins on the worker's core through it (Ant
-# N=8 0.84-0.92x SyncVectorEnv); 30,000 gave Ant N=8 1.09x, N=32 1.53x, CartPole at parity.
+# N=8 0.76-0.92x SyncVectorEnv).  30,000: Ant N=8 1.08-1.17x, N=32 1.50x, CartPole N=8 0.99-1.19x,
+# but CartPole N=32 0.81-0.94x (it prefers 50,000-100,000): no one value serves every cell.
 SPIN_COUNT = "30000"
 # Settings that say the user chose how OpenMP waits: any of them, and the pool sets nothing.
 USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "KMP_BLOCKTIME")
