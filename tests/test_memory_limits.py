@@ -3,6 +3,7 @@ not an OOM kill: cgroup limits (v2 memory.max, v1 memory.limit_in_bytes) and Mem
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 from shmpool.errors import PoolResourceError
@@ -212,19 +214,24 @@ def test_a_terabyte_region_is_refused_at_once_not_reserved(no_real_reservation):
     assert "needs 1.0 TiB (1099511627776 bytes)" in str(info.value), str(info.value)
 
 
-def _huge_env():
-    import gymnasium as gym
+def _env_declaring(obs_space):
+    """An env declaring ``obs_space``: the region is sized from it before any observation exists."""
     import numpy as np
 
-    class Huge(gym.Env):
-        # MultiBinary holds no bounds arrays, so declaring 1 TiB costs nothing until the region.
-        observation_space = gym.spaces.MultiBinary(1 << 40)
+    class Declaring(gym.Env):
+        observation_space = obs_space
         action_space = gym.spaces.Discrete(2)
 
         def reset(self, *, seed=None, options=None):
             return np.zeros(1, np.int8), {}
 
-    return Huge()
+    return Declaring()
+
+
+# MultiBinary holds no bounds arrays, so declaring these costs nothing until the region.
+_huge_env = functools.partial(_env_declaring, gym.spaces.MultiBinary(1 << 40))
+# 2**32 x 2**32 elements: a count int64 cannot hold (it wrapped to 0 and failed in a reshape).
+_overflowing_env = functools.partial(_env_declaring, gym.spaces.MultiBinary([1 << 32, 1 << 32]))
 
 
 def test_a_pool_declaring_a_terabyte_per_env_raises_at_construction(no_leaks, no_real_reservation):
@@ -234,21 +241,6 @@ def test_a_pool_declaring_a_terabyte_per_env_raises_at_construction(no_leaks, no
         shmpool.Pool(_huge_env, 2, num_workers=1)
     assert "needs 2.0 TiB (" in str(info.value), str(info.value)
     assert time.monotonic() - t0 < 30   # worker start-up included; the check itself: the test above
-
-
-def _overflowing_env():
-    import gymnasium as gym
-    import numpy as np
-
-    class Overflowing(gym.Env):
-        # 2**32 x 2**32 elements: a count int64 cannot hold (it wrapped to 0 and failed in a reshape).
-        observation_space = gym.spaces.MultiBinary([1 << 32, 1 << 32])
-        action_space = gym.spaces.Discrete(2)
-
-        def reset(self, *, seed=None, options=None):
-            return np.zeros(1, np.int8), {}
-
-    return Overflowing()
 
 
 def test_a_shape_whose_element_count_overflows_int64_is_refused_by_size(no_leaks, no_real_reservation):
