@@ -76,9 +76,10 @@ def _render(env: gymnasium.Env) -> Any:
 
 
 def _strip_masks(infos: dict) -> dict:
-    """gymnasium's vector infos without the ``_key`` masks (EnvPool has none), nested dicts too."""
-    return {k: _strip_masks(v) if isinstance(v, dict) else v
-            for k, v in infos.items() if not (k.startswith("_") and k[1:] in infos)}
+    """gymnasium's vector infos without the ``_key`` masks (EnvPool has none), nested dicts too.
+    Keys need not be strings: gymnasium's batching itself makes ``{1: None}`` of some final infos."""
+    return {k: _strip_masks(v) if isinstance(v, dict) else v for k, v in infos.items()
+            if not (isinstance(k, str) and k.startswith("_") and k[1:] in infos)}
 
 
 class EnvPoolEnv(VectorEnv, gymnasium.Env):

@@ -252,3 +252,13 @@ def test_pure_modules_import_where_ray_is_absent():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "refused: shmpool.distributed needs ray: pip install 'shmpool[ray]'" in out.stdout
+
+
+def test_merge_infos_takes_keys_that_are_not_strings_and_values_that_are_all_none():
+    # gymnasium's SAME_STEP batching makes {1: None} of a None final info beside an empty one
+    a = {"final_info": {1: None}, "_final_info": np.array([True, True]), 7: np.array([1.5, 2.5])}
+    b = {"final_info": {}, "_final_info": np.array([True])}
+    got = merge_infos([a, b], [2, 1])
+    assert got["final_info"] == {1: None}
+    np.testing.assert_array_equal(got["_final_info"], [True, True, True])
+    np.testing.assert_array_equal(got[7], [1.5, 2.5, 0.0])

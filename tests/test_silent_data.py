@@ -677,3 +677,31 @@ def test_an_old_api_env_with_two_row_observations_names_the_env(face, parent_sha
         assert info.value.env_id == 0
     finally:
         vec.close()
+
+
+def _ending_at_two(infos=None):
+    return gym.wrappers.TimeLimit(ScriptEnv(infos), 2)
+
+
+@pytest.mark.parametrize("infos, steps, key, want", [
+    # gymnasium's SAME_STEP batching stores env 1's None final info inside env 0's empty dict, under
+    # the index: {1: None}.  The VectorEnv copies that; the EnvPool face must pass it on, not crash.
+    ([{}, {2: None}], 2, "final_info", {1: None}),
+    ([{1: {7: 1.5}}] * 2, 1, 7, [1.5, 1.5]),   # an env's own info key that is not a string
+])
+def test_the_envpool_face_passes_on_info_keys_that_are_not_strings(infos, steps, key, want, no_leaks):
+    from shmpool.envpool_env import EnvPoolEnv
+    fns = [functools.partial(_ending_at_two, i) for i in infos]
+    ref = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    ref.reset(seed=0)
+    env = EnvPoolEnv(fns, env_type="gymnasium", autoreset_mode="same_step")
+    try:
+        env.reset()
+        for _ in range(steps):
+            expected, got = ref.step(np.zeros(2, np.int64))[4], env.step(np.zeros(2, np.int64))[4]
+        assert {k: v for k, v in expected.items() if not (isinstance(k, str) and k.startswith("_"))}.keys() \
+            <= got.keys()
+        value = got[key]
+        assert (value if isinstance(value, dict) else value.tolist()) == want
+    finally:
+        env.close()

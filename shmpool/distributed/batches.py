@@ -75,10 +75,12 @@ def merge_infos(parts: list[dict], sizes: list[int]) -> dict:
     out: dict = {}
     for key in keys:
         values = [p.get(key) for p in parts]
-        sample = next(v for v in values if v is not None)
-        if isinstance(sample, dict):
+        sample = next((v for v in values if v is not None), None)
+        if sample is None:   # gymnasium's own batching can store a bare None ({1: None}): keep it
+            out[key] = None
+        elif isinstance(sample, dict):
             out[key] = merge_infos([v if v is not None else {} for v in values], sizes)
-        elif key.startswith("_") and key[1:] in keys:
+        elif isinstance(key, str) and key.startswith("_") and key[1:] in keys:
             out[key] = np.concatenate([np.asarray(v, dtype=bool) if v is not None else np.zeros(n, dtype=bool)
                                        for v, n in zip(values, sizes)])
         else:
