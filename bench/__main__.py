@@ -28,8 +28,6 @@ COMMANDS = {
                                    "EnvPool, and each worker's CPU and run-queue share"),
     "autoreset": ("bench.autoreset", "SAME_STEP autoreset (ShmVecEnv, VectorEnv, Pool) against the NEXT_STEP "
                                      "pool, env-only: steps/s and transitions/s"),
-    "fallback": ("bench.fallback", "what leaves that travel pickled (a Text leaf) cost against a Box-only Dict "
-                                   "observation"),
     "deploy": ("bench.deploy", "env-only and a GPU-shaped loop under a CPU quota (--cpu-quota, root), and the "
                                "workers' CPU while the trainer is busy elsewhere"),
 }

@@ -15,7 +15,6 @@ import argparse
 import functools
 import itertools
 from collections.abc import Sequence
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -138,13 +137,6 @@ def targets(groups: Sequence[report.Group]) -> list[report.Target]:
     return out
 
 
-def header_line(args: argparse.Namespace, env: dict[str, Any]) -> str:
-    return (f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · load average "
-            f"{env['loadavg_at_start'][0]:.2f} at start · {args.actions} actions · {args.repeats} interleaved "
-            f"repetitions × "
-            f"{args.seconds:g} s (warm-up {args.warmup:g} s)")
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = cli.parser("python -m bench autoreset", __doc__)
     p.add_argument("--tasks", help="comma list of gymnasium ids (default CartPole-v1)")
@@ -170,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                for s in systems],
                               args, err, len(systems))
     goals = targets(groups)
-    text = "\n".join([f"## shmpool autoreset benchmark — {env['date']}", "", header_line(args, env), "",
+    text = "\n".join([report.header("shmpool autoreset benchmark", args, env, f"{args.actions} actions"), "",
                       TITLE + ":", "", report.markdown_table(HEADER, rows(groups)), "",
                       "### Targets (medians of this run)", "", *(t.line() for t in goals)])
     return report.finish(args, "bench.autoreset", env, text, err, groups,

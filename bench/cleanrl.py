@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cli
+from . import cli, report
 
 SCRIPTS = ("ppo", "ppo_continuous_action")
 SYNC, ASYNC, SHMPOOL, SHMPOOL_OPTOUT = "sync", "async", "shmpool", "shmpool-optout"
@@ -36,6 +36,7 @@ OPTOUT_ENV = {"SHMPOOL_NO_OMP_TUNING": "1"}
 DROPPED_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "SHMPOOL_")
 REPO = Path(__file__).resolve().parent.parent
 MARK = "CLEANRL_BENCH"
+DEFAULT_JSON = str(report.RESULTS / "cleanrl.json")
 
 
 # --- the scripts and their patches -----------------------------------------------------------------
@@ -222,13 +223,10 @@ def fmt_sps(lo: int | None, m: float | None, hi: int | None) -> str:
 
 
 def markdown(args: argparse.Namespace, env: dict[str, Any], summaries: Sequence[dict[str, Any]]) -> str:
-    from .report import markdown_table
-    lines = [f"## CleanRL PPO scripts: SyncVectorEnv vs shmpool.VectorEnv — {env['date']}", "",
-             f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · torch {env['torch']} "
-             f"(default threads) · gymnasium {env['gymnasium']} · {args.repeats} interleaved repetitions · "
-             f"extra env: {args.env or 'none'} · scripts sha256 "
-             + ", ".join(f"{k}.py {v[:12]}" for k, v in env["scripts_sha256"].items()),
-             "",
+    lines = [report.header("CleanRL PPO scripts: SyncVectorEnv vs shmpool.VectorEnv", args, env,
+                           f"torch {env['torch']} (default threads) · gymnasium {env['gymnasium']}",
+                           f"extra env: {args.env or 'none'}", "scripts sha256 " + ", ".join(
+                               f"{k}.py {v[:12]}" for k, v in env["scripts_sha256"].items())), "",
              "SPS: CleanRL's last `SPS:` line of each run = global_step / seconds since just before "
              "`envs.reset` (rollouts and PPO updates; not imports, env construction or teardown). "
              "Median (min–max) over repetitions; ratio of medians to `sync`.", ""]
@@ -242,7 +240,7 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], summaries: Sequence[
             rows.append([system, fmt_sps(p["sps_min"], p["sps_median"], p["sps_max"]), ratio, wall,
                          f"{p['runs']}" + (f" ({p['failed']} failed)" if p["failed"] else ""),
                          ", ".join(h[:12] for h in p["param_sha256"]) or "—"])
-        lines.append(markdown_table(header, rows))
+        lines.append(report.markdown_table(header, rows))
         verdict = {True: "identical on every system and repetition", None: "no result to compare",
                    False: f"**DIFFER** ({s['distinct_param_sha256']} distinct checksums)"}[s["identical"]]
         lines += ["", f"Final agent parameters: {verdict}.", ""]
@@ -297,7 +295,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", help="scratch folder the scripts run in (default: a new temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the scratch folder (patched scripts, tensorboard runs)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed (default 1800)")
-    p.add_argument("--out", metavar="PATH", help="write PATH.md and PATH.json (default: print only)")
+    p.add_argument("--json", metavar="PATH", help="write every run and the configuration here, the report beside "
+                                                  "it (.md)")
+    p.add_argument("--save", action="store_true", help=f"write them to the tracked {DEFAULT_JSON}")
     args = p.parse_args(argv)
     args.command = " ".join(["python -m bench cleanrl", *(sys.argv[1:] if argv is None else argv)])
     if not args.scripts:
@@ -321,6 +321,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         extra[key] = value
     args.extra_env = extra
     args.script_args = args.script_args.split()
+    args.json = args.json or (DEFAULT_JSON if args.save else None)
     if args.workdir and inside(Path(args.workdir), REPO):
         p.error(f"--workdir {args.workdir} is inside the repository; give a folder outside {REPO}")
     return args
@@ -364,9 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"scratch folder: {workdir}", file=sys.stderr)
 
     from importlib.metadata import version
-
-    from .report import environment
-    env = {**environment(), "torch": version("torch"), "tyro": version("tyro"), "tensorboard": version("tensorboard"),
+    env = {**report.environment(), **{m: version(m) for m in ("torch", "tyro", "tensorboard")},
            "scripts_dir": str(args.scripts),
            "scripts_sha256": {s: hashlib.sha256(src.encode()).hexdigest() for s, src in sources.items()},
            "child_env_added": args.extra_env, "child_env_dropped_prefixes": list(DROPPED_ENV_PREFIXES),
@@ -392,18 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     text = markdown(args, env, summaries)
     print(text, flush=True)
-    if args.out:
-        base = Path(args.out)
-        base = base.with_suffix("") if base.suffix in (".md", ".json") else base
-        config = {k: v for k, v in vars(args).items() if k not in ("cases",)}
-        config["scripts"] = str(args.scripts)
-        config["cases"] = [c.__dict__ for c in args.cases]
-        from .report import write_json
-        write_json(base.with_name(base.name + ".json"),
-                   {"benchmark": "bench.cleanrl", "environment": env, "config": config,
-                    "cases": summaries, "runs": [r.to_json() for r in runs]})
-        base.with_name(base.name + ".md").write_text(text)
-        print(f"written: {base}.md, {base}.json", file=sys.stderr)
+    if args.json:
+        config = {**report.config_of(args, "cases", "scripts"), "scripts": str(args.scripts),
+                  "cases": [c.__dict__ for c in args.cases]}
+        report.write_results(args.json, {"benchmark": "bench.cleanrl", "environment": env, "config": config,
+                                         "cases": summaries, "runs": [r.to_json() for r in runs]},
+                             text, report.stderr_console())
     failed = [r for r in runs if r.error]
     for r in failed:
         print(f"{r.case} · {r.system} · rep {r.rep + 1} failed: {r.error}", file=sys.stderr)

@@ -4,6 +4,7 @@
     python -m bench.core --json /tmp/core.json  # every raw measurement there, the report beside it (.md)
     python -m bench.core --save                 # ... into the tracked bench/results/core.json and core.md
     python -m bench.core --quick                # a few seconds, for tests
+    python -m bench.core --tasks DictObs-v0,DictTextObs-v0 --no-roundtrip   # what a pickled (Text) leaf costs
 
 Env-only: SyncVectorEnv, AsyncVectorEnv, shmpool sync (Pool.step of all N) and async (batch N/2) step N
 copies of one env with one fixed batch of actions; env steps/s, median (min–max), ratios of medians.  Then
@@ -27,7 +28,7 @@ from shmpool import _core
 
 from . import cli, report, subjects
 from ._timing import Case, Sample, Summary, latency_loop
-from .envs import EmptyEnv, gym_env_fn
+from .envs import BENCH_ENVS, EmptyEnv, gym_env_fn
 
 DEFAULT_TASKS = ("CartPole-v1", "Ant-v5")
 DEFAULT_NUM_ENVS = {"CartPole-v1": (8, 32, 128), "Ant-v5": (8, 32)}
@@ -39,7 +40,8 @@ ROUND_TRIP_POLICIES = {"shmpool empty env, default wait": "auto", "shmpool empty
 def throughput_cases(task: str, n: int) -> list[Case]:
     """The four systems of one (task, N) cell, all stepped with the same actions."""
     make_env = gym_env_fn(task)
-    return subjects.headline_cases(make_env, task, n, subjects.fixed_actions(subjects.action_space_of(make_env), n))
+    pool_env = make_env if task in BENCH_ENVS else task   # an id the workers can make, else the constructor
+    return subjects.headline_cases(make_env, pool_env, n, subjects.fixed_actions(subjects.action_space_of(make_env), n))
 
 
 # --- round-trip subjects ---------------------------------------------------------------------
@@ -241,11 +243,8 @@ def targets(groups: Sequence[report.Group], round_trip: report.Group | None, loa
 def write_report(args: argparse.Namespace, env: dict[str, Any], skipped: dict[str, str], groups: list[report.Group],
                  round_trip: report.Group | None, round_trip_note: str, goals: list[report.Target]) -> str:
     """The whole report as markdown: printed once, and the results file."""
-    lines = [f"## shmpool core benchmark — {env['date']}", "",
-             f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · load average "
-             f"{env['loadavg_at_start'][0]:.2f} at start · python {env['python']}, numpy {env['numpy']}, "
-             f"gymnasium {env['gymnasium']}, mujoco {env['mujoco']} · {args.repeats} interleaved repetitions × "
-             f"{args.seconds:g} s (warm-up {args.warmup:g} s)", "",
+    lines = [report.header("shmpool core benchmark", args, env, f"python {env['python']}, numpy {env['numpy']}, "
+                           f"gymnasium {env['gymnasium']}, mujoco {env['mujoco']}"), "",
              "Env-only throughput, env steps/s: median (min–max); ratios of medians:", "",
              report.markdown_table(THROUGHPUT_HEADER, throughput_rows(groups))]
     lines += [f"\n{task} skipped — {reason}" for task, reason in skipped.items()]

@@ -11,22 +11,26 @@ workers' CPU over wall time.  How to read it: bench/README.md, "deploy".
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import statistics
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
 
-from . import subjects
-from .cli import parser
+from . import cli, report, subjects
+from ._timing import Case, Sample, timed_loop
 
 CGROUP = Path("/sys/fs/cgroup")
 GPU_WAIT_S = 0.003
 HOST_CPU_S = 0.0005
+SYSTEMS = ("SyncVectorEnv", "shmpool sync")
+LOOPS = ("env-only", "trainer-shaped")
 
 
 @contextlib.contextmanager
@@ -67,98 +71,86 @@ def parse_wait_policy(text: str) -> str | tuple[str, str]:
     return (parent, workers) if workers else parent
 
 
-def _open(system: str, n: int, wait_policy: str | tuple[str, str] = "auto") -> tuple[subjects.Vec, list[int], str]:
-    if system == "SyncVectorEnv":
-        vec = subjects.open_vec(subjects.SYNC_VEC, "CartPole-v1", n)
-        vec.reset()
-        return vec, [], system
-    vec = subjects.open_vec(subjects.POOL, "CartPole-v1", n, wait_policy=wait_policy)
-    vec.reset()
-    # Worker processes only: a shard this process steps (parent_shard) is the loop's own CPU.
-    return vec, [pid for pid in vec.env.worker_pids if pid != os.getpid()], repr(vec.env)
-
-
-def _worker_cpu(pids: list[int]) -> float:
-    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
-
-
 def _burn(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
 
 
-def measure(system: str, n: int, seconds: float, trainer: bool,
-            wait_policy: str | tuple[str, str] = "auto") -> dict:
-    """One repetition: env steps/s (env-only) or ms per iteration and workers' CPU share (trainer)."""
-    vec, pids, described = _open(system, n, wait_policy)
-    step = vec.stepping(np.zeros(n, dtype=np.int64))
-    try:
+class DeployLoop:
+    """``system`` (``SYSTEMS``) on CartPole-v1 stepped env-only or in the trainer-shaped loop; ``info``: the
+    pool's ``repr`` and its worker processes' CPU over the wall time of the last sample."""
+
+    def __init__(self, system: str, n: int, trainer: bool, wait_policy: str | tuple[str, str] = "auto") -> None:
+        pool = system != SYSTEMS[0]
+        self.vec = subjects.open_vec(subjects.POOL if pool else subjects.SYNC_VEC, "CartPole-v1", n,
+                                     **({"wait_policy": wait_policy} if pool else {}))
+        self.vec.reset()
+        # Worker processes only: a shard this process steps (parent_shard) is the loop's own CPU.
+        self.pids = [pid for pid in self.vec.env.worker_pids if pid != os.getpid()] if pool else []
+        self.info: dict[str, Any] = {"described": repr(self.vec.env) if pool else system}
+        self.n, step = n, self.vec.stepping(np.zeros(n, dtype=np.int64))
+
         def once() -> None:
             step()
             if trainer:
                 time.sleep(GPU_WAIT_S)
                 _burn(HOST_CPU_S)
-        for _ in range(20):
-            once()
-        c0, t0, calls = _worker_cpu(pids), time.perf_counter(), 0
-        while time.perf_counter() - t0 < seconds:
-            once()
-            calls += 1
-        wall = time.perf_counter() - t0
-        cpu = (_worker_cpu(pids) - c0) / wall if pids else None
-    finally:
-        vec.close()
-    return {"system": system, "steps_per_s": calls * n / wall, "ms_per_iter": 1e3 * wall / calls,
-            "worker_cpu_share": cpu, "described": described}
+        self._once = once
+
+    def _worker_cpu(self) -> float:
+        return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in self.pids)
+
+    def measure(self, seconds: float, warmup: float) -> Sample:
+        timed_loop(self._once, self.n, warmup)
+        cpu = self._worker_cpu()
+        sample = timed_loop(self._once, self.n, seconds)
+        self.info["worker_cpu_share"] = (self._worker_cpu() - cpu) / sample.seconds if self.pids else None
+        return sample
+
+    def close(self) -> None:
+        self.vec.close()
 
 
-def run(n: int, seconds: float, repeats: int, wait_policy: str | tuple[str, str] = "auto") -> list[str]:
-    systems = ("SyncVectorEnv", "shmpool sync")
-    rows = []
-    for trainer in (False, True):
-        runs: dict[str, list[dict]] = {s: [] for s in systems}
-        for _ in range(repeats):
-            for s in systems:
-                runs[s].append(measure(s, n, seconds, trainer, wait_policy))
-        base = statistics.median(r["ms_per_iter" if trainer else "steps_per_s"] for r in runs[systems[0]])
-        for s in systems:
-            rs = runs[s]
-            if trainer:
-                v = [r["ms_per_iter"] for r in rs]
-                value, ratio = f"{statistics.median(v):.2f} ms/iter ({min(v):.2f}–{max(v):.2f})", \
-                    base / statistics.median(v)
+def rows(groups: list[report.Group]) -> list[list[str]]:
+    out = []
+    for g in groups:
+        base = g.rate(SYSTEMS[0])
+        for system in SYSTEMS:
+            rate, trainer = g.rate(system), g.task == LOOPS[1]
+            if trainer:   # ms per iteration of the loop: lower is better, so the ratio is base ÷ it
+                shown = report.fmt_summary(g.us(system), lambda us, n=g.num_envs: f"{us * n / 1e3:.2f} ms/iter")
             else:
-                v = [r["steps_per_s"] for r in rs]
-                value, ratio = f"{statistics.median(v) / 1e3:.1f}k steps/s ({min(v) / 1e3:.1f}k–{max(v) / 1e3:.1f}k)", \
-                    statistics.median(v) / base
-            share = [r["worker_cpu_share"] for r in rs if r["worker_cpu_share"] is not None]
-            rows.append(f"| {'trainer-shaped' if trainer else 'env-only'} | {s} | {value} | {ratio:.2f}× | "
-                        f"{f'{statistics.median(share):.0%}' if share else '—'} |")
-        print(f"pool: {runs['shmpool sync'][-1]['described']}", flush=True)
-    return rows
+                shown = report.fmt_summary(rate, lambda r: f"{report.fmt_rate(r)} steps/s")
+            shares = [r.info["worker_cpu_share"] for r in g.records
+                      if r.case == system and r.info.get("worker_cpu_share") is not None]
+            out.append([g.task, system, shown, report.fmt_ratio(g.ratio(system, SYSTEMS[0]) if base else None),
+                        f"{statistics.median(shares):.0%}" if shares else "—"])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = parser("python -m bench deploy", __doc__)
-    ap.add_argument("--cpu-quota", type=float, help="run inside a cgroup with this many CPUs of quota (root)")
-    ap.add_argument("--num-envs", type=int, default=32)
-    ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--wait-policy", default="auto", help="the pool's wait_policy: a name, or parent/workers "
-                    "such as block/block (default auto)")
-    a = ap.parse_args(argv)
-    where = contextlib.nullcontext() if a.cpu_quota is None else cpu_quota_group(a.cpu_quota)
+    p = cli.parser("python -m bench deploy", __doc__)
+    p.add_argument("--cpu-quota", type=float, help="run inside a cgroup with this many CPUs of quota (root)")
+    p.add_argument("--num-envs", type=int, help="N (default 32, --quick 8)")
+    p.add_argument("--wait-policy", default="auto", help="the pool's wait_policy: a name, or parent/workers "
+                   "such as block/block (default auto)")
+    cli.add_run_options(p, cli.RunDefaults(), quick="N=8, 0.2 s, 1 repeat")
+    args = cli.parse(p, argv, num_envs=(32, 8))
+    policy, err, env = parse_wait_policy(args.wait_policy), report.stderr_console(), report.environment()
+    where = contextlib.nullcontext() if args.cpu_quota is None else cpu_quota_group(args.cpu_quota)
     with where:
-        rows = run(a.num_envs, a.seconds, a.repeats, parse_wait_policy(a.wait_policy))
-    quota = "no quota" if a.cpu_quota is None else f"CPU quota {a.cpu_quota:g}"
-    print(f"\nCartPole-v1 N={a.num_envs}, {quota}, wait_policy {a.wait_policy}, "
-          f"cpus {sorted(os.sched_getaffinity(0))}, {a.repeats} interleaved repetitions × {a.seconds:g} s; "
-          "trainer-shaped = step, 3 ms sleep, 0.5 ms CPU\n")
-    print("| loop | system | median (min–max) | ÷ SyncVectorEnv (higher is better) | workers' CPU ÷ wall |")
-    print("| --- | --- | --- | --- | --- |")
-    print("\n".join(rows))
-    return 0
+        groups = report.run_cells([(loop, args.num_envs) for loop in LOOPS], lambda loop, n: [
+            Case(s, functools.partial(DeployLoop, s, n, loop == LOOPS[1], policy)) for s in SYSTEMS], args, err,
+            len(SYSTEMS))
+    pools = {r.info["described"] for g in groups for r in g.records if r.case == SYSTEMS[1] and r.info}
+    quota = "no quota" if args.cpu_quota is None else f"CPU quota {args.cpu_quota:g}"
+    text = "\n".join([report.header("Where users deploy", args, env, f"CartPole-v1 N={args.num_envs}, {quota}, "
+                                    f"wait_policy {args.wait_policy}; trainer-shaped = step, 3 ms sleep, 0.5 ms CPU"),
+                      "", *(f"pool: {d}" for d in sorted(pools)), "", report.markdown_table(
+                          ["loop", "system", "median (min–max)", "÷ SyncVectorEnv (higher is better)",
+                           "workers' CPU ÷ wall"], rows(groups))])
+    return report.finish(args, "bench.deploy", env, text, err, groups, loops=[g.to_json() for g in groups])
 
 
 if __name__ == "__main__":

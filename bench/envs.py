@@ -34,6 +34,22 @@ class EmptyEnv(gym.Env):
         return self._obs, 0.0, False, False, {}
 
 
+class DictObsEnv(EmptyEnv):
+    """Returns one prebuilt Dict observation and never ends: ``{"box": (16,), "pos": (2,)}`` float32,
+    or with ``text`` a ``Text(16)`` leaf instead of ``pos`` (it travels pickled per env: what that costs)."""
+
+    def __init__(self, text: bool = False) -> None:
+        box = gym.spaces.Box(-1.0, 1.0, (16,), np.float32)
+        other = gym.spaces.Text(16) if text else gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict({"box": box, "text" if text else "pos": other})
+        self._obs = {"box": np.zeros(16, np.float32),
+                     **({"text": "hellofallback123"} if text else {"pos": np.zeros(2, np.float32)})}
+
+
+# Ids of the benchmark's own envs, for ``--tasks`` beside gymnasium's.
+BENCH_ENVS = {"DictObs-v0": functools.partial(DictObsEnv), "DictTextObs-v0": functools.partial(DictObsEnv, text=True)}
+
+
 def gym_atari(task: str) -> gym.Env:
     """gymnasium's equivalent of shmpool's Atari recipe (and of EnvPool's ``<Game>-v5``): the raw
     ALE env without frame skip or sticky actions, ``AtariPreprocessing`` (30 no-ops, 4
@@ -51,7 +67,9 @@ def gym_atari(task: str) -> gym.Env:
 
 def gym_env_fn(task: str) -> Callable[[], gym.Env]:
     """A picklable constructor of gymnasium's env for ``task``: :func:`gym_atari` for the Atari
-    ids of :data:`ATARI_TASKS`, else ``gym.make(task)``."""
+    ids of :data:`ATARI_TASKS`, the bench's own of :data:`BENCH_ENVS`, else ``gym.make(task)``."""
+    if task in BENCH_ENVS:
+        return BENCH_ENVS[task]
     if task in ATARI_TASKS:
         return functools.partial(gym_atari, task)
     return functools.partial(gym.make, task)

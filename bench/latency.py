@@ -220,11 +220,8 @@ def x_axis_name(args: argparse.Namespace) -> str:
 def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
                  skipped: list[dict[str, Any]], ray: dict[str, Any] | None) -> None:
     """The table once, as markdown, with what its columns mean."""
-    lines = [f"## shmpool latency benchmark — {env['date']}", "",
-             f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · "
-             f"python {env['python']}, numpy {env['numpy']}, gymnasium {env['gymnasium']} · {args.repeats} × "
-             f"{args.seconds:g} s per cell (warm-up {args.warmup:g} s; medians) · load average at start "
-             f"{' '.join(str(x) for x in env.get('loadavg_at_start', []))}", "",
+    lines = [report.header("shmpool latency benchmark", args, env, f"python {env['python']}, numpy {env['numpy']}, "
+                           f"gymnasium {env['gymnasium']} · medians"), "",
              f"{args.task}: per trainer call (sync: `step` over all N; async: `recv` of `batch` envs + `send` back), "
              "percentiles in µs; env = one env step from its `send` to the `recv` that returns it; env steps/s = "
              "all env steps / elapsed."]

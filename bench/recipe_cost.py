@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -55,11 +55,15 @@ def _time_physics(env) -> list[int]:
     return acc
 
 
-def _interleaved(runners: dict[str, Runner], actions: np.ndarray, block: int, repeats: int) -> dict[str, float]:
-    """Median over ``repeats`` of µs/step per runner, blocks of ``block`` steps alternating."""
+def _interleaved(runners: dict[str, Runner], actions: np.ndarray, block: int, repeats: int,
+                 counters: Sequence[list[int]] = ()) -> dict[str, float]:
+    """Median over ``repeats`` of µs/step per runner, blocks of ``block`` steps alternating; ``counters``
+    (:func:`_time_physics`'s) are zeroed after the warm-up, so they count the timed steps only."""
     samples: dict[str, list[float]] = {name: [] for name in runners}
     for run in runners.values():   # warm-up: caches, lazy imports, the env checker's first call
         run(actions[:block])
+    for acc in counters:
+        acc[:] = [0, 0]
     for _ in range(repeats):
         totals = dict.fromkeys(runners, 0)
         for start in range(0, len(actions), block):
@@ -137,7 +141,7 @@ def measure(task: str, steps: int, repeats: int, block: int) -> dict[str, float 
     actions = rng.uniform(space.low, space.high, size=(steps, *space.shape)).astype(np.float32)
     physics = _time_physics(recipe)
     result = _interleaved({"recipe": _stepper(recipe, 0), "gymnasium": _stepper(reference, 0),
-                           "gym unwrapped": _stepper(unwrapped, 0)}, actions, block, repeats)
+                           "gym unwrapped": _stepper(unwrapped, 0)}, actions, block, repeats, [physics])
     result["physics"] = physics[0] / 1e3 / physics[1]
     real = mujoco.mj_step, mujoco.mj_rnePostConstraint
     mujoco.mj_step = lambda m, d, nstep=1: None

@@ -172,6 +172,16 @@ def write_results(path: str | Path, data: dict[str, Any], text: str, err: Any) -
     err.print(f"raw measurements written to {path}, the report to {md}")
 
 
+def header(title: str, args: Any, env: dict[str, Any], *details: str) -> str:
+    """A report's title and the line under it: the command, the machine and its load, ``details``
+    (versions, settings), and the repetitions (``args.seconds`` each when the command has it)."""
+    reps = f"{args.repeats} interleaved repetitions" + (
+        f" × {args.seconds:g} s (warm-up {args.warmup:g} s)" if getattr(args, "seconds", None) else "")
+    return (f"## {title} — {env['date']}\n\n" + " · ".join([
+        f"`{args.command}`", env["cpu_model"], f"cpus {env['sched_getaffinity']}",
+        f"load average {env['loadavg_at_start'][0]:.2f} at start", *details, reps]))
+
+
 def say_skipped(skipped: dict[str, str], err: Any) -> None:
     """One line on ``err`` per task left out of the run, with why."""
     for task, reason in skipped.items():

@@ -207,11 +207,9 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], groups: list[rep
     hosted = any(r.info.get("parent_shard") is not None for g in groups for r in g.records
                  if r.case == subjects.POOL_SYNC)
     lines = [
-        f"## shmpool task benchmark — {env['date']}", "",
-        f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · "
-        f"python {env['python']}, numpy {env['numpy']}, gymnasium {env['gymnasium']}, mujoco {env['mujoco']}, "
-        f"envpool {env['envpool'] or 'unavailable'}, ale-py {env.get('ale_py') or 'unavailable'} · "
-        f"{args.repeats} interleaved repetitions × {args.seconds:g} s (warm-up {args.warmup:g} s)", "",
+        report.header("shmpool task benchmark", args, env, f"python {env['python']}, numpy {env['numpy']}, "
+                      f"gymnasium {env['gymnasium']}, mujoco {env['mujoco']}, "
+                      f"envpool {env['envpool'] or 'unavailable'}, ale-py {env.get('ale_py') or 'unavailable'}"), "",
         f"shmpool workers {workers or '—'} (pinned, default wait policy"
         f"{'; sync: the last shard stepped in this process (parent_shard)' if hosted else ''}); EnvPool "
         "num_threads = shmpool's workers, default thread affinity; async: batch_size = N/2. Actions: one fixed "

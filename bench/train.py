@@ -12,7 +12,7 @@ Dummy/Subproc, EnvPool, shmpool.make sync/async (N/2), and on request SB3's own 
 hyperparameters) over SB3's VecEnvs and ShmVecEnv.  A repetition trains whole rollout+update iterations
 for --seconds.  Reported: steps/s median (min–max), ratios to SyncVectorEnv and to the best gymnasium
 vector env, the spread over repetitions, the share of the loop inside env.step.  --save writes
-results/train.json, .md and .png.  How to read it: bench/README.md, "train".
+results/train.json and .md.  How to read it: bench/README.md, "train".
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -254,12 +253,9 @@ for-loop; heavy ones (Pong, Ant) gain up to the number of cores."""
 def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[report.Group], skipped: dict[str, str],
              goals: Sequence[report.Target]) -> str:
     lines = [
-        f"## Trainer in the loop — {env['date']}",
-        "",
-        f"`{args.command}` · {env['cpu_model']} · cpus {env['sched_getaffinity']} · torch {env['torch']} "
-        f"({env['torch_threads']} threads{''.join(f', {k}={v}' for k, v in sorted(env['omp_env'].items()))}) · "
-        f"{args.repeats} interleaved repetitions × {args.seconds:g} s "
-        f"(warm-up {args.warmup:g} s)" + (" · **one core busy elsewhere**" if args.busy_neighbour else ""),
+        report.header("Trainer in the loop", args, env, f"torch {env['torch']} ({env['torch_threads']} threads"
+                      f"{''.join(f', {k}={v}' for k, v in sorted(env['omp_env'].items()))})",
+                      *(["**one core busy elsewhere**"] if args.busy_neighbour else [])),
         "",
         "Env steps/s of the PPO-shaped loop (policy forward every step, PPO update every rollout), "
         "median (min–max); ratios of medians in the same run; the last column is the median share of the "
@@ -272,41 +268,6 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[rep
                                                "for Pong-v5/Ant-v5 at N=32)"]
     lines += ["", "### Targets (medians of this run)", "", *goal_lines, "", WHAT_MOVES_IT]
     return "\n".join(lines)
-
-
-def plot(groups: Sequence[report.Group], path: Path, title: str) -> None:
-    """One panel per task: each system's steps/s ÷ SyncVectorEnv over N, with min–max whiskers."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(dict.fromkeys(g.task for g in groups))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        cells = [g for g in groups if g.task == task]
-        systems = list(dict.fromkeys(c.name for g in cells for c in g.cases))
-        width = 0.8 / max(1, len(systems))
-        for i, system in enumerate(systems):
-            xs, ys, lo, hi = [], [], [], []
-            for j, g in enumerate(cells):
-                s, base = g.rate(system), g.rate(anchor(g))
-                if s is None or base is None:
-                    continue
-                xs.append(j + (i - (len(systems) - 1) / 2) * width)
-                ys.append(s.median / base.median)
-                lo.append((s.median - s.lo) / base.median)
-                hi.append((s.hi - s.median) / base.median)
-            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=system)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(cells)), [f"N={g.num_envs}" for g in cells])
-        ax.set_ylabel(f"env steps/s ÷ {anchor(cells[0])} (median, min–max)")
-        ax.set_title(task)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))   # beside the bars
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
 
 
 # --- command line ------------------------------------------------------------------------------------
@@ -370,12 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups, skipped = run(args, err)
     goals = targets(groups, args.busy_neighbour)
     text = markdown(args, env, groups, skipped, goals)
-    status = report.finish(args, "bench.train", env, text, err, groups, skipped=skipped,
-                           cells=[g.to_json() for g in groups], targets=[t.to_json() for t in goals])
-    if args.json and groups:
-        plot(groups, Path(args.json).with_suffix(".png"), f"PPO-shaped loop, torch {env['torch_threads']} "
-             "threads" + (", one core busy elsewhere" if args.busy_neighbour else ""))
-    return status
+    return report.finish(args, "bench.train", env, text, err, groups, skipped=skipped,
+                         cells=[g.to_json() for g in groups], targets=[t.to_json() for t in goals])
 
 
 if __name__ == "__main__":

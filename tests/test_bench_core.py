@@ -34,3 +34,17 @@ def test_round_trip_targets_are_informational_never_a_miss():
     assert len(round_trip) == 2 and all(t.status == "informational" for t in round_trip)
     assert all("MISS" not in t.line() and "What moves it" in t.line() for t in round_trip)
     assert Target("x", 5.0, 40.0, at_most=True).status == "MISS"   # a plain target still misses
+
+
+def test_the_pickled_leaf_envs_run_beside_their_box_only_twin(tmp_path):
+    # What a Text leaf costs (it travels pickled per env): the bench's own Dict envs as --tasks.
+    out = tmp_path / "lane.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "core", "--quick", "--no-roundtrip", "--tasks",
+                           "DictObs-v0,DictTextObs-v0", "--json", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "| DictObs-v0 | 8 |" in proc.stdout and "| DictTextObs-v0 | 8 |" in proc.stdout
+    cells = {g["task"]: g["systems"] for g in json.loads(out.read_text())["throughput"]}
+    assert set(cells) == {"DictObs-v0", "DictTextObs-v0"}
+    assert all(s["median_rate"] > 0 for systems in cells.values() for s in systems.values())
+    assert "obs['text'] (Text)" in proc.stderr   # the lane's warning: the Text leaf did travel pickled

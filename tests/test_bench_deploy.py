@@ -1,9 +1,20 @@
 """bench deploy: both loops measured, the workers' CPU share read from the real worker processes."""
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from bench import deploy
+
+
+def measured(system: str, n: int, seconds: float, trainer: bool, wait_policy="auto") -> tuple:
+    loop = deploy.DeployLoop(system, n, trainer, wait_policy)
+    try:
+        return loop.measure(seconds, 0.05), loop.info
+    finally:
+        loop.close()
 
 
 def test_trainer_shaped_loop_reports_the_workers_cpu_share(monkeypatch, no_leaks):
@@ -12,19 +23,32 @@ def test_trainer_shaped_loop_reports_the_workers_cpu_share(monkeypatch, no_leaks
     # No torch in the loop (as in `bench deploy`): CartPole keeps its worker (with torch imported by
     # another test it would be stepped here, shmpool.costs, and there would be no worker to measure).
     monkeypatch.setattr(shmpool.plan, "trainer_threads", lambda: TrainerThreads(None, None, None))
-    r = deploy.measure("shmpool sync", 8, seconds=0.3, trainer=True)
-    assert r["worker_cpu_share"] is not None and 0.0 <= r["worker_cpu_share"] < 2.0
-    assert r["ms_per_iter"] > 1e3 * (deploy.GPU_WAIT_S + deploy.HOST_CPU_S)   # the trainer's time is in it
-    assert r["described"].startswith("Pool(8 envs")
-    s = deploy.measure("SyncVectorEnv", 8, seconds=0.3, trainer=False)
-    assert s["worker_cpu_share"] is None and s["steps_per_s"] > 0
+    sample, info = measured("shmpool sync", 8, seconds=0.3, trainer=True)
+    assert info["worker_cpu_share"] is not None and 0.0 <= info["worker_cpu_share"] < 2.0
+    ms_per_iter = 1e3 * sample.seconds / (sample.count / 8)
+    assert ms_per_iter > 1e3 * (deploy.GPU_WAIT_S + deploy.HOST_CPU_S)   # the trainer's time is in it
+    assert info["described"].startswith("Pool(8 envs")
+    sample, info = measured("SyncVectorEnv", 8, seconds=0.3, trainer=False)
+    assert info["worker_cpu_share"] is None and sample.rate > 0
 
 
 def test_wait_policy_option_reaches_the_pool():
     assert deploy.parse_wait_policy("block/block") == ("block", "block")
     assert deploy.parse_wait_policy("auto") == "auto"
-    r = deploy.measure("shmpool sync", 4, seconds=0.1, trainer=False, wait_policy=("block", "yield"))
-    assert "parent block, workers yield" in r["described"], r["described"]
+    _, info = measured("shmpool sync", 4, seconds=0.1, trainer=False, wait_policy=("block", "yield"))
+    assert "parent block, workers yield" in info["described"], info["described"]
+
+
+def test_quick_run_prints_both_loops_and_writes_json(tmp_path):
+    out = tmp_path / "deploy.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "deploy", "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for loop in deploy.LOOPS:
+        for system in deploy.SYSTEMS:
+            assert f"| {loop} | {system} |" in proc.stdout
+    assert "pool: Pool(8 envs" in proc.stdout
+    assert [g["task"] for g in json.loads(out.read_text())["loops"]] == list(deploy.LOOPS)
 
 
 def test_cpu_quota_group_holds_the_process_and_goes_away():

@@ -124,4 +124,3 @@ def test_sb3_ppo_systems_learn_in_whole_iterations(tmp_path, capsys, no_leaks):
         assert "error" not in sample, sample.get("error")
         assert sample["count"] % (2 * 32) == 0 and sample["count"] > 0   # whole rollouts of n_steps=32 × N=2
         assert 0 < sample["parts_s"]["rollouts"] < sample["seconds"]     # the update is outside the rollouts
-    assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
