@@ -1,4 +1,5 @@
-"""Builds the Cython extensions: the wire (shmpool._core), async evenness (shmpool._lead),
+"""Builds the Cython extensions: the wire (shmpool._core), what spinning costs (shmpool._spin),
+async evenness (shmpool._lead),
 the EnvPool face's elapsed-step counts (shmpool._elapsed) and the Atari frame kernel
 (shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
 import numpy
@@ -10,6 +11,12 @@ extensions = [
         "shmpool._core",
         ["shmpool/_core.pyx"],
         include_dirs=["shmpool", numpy.get_include()],
+        extra_compile_args=["-O2"],
+    ),
+    Extension(
+        "shmpool._spin",
+        ["shmpool/_spin.pyx"],
+        include_dirs=["shmpool"],
         extra_compile_args=["-O2"],
     ),
     Extension(

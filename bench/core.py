@@ -24,7 +24,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from shmpool import _core
+from shmpool import _spin
 
 from . import cli, report, subjects
 from ._timing import Case, Sample, Summary, latency_loop
@@ -51,13 +51,13 @@ def _pingpong_side(buf: mmap.mmap, cpu: int, role: int, warm_rounds: int, rounds
     os.sched_setaffinity(0, {cpu})
     # The warm-up on its own word also lines the two ends up, so the timed
     # part starts within a round trip on both sides.
-    _core.spin_pingpong(buf, 0, role, warm_rounds)
-    conn.send(_core.spin_pingpong(buf, 128, role, rounds))
+    _spin.spin_pingpong(buf, 0, role, warm_rounds)
+    conn.send(_spin.spin_pingpong(buf, 128, role, rounds))
     conn.close()
 
 
 class SpinPingPong:
-    """C spin ping-pong (``_core.spin_pingpong``) on one shared word between two processes pinned to two cores."""
+    """C spin ping-pong (``_spin.spin_pingpong``) on one shared word between two processes pinned to two cores."""
 
     def __init__(self, cpus: tuple[int, int]) -> None:
         self.cpus = cpus

@@ -677,23 +677,3 @@ def first_outside(const int64_t[::1] values, int64_t lo, int64_t hi):
         if values[i] < lo or values[i] >= hi:
             return i
     return -1
-
-
-def spin_pingpong(buf, Py_ssize_t offset, int role, Py_ssize_t rounds):
-    """C-speed ping-pong on one shared word: the floor for any round trip.
-
-    Role 0 serves odd values, role 1 even ones; run one of each in two
-    processes.  Returns elapsed nanoseconds for ``rounds`` round trips."""
-    cdef uint32_t *w = _word(buf, offset)
-    cdef Py_ssize_t i
-    cdef int64_t t0
-    cdef uint32_t v
-    with nogil:
-        t0 = shm_now_ns()
-        for i in range(rounds):
-            v = 2 * <uint32_t>i + <uint32_t>role
-            while shm_load_acquire(w) != v:
-                shm_cpu_relax()
-            shm_store_release(w, v + 1)
-        t0 = shm_now_ns() - t0
-    return t0

@@ -7,28 +7,36 @@ need, and they spin through every step of the envs.  libgomp reads the setting o
 loads (``import torch``), so the pool can only choose it if it is imported first.
 
 ``tune_at_import`` (run by ``import shmpool``) sets ``GOMP_SPINCOUNT`` when nothing has loaded an
-OpenMP runtime yet and the user has set none of the settings below; the measured value and why
-are in docs/performance.md.  ``SHMPOOL_NO_OMP_TUNING=1`` turns it off.  When it could not act
+OpenMP runtime yet and the user has set none of the settings below: the count that spins
+``SPIN_TIME_S`` on this CPU, whose spin-wait hint it times (the measured time and why are in
+docs/performance.md).  ``SHMPOOL_NO_OMP_TUNING=1`` turns it off.  When it could not act
 (OpenMP was loaded first), ``advice`` words the one line that fixes it, for the pool to say once.
 """
 from __future__ import annotations
 
+import functools
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import _spin
 from .errors import PerformanceWarning
 
 OPT_OUT = "SHMPOOL_NO_OMP_TUNING"
 SPIN_VARIABLE = "GOMP_SPINCOUNT"
 MARK = "SHMPOOL_SET_GOMP_SPINCOUNT"   # set beside it, so a child process knows the value was ours
-# Iterations libgomp's threads spin before they sleep: ~28 ns each on these AMD EPYC vCPUs, so
-# ~0.85 ms.  Swept in CleanRL's ppo.py and ppo_continuous_action.py on 2 cores (docs/performance.md):
-# 10,000 and less slow torch's own ops where the envs run in this process (CartPole); 100,000
-# (2.8 ms) outlasts an Ant-v5 step, so torch's helper spins on the worker's core through it (Ant
-# N=8 0.76-0.92x SyncVectorEnv).  30,000: Ant N=8 1.08-1.17x, N=32 1.50x, CartPole N=8 0.99-1.19x,
-# but CartPole N=32 0.81-0.94x (it prefers 50,000-100,000): no one value serves every cell.
-SPIN_COUNT = "30000"
+# How long libgomp's threads should spin before they sleep.  Swept as GOMP_SPINCOUNT on AMD EPYC
+# vCPUs (a spin-wait hint, x86 ``pause``, timed at 24-28 ns there) in CleanRL's ppo.py and
+# ppo_continuous_action.py on 2 cores (docs/performance.md): 10,000 (~0.25 ms) and less slow torch's
+# own ops where the envs run in this process (CartPole); 100,000 (~2.5 ms) outlasts an Ant-v5 step,
+# so torch's helper spins on the worker's core through it (Ant N=8 0.76-0.92x SyncVectorEnv).
+# 30,000 (~0.75 ms): Ant N=8 1.08-1.17x, N=32 1.50x, CartPole N=8 0.99-1.19x, but CartPole N=32
+# 0.81-0.94x (it prefers 50,000-100,000): no one value serves every cell.  A count is a time only
+# on one CPU (a ``pause`` takes a few ns on older Intel, ~40 on newer), so the count is worked out
+# here from the time.
+SPIN_TIME_S = 0.75e-3
+SPIN_BOUNDS = (3_000, 300_000)   # not below a spin that slowed torch here; not above libgomp's default
 # Settings that say the user chose how OpenMP waits: any of them, and the pool sets nothing.
 USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "KMP_BLOCKTIME")
 RUNTIMES = ("libgomp", "libiomp", "libomp")   # GNU, Intel and LLVM OpenMP as they appear in /proc/self/maps
@@ -59,7 +67,26 @@ def loaded_runtime(maps_path: str = "/proc/self/maps") -> str | None:
     return None
 
 
-def tune_at_import(environ=os.environ, maps_path: str = "/proc/self/maps") -> OpenMPTuning:
+@functools.cache
+def _relax_s() -> float:
+    # The least of 40 short timings: ~1 ms once per process, and one unpreempted timing is enough.
+    return _spin.relax_ns(1_000, 40) * 1e-9
+
+
+def spin_count_for(relax_s: float, seconds: float = SPIN_TIME_S) -> int:
+    """The ``GOMP_SPINCOUNT`` that spins ``seconds`` on a CPU whose spin-wait hint takes ``relax_s``
+    seconds, in thousands (a value a user can read and repeat), within ``SPIN_BOUNDS``."""
+    lo, hi = SPIN_BOUNDS
+    return max(lo, min(hi, 1000 * round(seconds / relax_s / 1000)))
+
+
+def chosen_spin_count() -> int:
+    """The count ``import shmpool`` sets on this CPU (it times the CPU's spin-wait hint once)."""
+    return spin_count_for(_relax_s())
+
+
+def tune_at_import(environ=os.environ, maps_path: str = "/proc/self/maps",
+                   count: Callable[[], int] = chosen_spin_count) -> OpenMPTuning:
     """Set ``GOMP_SPINCOUNT`` for an OpenMP runtime loaded later, unless the user said otherwise."""
     if environ.get(OPT_OUT, "").strip() not in ("", "0"):
         return OpenMPTuning("opted out", f"{OPT_OUT} is set: OpenMP's spin left at its default")
@@ -72,9 +99,10 @@ def tune_at_import(environ=os.environ, maps_path: str = "/proc/self/maps") -> Op
     runtime = loaded_runtime(maps_path)
     if runtime is not None:
         return OpenMPTuning("too late", f"{runtime} was loaded before shmpool: its spin count stays at the default")
-    environ[SPIN_VARIABLE] = environ[MARK] = SPIN_COUNT
-    return OpenMPTuning("set", f"{SPIN_VARIABLE}={SPIN_COUNT} set for OpenMP runtimes loaded after shmpool "
-                               f"({OPT_OUT}=1 turns this off)")
+    value = count()
+    environ[SPIN_VARIABLE] = environ[MARK] = str(value)
+    return OpenMPTuning("set", f"{SPIN_VARIABLE}={value} (~{SPIN_TIME_S * 1e3:.2g} ms on this CPU) set for OpenMP "
+                               f"runtimes loaded after shmpool ({OPT_OUT}=1 turns this off)")
 
 
 TUNING = tune_at_import()
@@ -88,7 +116,7 @@ def advice(torch_threads: int | None, tuning: OpenMPTuning = TUNING) -> str | No
     return (f"torch runs {torch_threads} OpenMP threads that keep spinning for milliseconds after every op, on "
             f"the cores this pool's workers step envs on ({tuning.detail}); in CleanRL's PPO on 2 cores that "
             f"cost the pool about a third of its speed (docs/performance.md). Fix: `import shmpool` before "
-            f"`import torch`, or start Python with {SPIN_VARIABLE}={SPIN_COUNT} in the environment "
+            f"`import torch`, or start Python with {SPIN_VARIABLE}={chosen_spin_count()} in the environment "
             f"({OPT_OUT}=1 silences this).")
 
 

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from shmpool import openmp
+from shmpool import _spin, openmp
 
 
 def _maps(tmp_path, *libs):
@@ -17,9 +17,9 @@ def _maps(tmp_path, *libs):
 
 def test_sets_the_spin_count_when_no_openmp_is_loaded_and_nothing_was_chosen(tmp_path):
     env = {}
-    tuning = openmp.tune_at_import(env, _maps(tmp_path, "libc.so.6", "libm.so.6"))
-    assert tuning.action == "set"
-    assert env == {"GOMP_SPINCOUNT": openmp.SPIN_COUNT, openmp.MARK: openmp.SPIN_COUNT}
+    tuning = openmp.tune_at_import(env, _maps(tmp_path, "libc.so.6", "libm.so.6"), count=lambda: 31000)
+    assert tuning.action == "set" and "GOMP_SPINCOUNT=31000 (~0.75 ms on this CPU) set" in tuning.detail
+    assert env == {"GOMP_SPINCOUNT": "31000", openmp.MARK: "31000"}
     # A child process inherits both: still the pool's choice, not the user's.
     assert openmp.tune_at_import(dict(env), _maps(tmp_path)).action == "set"
     env["GOMP_SPINCOUNT"] = "5"
@@ -42,6 +42,21 @@ def test_too_late_once_a_runtime_is_loaded(tmp_path, lib):
     assert env == {}
 
 
+@pytest.mark.parametrize("relax_s, count", [
+    (25e-9, 30_000),      # AMD EPYC: the count the CleanRL sweep chose there
+    (24.4e-9, 31_000),    # rounded to thousands
+    (3e-9, 250_000),      # a short pause (older Intel): more spins for the same time
+    (1e-9, 300_000),      # never above libgomp's own default
+    (1e-6, 3_000),        # never below a spin that slowed torch's own ops
+])
+def test_the_count_spins_the_chosen_time_on_this_cpu(relax_s, count):
+    assert openmp.spin_count_for(relax_s) == count
+
+
+def test_the_spin_wait_hint_is_timed_in_nanoseconds():
+    assert 0.1 < _spin.relax_ns(1000, 5) < 1000
+
+
 @pytest.mark.parametrize("value, action", [("1", "opted out"), ("yes", "opted out"), ("0", "set"), ("", "set")])
 def test_the_opt_out(tmp_path, value, action):
     env = {openmp.OPT_OUT: value}
@@ -53,7 +68,7 @@ def test_advice_only_when_too_late_and_torch_runs_threads():
     late = openmp.OpenMPTuning("too late", "libgomp.so.1 was loaded before shmpool")
     assert openmp.advice(2, late) is not None
     assert "import shmpool` before `import torch`" in openmp.advice(2, late)
-    assert f"GOMP_SPINCOUNT={openmp.SPIN_COUNT}" in openmp.advice(4, late)
+    assert f"GOMP_SPINCOUNT={openmp.chosen_spin_count()}" in openmp.advice(4, late)
     assert openmp.advice(1, late) is None
     assert openmp.advice(None, late) is None
     assert openmp.advice(2, openmp.OpenMPTuning("set", "")) is None
@@ -86,9 +101,10 @@ POOL = """
 def test_in_a_real_process_shmpool_first_sets_it_and_says_nothing():
     pytest.importorskip("torch")
     out = _run(POOL.format(imports="import shmpool\n    import torch")).stdout
-    assert f"GOMP_SPINCOUNT {openmp.SPIN_COUNT}" in out
+    count = int(out.split("GOMP_SPINCOUNT ", 1)[1].split()[0])   # that process timed its own CPU
+    assert openmp.SPIN_BOUNDS[0] <= count <= openmp.SPIN_BOUNDS[1] and count % 1000 == 0
     assert "warnings 0" in out
-    assert f"OpenMP: GOMP_SPINCOUNT={openmp.SPIN_COUNT} set" in out
+    assert f"OpenMP: GOMP_SPINCOUNT={count} (~0.75 ms on this CPU) set" in out
 
 
 def test_in_a_real_process_torch_first_is_said_once_with_the_fix():

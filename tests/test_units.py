@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from shmpool import Pool, _core, parse_cpu_list
+from shmpool import Pool, _core, _spin, parse_cpu_list
 from shmpool import layout as L
 from shmpool.arguments import POOL_KEYWORDS, shard_sizes
 from shmpool.infos import IN_SLOT, InfoReader, InfoWriter, add_info
@@ -161,7 +161,7 @@ def test_info_read_of_final_observations_alone_matches_the_first_read():
     assert whole["_final_obs"].tolist() == [False, True, False, True]
 
 def _ping(buf, rounds, q):
-    q.put(_core.spin_pingpong(buf, 0, 1, rounds))
+    q.put(_spin.spin_pingpong(buf, 0, 1, rounds))
 
 
 def test_spin_pingpong_between_processes():
@@ -169,7 +169,7 @@ def test_spin_pingpong_between_processes():
     q = mp.get_context("fork").Queue()
     p = mp.get_context("fork").Process(target=_ping, args=(buf, 1000, q))
     p.start()
-    ns = _core.spin_pingpong(buf, 0, 0, 1000)
+    ns = _spin.spin_pingpong(buf, 0, 0, 1000)
     p.join(10)
     assert ns > 0 and q.get(timeout=5) > 0
     assert _core.load_word(buf, 0) == 2000
