@@ -36,7 +36,7 @@ MARK = "SHMPOOL_SET_GOMP_SPINCOUNT"   # set beside it, so a child process knows 
 # on one CPU (a ``pause`` takes a few ns on older Intel, ~40 on newer), so the count is worked out
 # here from the time.
 SPIN_TIME_S = 0.75e-3
-SPIN_BOUNDS = (3_000, 300_000)   # not below a spin that slowed torch here; not above libgomp's default
+SPIN_BOUNDS = (3_000, 300_000)   # a clamp for a timing gone wrong; never past libgomp's own default
 # Settings that say the user chose how OpenMP waits: any of them, and the pool sets nothing.
 USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "KMP_BLOCKTIME")
 RUNTIMES = ("libgomp", "libiomp", "libomp")   # GNU, Intel and LLVM OpenMP as they appear in /proc/self/maps
@@ -77,6 +77,8 @@ def spin_count_for(relax_s: float, seconds: float = SPIN_TIME_S) -> int:
     """The ``GOMP_SPINCOUNT`` that spins ``seconds`` on a CPU whose spin-wait hint takes ``relax_s``
     seconds, in thousands (a value a user can read and repeat), within ``SPIN_BOUNDS``."""
     lo, hi = SPIN_BOUNDS
+    if relax_s <= 0:   # a clock too coarse to time it: libgomp's own count
+        return hi
     return max(lo, min(hi, 1000 * round(seconds / relax_s / 1000)))
 
 
