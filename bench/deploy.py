@@ -85,11 +85,16 @@ class DeployLoop:
         pool = system != SYSTEMS[0]
         self.vec = subjects.open_vec(subjects.POOL if pool else subjects.SYNC_VEC, "CartPole-v1", n,
                                      **({"wait_policy": wait_policy} if pool else {}))
-        self.vec.reset()
+        try:
+            self.vec.reset()
+            step = self.vec.stepping(np.zeros(n, dtype=np.int64))
+        except BaseException:
+            self.vec.close()
+            raise
         # Worker processes only: a shard this process steps (parent_shard) is the loop's own CPU.
         self.pids = [pid for pid in self.vec.env.worker_pids if pid != os.getpid()] if pool else []
         self.info: dict[str, Any] = {"described": repr(self.vec.env) if pool else system}
-        self.n, step = n, self.vec.stepping(np.zeros(n, dtype=np.int64))
+        self.n = n
 
         def once() -> None:
             step()

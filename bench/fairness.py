@@ -99,7 +99,11 @@ class Evenness:
             if self.calls % 64 == 0:
                 self.cores[self.parent.cpu_num()] += 1
         self._cycle = cycle
-        self.vec.reset()
+        try:
+            self.vec.reset()
+        except BaseException:
+            self.vec.close()
+            raise
 
     def measure(self, seconds: float, warmup: float) -> Sample:
         timed_loop(self._cycle, self.b, warmup)
