@@ -689,12 +689,14 @@ def _ending_at_two(infos=None):
     ([{}, {2: None}], 2, "final_info", {1: None}),
     ([{1: {7: 1.5}}] * 2, 1, 7, [1.5, 1.5]),   # an env's own info key that is not a string
 ])
-def test_the_envpool_face_passes_on_info_keys_that_are_not_strings(infos, steps, key, want, no_leaks):
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_the_envpool_face_passes_on_info_keys_that_are_not_strings(infos, steps, key, want, parent_shard, no_leaks):
     from shmpool.envpool_env import EnvPoolEnv
     fns = [functools.partial(_ending_at_two, i) for i in infos]
     ref = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     ref.reset(seed=0)
-    env = EnvPoolEnv(fns, env_type="gymnasium", autoreset_mode="same_step")
+    env = EnvPoolEnv(fns, env_type="gymnasium", autoreset_mode="same_step", num_workers=2,
+                     parent_shard=parent_shard)
     try:
         env.reset()
         for _ in range(steps):
@@ -703,5 +705,8 @@ def test_the_envpool_face_passes_on_info_keys_that_are_not_strings(infos, steps,
             <= got.keys()
         value = got[key]
         assert (value if isinstance(value, dict) else value.tolist()) == want
+        # Still in step with the reference afterwards: nothing stepped twice, nothing left pending.
+        np.testing.assert_array_equal(env.step(np.zeros(2, np.int64))[0], ref.step(np.zeros(2, np.int64))[0])
+        env.reset()
     finally:
         env.close()
