@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from . import cli, report, subjects
 from ._timing import Case, Sample, timed_loop
@@ -104,7 +103,7 @@ class DeployLoop:
         self._once = once
 
     def _worker_cpu(self) -> float:
-        return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in self.pids)
+        return sum(subjects.cpu_seconds(pid) for pid in self.pids)
 
     def measure(self, seconds: float, warmup: float) -> Sample:
         timed_loop(self._once, self.n, warmup)
@@ -120,16 +119,14 @@ class DeployLoop:
 def rows(groups: list[report.Group]) -> list[list[str]]:
     out = []
     for g in groups:
-        base = g.rate(SYSTEMS[0])
         for system in SYSTEMS:
-            rate, trainer = g.rate(system), g.task == LOOPS[1]
-            if trainer:   # ms per iteration of the loop: lower is better, so the ratio is base ÷ it
+            if g.task == LOOPS[1]:   # ms per iteration: the ratio of rates is SyncVectorEnv's ms ÷ this one's
                 shown = report.fmt_summary(g.us(system), lambda us, n=g.num_envs: f"{us * n / 1e3:.2f} ms/iter")
             else:
-                shown = report.fmt_summary(rate, lambda r: f"{report.fmt_rate(r)} steps/s")
+                shown = report.fmt_summary(g.rate(system), lambda r: f"{report.fmt_rate(r)} steps/s")
             shares = [r.info["worker_cpu_share"] for r in g.records
                       if r.case == system and r.info.get("worker_cpu_share") is not None]
-            out.append([g.task, system, shown, report.fmt_ratio(g.ratio(system, SYSTEMS[0]) if base else None),
+            out.append([g.task, system, shown, report.fmt_ratio(g.ratio(system, SYSTEMS[0])),
                         f"{statistics.median(shares):.0%}" if shares else "—"])
     return out
 

@@ -52,8 +52,7 @@ def _worker_pids(env) -> list[int]:
 def _worker_cpu(env) -> list[float]:
     """Each shmpool worker's user+system CPU seconds so far; NaN for a shard this process
     steps (``parent_shard``): its CPU is in the parent's share."""
-    return [float("nan") if pid == os.getpid() else sum(psutil.Process(pid).cpu_times()[:2])
-            for pid in _worker_pids(env)]
+    return [subjects.cpu_seconds(pid) for pid in _worker_pids(env)]
 
 
 def _run_queue_wait(pid: int | str) -> float:
@@ -82,6 +81,13 @@ class Evenness:
         else:
             self.vec = subjects.open_vec(subjects.MAKE, task, n, batch=self.b, env_type="gymnasium",
                                          wait_policy=policy, pin=pin, max_lead=max_lead, parent_shard=parent_shard)
+        try:
+            self._start(system, n, pin, mode)
+        except BaseException:
+            self.vec.close()
+            raise
+
+    def _start(self, system: str, n: int, pin: bool, mode: str) -> None:
         space, rng = self.vec.action_space, np.random.default_rng(0)
         actions = np.stack([space.sample() for _ in range(self.b)]) if not hasattr(space, "n") else \
             rng.integers(0, space.n, size=self.b)
@@ -99,11 +105,7 @@ class Evenness:
             if self.calls % 64 == 0:
                 self.cores[self.parent.cpu_num()] += 1
         self._cycle = cycle
-        try:
-            self.vec.reset()
-        except BaseException:
-            self.vec.close()
-            raise
+        self.vec.reset()
 
     def measure(self, seconds: float, warmup: float) -> Sample:
         timed_loop(self._cycle, self.b, warmup)

@@ -24,6 +24,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import psutil
 from gymnasium.spaces import Box
 from gymnasium.vector.utils import batch_space
 
@@ -84,6 +85,12 @@ def pool_info(pool: Any) -> dict[str, Any]:
 def child_affinity(processes: Sequence[Any]) -> list[list[int]]:
     """The distinct cpu sets the env processes may run on (recorded: they must be the cell's cores)."""
     return sorted({tuple(sorted(os.sched_getaffinity(p.pid))) for p in processes}, key=lambda t: (len(t), t))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used so far; NaN for this process (a pool's shard it
+    steps, ``parent_shard``, has its CPU in the loop's own)."""
+    return float("nan") if pid == os.getpid() else sum(psutil.Process(pid).cpu_times()[:2])
 
 
 class Vec:
