@@ -326,13 +326,25 @@ def _write_quietly(conn, data: bytes) -> None:
 
 
 def receive(conn) -> ToParent:
-    """Parent: the next message from a worker's pipe (blocks; EOFError once it is gone)."""
-    return decode_from_worker(conn.recv_bytes())
+    """Parent: the next message from a worker's pipe (blocks; EOFError once it is gone).  A shard
+    stepped in this process hands its side messages over as objects (``handed_over``): nothing
+    crosses a process, and the values inside are ``pack``ed blobs all the same."""
+    data = conn.recv_bytes()
+    if type(data) is bytes:
+        return decode_from_worker(data)
+    return _checked(data, (Extra, Failure))
 
 
 def report(conn, msg: ToParent) -> None:
     """Worker: one message to the parent."""
     conn.send_bytes(encode_for_parent(msg))
+
+
+def handed_over(msg: Extra | Failure) -> Extra | Failure:
+    """A side message of a shard stepped in the parent's own process, as it goes into the pipe:
+    unencoded.  Its values are already ``pack``ed, so the parent sees what a worker would send;
+    only the envelope's pickling and its dataclass rebuild are skipped."""
+    return msg
 
 
 def next_command(conn) -> ToWorker:

@@ -51,3 +51,33 @@ def test_async_recv_after_an_info_error_pairs_obs_and_infos(num_workers):
             pool.send(np.zeros(2, np.int64), np.arange(2))
             obs, _, _, _, infos = pool.recv()
             _check_paired(obs, infos, n)
+
+
+def test_a_shard_in_this_process_hands_its_side_messages_over_unencoded(monkeypatch):
+    # Nothing crosses a process, so the envelope is not pickled (its values stay packed blobs):
+    # the infos are what a worker process would send, for less.
+    from shmpool import protocol as P
+    from shmpool.workers import loop
+    encoded = []
+    real = P.encode_for_parent
+    monkeypatch.setattr(loop.P, "encode_for_parent", lambda msg: encoded.append(type(msg)) or real(msg))
+    with shmpool.Pool([CounterEnv, CounterEnv], num_workers=1, parent_shard=True) as pool:
+        pool.reset()
+        encoded.clear()
+        obs, _, _, _, infos = pool.step(np.zeros(2, np.int64))
+        _check_paired(obs, infos, 1)
+    assert P.Extra not in encoded
+
+
+def test_the_in_process_pipe_gives_back_side_messages_and_refuses_anything_else():
+    from shmpool import protocol as P
+    from shmpool.workers.hosted import local_pipe
+    parent, shard = local_pipe()
+    extra = P.Extra(3, P.pack({"tag": "t1"}))
+    shard.send_message(extra)
+    shard.send_bytes(P.encode_for_parent(P.Ready()))
+    assert P.receive(parent) is extra
+    assert type(P.receive(parent)) is P.Ready
+    shard.send_message(P.Ready())
+    with pytest.raises(P.ProtocolError, match="unexpected side-channel message Ready"):
+        P.receive(parent)

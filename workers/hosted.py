@@ -35,6 +35,7 @@ class LocalEnd:
     ``poll`` never sleeps and reading an empty pipe is a protocol error, not a wait."""
 
     never_blocks = True   # a send appends to a deque: protocol.send needs no writer thread for it
+    in_process = True     # the worker loop hands its side messages over unencoded (protocol.handed_over)
 
     def __init__(self, inbox: collections.deque, outbox: collections.deque) -> None:
         self._inbox = inbox
@@ -46,7 +47,13 @@ class LocalEnd:
             raise OSError("the in-process pipe is closed")
         self._outbox.append(bytes(data))
 
-    def recv_bytes(self) -> bytes:
+    def send_message(self, msg: P.Extra | P.Failure) -> None:
+        """A side message as it is (``protocol.handed_over``); ``recv_bytes`` gives it back as it is."""
+        if self.closed:
+            raise OSError("the in-process pipe is closed")
+        self._outbox.append(msg)
+
+    def recv_bytes(self):
         if self._inbox:
             return self._inbox.popleft()
         if self.closed:

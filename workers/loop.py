@@ -326,7 +326,12 @@ class Server:
         self.slice_ns = slice_ns
         self.watch = watch
         self.seen = 0                   # sequence of the last command served
-        self.outbox: list[bytes] = []   # side messages waiting for their results to be published
+        self.outbox: list = []   # side messages waiting for their results to be published
+        # A shard stepped in the parent's process hands its side messages over unencoded.
+        if getattr(conn, "in_process", False):
+            self.encode, self.send_side = P.handed_over, conn.send_message
+        else:
+            self.encode, self.send_side = P.encode_for_parent, conn.send_bytes
         self.phase = "step"             # what a failing info write is reported as
         self.closing: int | None = None  # the env whose close() runs
         if shard.obs_pickled is not None:  # observation leaves that travel pickled (shmpool.pickled)
@@ -411,8 +416,9 @@ class Server:
         result while this worker waits for room in the pipe (it holds ~90 kB):
         the parent reads side messages after it has seen the result, and
         drains the pipes while it waits."""
+        send = self.send_side
         for data in self.outbox:
-            self.conn.send_bytes(data)
+            send(data)
         self.outbox.clear()
 
     def _finish_env(self, i: int, info) -> None:
@@ -422,7 +428,7 @@ class Server:
             extra = self.shard.infos.write(i, info) if info else None
             if extra:
                 # Pickled now: the env may reuse these objects once stepped again.
-                self.outbox.append(P.encode_for_parent(P.Extra(i, _pack_infos(extra))))
+                self.outbox.append(self.encode(P.Extra(i, _pack_infos(extra))))
                 self.views.status[i] = P.STATUS_EXTRA
                 return
         except Exception as exc:
@@ -449,13 +455,13 @@ class Server:
             except Exception as exc:  # the observation itself cannot be pickled
                 self._fail_env(i, "observation", exc)
                 return
-            self.outbox.append(P.encode_for_parent(P.Extra(i, infos, pickled_blob)))
+            self.outbox.append(self.encode(P.Extra(i, infos, pickled_blob)))
             self.views.status[i] = P.STATUS_EXTRA
         except Exception as exc:
             self._fail_env(i, self.phase, exc)
 
     def _fail_env(self, i: int, phase: str, exc: BaseException) -> None:
-        self.outbox.append(P.encode_for_parent(P.Failure.of(i, phase, exc)))
+        self.outbox.append(self.encode(P.Failure.of(i, phase, exc)))
         self.views.info_mask[i] = 0
         self.views.status[i] = P.STATUS_ERROR
 
