@@ -5,8 +5,11 @@ import functools
 import numpy as np
 import pytest
 from envs import CounterEnv
+from shmpool.workers import loop
+from shmpool.workers.hosted import local_pipe
 
 import shmpool
+from shmpool import protocol as P
 
 
 def _pool(num_workers: int, **kwargs) -> shmpool.Pool:
@@ -56,8 +59,6 @@ def test_async_recv_after_an_info_error_pairs_obs_and_infos(num_workers):
 def test_a_shard_in_this_process_hands_its_side_messages_over_unencoded(monkeypatch):
     # Nothing crosses a process, so the envelope is not pickled (its values stay packed blobs):
     # the infos are what a worker process would send, for less.
-    from shmpool import protocol as P
-    from shmpool.workers import loop
     encoded = []
     real = P.encode_for_parent
     monkeypatch.setattr(loop.P, "encode_for_parent", lambda msg: encoded.append(type(msg)) or real(msg))
@@ -70,8 +71,6 @@ def test_a_shard_in_this_process_hands_its_side_messages_over_unencoded(monkeypa
 
 
 def test_the_in_process_pipe_gives_back_side_messages_and_refuses_anything_else():
-    from shmpool import protocol as P
-    from shmpool.workers.hosted import local_pipe
     parent, shard = local_pipe()
     extra = P.Extra(3, P.pack({"tag": "t1"}))
     shard.send_message(extra)
