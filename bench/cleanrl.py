@@ -69,6 +69,7 @@ RESULT_LINE = (
     "\n    _bench_elapsed = time.time() - start_time  # bench.cleanrl: the run's result, one line\n"
     "    _bench_params = [p.detach().cpu() for p in agent.parameters()]\n"
     f"    print('{MARK}', __import__('json').dumps({{'global_step': global_step, 'seconds': _bench_elapsed,\n"
+    "        'worker_processes': len(envs.pool.plan.process_cpus) if hasattr(envs, 'pool') else None,\n"
     "        'param_sum': float(sum(p.double().sum() for p in _bench_params)),\n"
     "        'param_sha256': __import__('hashlib').sha256(b''.join(p.numpy().tobytes() for p in _bench_params))"
     ".hexdigest()}), flush=True)"
@@ -138,6 +139,7 @@ class Run:
     seconds: float | None = None         # time.time() - start_time after the loop (patch 3)
     param_sum: float | None = None
     param_sha256: str | None = None
+    worker_processes: int | None = None   # shmpool: the layout it chose (0: every env in the script's process)
     episodes: int = 0
     error: str | None = None
 
@@ -158,6 +160,7 @@ def parse_output(run: Run, out: str) -> None:
             result = json.loads(line[len(MARK) + 1:])
             run.global_step, run.seconds = result["global_step"], result["seconds"]
             run.param_sum, run.param_sha256 = result["param_sum"], result["param_sha256"]
+            run.worker_processes = result.get("worker_processes")
 
 
 def child_env(system: str, extra: dict[str, str]) -> dict[str, str]:
@@ -207,7 +210,8 @@ def case_summary(case: Case, systems: Sequence[str], runs: Sequence[Run]) -> dic
                   "wall_s_median": median([r.wall_s for r in ok]), "runs": len(ok),
                   "failed": sum(1 for r in runs if r.system == s and r.error is not None),
                   "param_sha256": sorted({r.param_sha256 for r in ok}),
-                  "episodes": sorted({r.episodes for r in ok})}
+                  "episodes": sorted({r.episodes for r in ok}),
+                  "worker_processes": sorted({r.worker_processes for r in ok if r.worker_processes is not None})}
     base = per.get(SYNC, {}).get("sps_median")
     for s in systems:
         m = per[s]["sps_median"]
@@ -244,6 +248,8 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], summaries: Sequence[
         verdict = {True: "identical on every system and repetition", None: "no result to compare",
                    False: f"**DIFFER** ({s['distinct_param_sha256']} distinct checksums)"}[s["identical"]]
         lines += ["", f"Final agent parameters: {verdict}.", ""]
+        lines += [f"**{system}'s layout differed between runs**: {p['worker_processes']} worker processes.\n"
+                  for system, p in s["systems"].items() if len(p["worker_processes"]) > 1]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -381,6 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   args.extra_env, args.script_args, args.timeout)
                     case_runs.append(run)
                     state = run.error.splitlines()[0] if run.error else f"SPS {run.sps:,}"
+                    if run.worker_processes is not None:
+                        state += f", {run.worker_processes} worker processes"
                     print(f"{case.name} T={case.timesteps:,} · {system} · rep {rep + 1}/{args.repeats}: {state} "
                           f"({run.wall_s:.1f} s wall, params {str(run.param_sha256)[:12]})", file=sys.stderr,
                           flush=True)

@@ -36,3 +36,21 @@ def test_a_script_of_another_revision_is_refused_by_name():
         C.patch(SCRIPT.replace('if "final_info" in infos:', 'if "final_info" in info:'), "ppo", "sync")
     with pytest.raises(C.PatchError, match="vector env"):
         C.patch(SCRIPT.replace(C.VEC_LINE, ""), "ppo", "shmpool")
+
+
+def test_the_layout_shmpool_chose_is_kept_and_a_layout_that_changed_between_runs_is_said(monkeypatch):
+    import json
+    case = C.Case("ppo", "CartPole-v1", 32, timesteps=4096)
+    runs = []
+    for rep, workers in enumerate((0, 1)):
+        run = C.Run(case.name, C.SHMPOOL, rep)
+        C.parse_output(run, "SPS: 900\n" + C.MARK + " " + json.dumps(
+            {"global_step": 4096, "seconds": 4.5, "param_sum": 1.0, "param_sha256": "ab", "worker_processes": workers}))
+        runs.append(run)
+    assert [r.worker_processes for r in runs] == [0, 1]
+    summary = C.case_summary(case, [C.SHMPOOL], runs)
+    assert summary["systems"][C.SHMPOOL]["worker_processes"] == [0, 1]
+    env = {"torch": "2", "gymnasium": "1", "scripts_sha256": {}}
+    args = type("A", (), {"env": [], "command": "x"})()
+    monkeypatch.setattr(C.report, "header", lambda *a, **k: "header")
+    assert "**shmpool's layout differed between runs**: [0, 1] worker processes." in C.markdown(args, env, [summary])
