@@ -26,8 +26,6 @@ COMMANDS = {
                                  "recv/send over N and batch size (--png plots them; --ray: RayPool beside Pool)"),
     "fairness": ("bench.fairness", "async evenness: per-env step counts max/min with batch_size < num_envs beside "
                                    "EnvPool, and each worker's CPU and run-queue share"),
-    "autoreset": ("bench.autoreset", "SAME_STEP autoreset (ShmVecEnv, VectorEnv, Pool) against the NEXT_STEP "
-                                     "pool, env-only: steps/s and transitions/s"),
     "deploy": ("bench.deploy", "env-only and a GPU-shaped loop under a CPU quota (--cpu-quota, root), and the "
                                "workers' CPU while the trainer is busy elsewhere"),
 }

@@ -124,10 +124,7 @@ def latency_loop(step: Callable[[], object], seconds: float, warmup: float = 0.0
         t = ns()
         lat.append(t - now)
         now = t
-    lat.sort()
-    pct = {f"p{q}": lat[min(len(lat) - 1, len(lat) * q // 100)] / 1e3 for q in percentiles}
-    pct["max"] = lat[-1] / 1e3
-    return Sample(len(lat), (now - start) / 1e9, pct)
+    return Sample(len(lat), (now - start) / 1e9, percentiles_of(np.asarray(lat) / 1e3, percentiles))
 
 
 def run_interleaved(
@@ -136,42 +133,32 @@ def run_interleaved(
     repeats: int,
     seconds: float,
     warmup: float,
-    reuse: bool = False,
     on_start: Callable[[Case, int], None] | None = None,
     on_done: Callable[[Record], None] | None = None,
 ) -> list[Record]:
     """Measure every case ``repeats`` times, interleaved: rep 0 of all cases, then rep 1, ...
 
-    With ``reuse=False`` each repetition opens a fresh subject and closes it
-    right after, so no idle subject (workers waiting, possibly spinning) runs
-    while another is timed.  With ``reuse=True`` each subject is opened once
-    and kept until the end.  An exception in one case is recorded (with its
-    traceback) and the run goes on."""
+    Each repetition opens a fresh subject and closes it right after, so no idle subject (workers
+    waiting, possibly spinning) runs while another is timed.  An exception in one case is recorded
+    (with its traceback) and the run goes on."""
     records: list[Record] = []
-    kept: dict[str, Subject] = {}
-    try:
-        for rep in range(repeats):
-            for case in cases:
-                if on_start is not None:
-                    on_start(case, rep)
-                record = _measure_once(case, rep, seconds, warmup, kept if reuse else None)
-                records.append(record)
-                if on_done is not None:
-                    on_done(record)
-    finally:
-        for subject in kept.values():
-            _close_quietly(subject)
+    for rep in range(repeats):
+        for case in cases:
+            if on_start is not None:
+                on_start(case, rep)
+            record = _measure_once(case, rep, seconds, warmup)
+            records.append(record)
+            if on_done is not None:
+                on_done(record)
     return records
 
 
-def _measure_once(case: Case, rep: int, seconds: float, warmup: float,
-                  kept: dict[str, Subject] | None) -> Record:
-    """Open (or reuse) the subject of ``case``, take one sample, close it unless kept."""
+def _measure_once(case: Case, rep: int, seconds: float, warmup: float) -> Record:
+    """Open the subject of ``case``, take one sample, close it."""
     t0 = clock()
-    subject = kept.pop(case.name, None) if kept is not None else None
+    subject = None
     try:
-        if subject is None:
-            subject = case.open()
+        subject = case.open()
         setup_s = clock() - t0
         sample = subject.measure(seconds, warmup)
         info = dict(getattr(subject, "info", {}))
@@ -185,13 +172,10 @@ def _measure_once(case: Case, rep: int, seconds: float, warmup: float,
             _close_quietly(subject)
         raise
     record = Record(case.name, rep, sample, setup_s, info)
-    if kept is not None:
-        kept[case.name] = subject
-    else:
-        try:
-            subject.close()
-        except Exception:
-            record.error = "while closing:\n" + traceback.format_exc()
+    try:
+        subject.close()
+    except Exception:
+        record.error = "while closing:\n" + traceback.format_exc()
     return record
 
 
@@ -227,7 +211,7 @@ def summarize(records: Iterable[Record], case: str, value: Callable[[Sample], fl
 # --- per-call and per-env-step latency ---------------------------------------------------------
 
 def percentiles_of(values: Sequence[float] | np.ndarray, qs: Sequence[int]) -> dict[str, float]:
-    """``{"p50": ..., "max": ...}`` with the same nearest-rank rule as :func:`latency_loop`."""
+    """``{"p50": ..., "max": ...}``, nearest rank (what :func:`latency_loop` reports, in µs)."""
     v = np.sort(np.asarray(values, dtype=np.float64))
     if v.size == 0:
         return {}

@@ -34,7 +34,6 @@ DEFAULT_TIMESTEPS = {"ppo": 131_072, "ppo_continuous_action": 16_384}
 SCRIPTS_ENV = "CLEANRL_SCRIPTS"
 OPTOUT_ENV = {"SHMPOOL_NO_OMP_TUNING": "1"}
 DROPPED_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "SHMPOOL_")
-REPO = Path(__file__).resolve().parent.parent
 MARK = "CLEANRL_BENCH"
 DEFAULT_JSON = str(report.RESULTS / "cleanrl.json")
 
@@ -274,14 +273,6 @@ def parse_cases(p: argparse.ArgumentParser, text: str) -> list[Case]:
     return cases
 
 
-def inside(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root)
-        return True
-    except ValueError:
-        return False
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = cli.parser("python -m bench cleanrl", __doc__)
     p.add_argument("--scripts", default=os.environ.get(SCRIPTS_ENV),
@@ -298,7 +289,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VAL",
                    help="set in every child's environment (repeatable), e.g. --env OMP_NUM_THREADS=1")
     p.add_argument("--script-args", default="", help="more arguments for every script, e.g. \"--num-steps 512\"")
-    p.add_argument("--workdir", help="scratch folder the scripts run in (default: a new temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the scratch folder (patched scripts, tensorboard runs)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed (default 1800)")
     p.add_argument("--json", metavar="PATH", help="write every run and the configuration here, the report beside "
@@ -328,8 +318,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.extra_env = extra
     args.script_args = args.script_args.split()
     args.json = args.json or (DEFAULT_JSON if args.save else None)
-    if args.workdir and inside(Path(args.workdir), REPO):
-        p.error(f"--workdir {args.workdir} is inside the repository; give a folder outside {REPO}")
     return args
 
 
@@ -360,8 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         want = case.requested or args.total_timesteps or DEFAULT_TIMESTEPS[case.script]
         case.timesteps = max(1, -(-want // batch)) * batch
 
-    workdir = Path(args.workdir).resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="bench_cleanrl_"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="bench_cleanrl_"))
     paths = {}
     for (script, system), text in patched.items():
         folder = workdir / system.replace("-", "_")   # the file keeps CleanRL's name: exp_name is its stem
@@ -395,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs += case_runs
             summaries.append(case_summary(case, args.systems, case_runs))
     finally:
-        if not args.keep and not args.workdir:
+        if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     text = markdown(args, env, summaries)
     print(text, flush=True)

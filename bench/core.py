@@ -1,9 +1,6 @@
 """The headline benchmark: shmpool against gymnasium's vector envs stepping the same envs, and the raw round trip.
 
     python -m bench.core                        # CartPole-v1 N=8,32,128 and Ant-v5 N=8,32
-    python -m bench.core --json /tmp/core.json  # every raw measurement there, the report beside it (.md)
-    python -m bench.core --save                 # ... into the tracked bench/results/core.json and core.md
-    python -m bench.core --quick                # a few seconds, for tests
     python -m bench.core --tasks DictObs-v0,DictTextObs-v0 --no-roundtrip   # what a pickled (Text) leaf costs
 
 Env-only: SyncVectorEnv, AsyncVectorEnv, shmpool sync (Pool.step of all N) and async (batch N/2) step N

@@ -2,10 +2,7 @@
 
     python -m bench.fairness                       # CartPole 12/4, 32/16; Pong-v5, Ant-v5 8/4, 32/16
     python -m bench.fairness --tasks CartPole-v1 --policies auto,block,yield,hybrid
-    python -m bench.fairness --pins pinned,unpinned # also workers free to run on any allowed core
     python -m bench.fairness --layouts auto,processes --max-leads auto,none   # beside the issue-day default
-    python -m bench.fairness --quick               # a few seconds
-    python -m bench.fairness --save                # into the tracked bench/results/fairness.json and .md
 
 spread = max/min of the per-env step counts (1.00: every env advanced equally; EnvPool 1.00–1.02),
 steps/s, per worker its CPU and run-queue share of the wall time, the parent's share and core.

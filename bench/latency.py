@@ -3,7 +3,6 @@ through RayPool.
 
     python -m bench latency                                   # CartPole-v1, N=8,32,128 × batch 1,8,32
     python -m bench latency --task Ant-v5 --num-envs 8,32 --batch-size 1,4
-    python -m bench latency --quick --json /tmp/l.json --png /tmp/l.png  # a few seconds, for tests
     python -m bench latency --ray 2 --task Pong --num-envs 16 --batch-size 8 --repeats 3   # RayPool beside Pool
 
 Agent latency: one trainer call (sync step over N, or async recv of a batch + send), percentiles over

@@ -150,7 +150,6 @@ class Trainer:
         self.next_obs = self._tensor(env.reset())
         self.next_done = torch.zeros(b)
         self.steps = 0     # env steps so far
-        self.updates = 0
         self.env_seconds = 0.0   # wall time inside env.step so far: the env's share of the loop
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
@@ -216,18 +215,13 @@ class Trainer:
                 loss.backward()
                 nn.utils.clip_grad_norm_(self.agent.parameters(), c.max_grad_norm)
                 self.optimizer.step()
-        self.updates += 1
-
-    def iterate(self) -> None:
-        """One rollout and its update."""
-        self.collect()
-        self.update()
 
     def run(self, seconds: float) -> tuple[int, float]:
         """Whole iterations until ``seconds`` have passed (at least one); returns (env steps, elapsed s)."""
         start, steps = time.perf_counter(), self.steps
         while True:
-            self.iterate()
+            self.collect()
+            self.update()
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
                 return self.steps - steps, elapsed

@@ -85,45 +85,14 @@ def _is_atari(task: str) -> bool:
     return task in GAMES
 
 
-def _native_atari_floor(env, seed: int) -> Runner:
-    """Times the native work of one agent step of ``env`` (an ``AtariEnv``) without its Python
-    around it: ``frame_skip`` ALE frames, two screen reads, the fused max-pool + resize + push."""
-    from shmpool.workers.recipes.atari import AreaPush
-    env.reset(seed=seed)
-    ale, acts, clock = env.ale, env._action_set, time.perf_counter_ns
-    f0, f1 = env._frames
-    stack = np.zeros(env.observation_space.shape, np.uint8)
-    kernel, skip = AreaPush(f0.shape, stack.shape[1:]), env.frame_skip
-
-    def run(actions: np.ndarray) -> int:
-        total = 0
-        for a in actions:
-            act = acts[a]
-            t0 = clock()
-            for _ in range(skip - 2):
-                ale.act(act)
-            ale.act(act)
-            ale.getScreenGrayscale(f0)
-            ale.act(act)
-            ale.getScreenGrayscale(f1)
-            kernel.push(f1, f0, stack, False)
-            total += clock() - t0
-            if ale.game_over():
-                env.reset()
-        return total
-    return run
-
-
 def measure_atari(task: str, steps: int, repeats: int, block: int) -> dict[str, float | None]:
-    """Median µs/step of the Atari recipe, gymnasium's wrapped env and the native floor."""
+    """Median µs/step of the Atari recipe and gymnasium's wrapped env (no physics split: ALE is one native call)."""
     from shmpool.workers.recipes.atari import GAMES, AtariEnv
 
-    recipe, reference, floor = AtariEnv(GAMES[task]), gym_atari(task), AtariEnv(GAMES[task])
+    recipe, reference = AtariEnv(GAMES[task]), gym_atari(task)
     actions = np.random.default_rng(0).integers(0, recipe.action_space.n, size=steps)
-    result = _interleaved({"recipe": _stepper(recipe, 0), "gymnasium": _stepper(reference, 0),
-                           "physics": _native_atari_floor(floor, 0)}, actions, block, repeats)
-    return {**result, "gym unwrapped": None, "recipe overhead": result["recipe"] - result["physics"],
-            "gym overhead": result["gymnasium"] - result["physics"]}
+    result = _interleaved({"recipe": _stepper(recipe, 0), "gymnasium": _stepper(reference, 0)}, actions, block, repeats)
+    return {**result, "physics": None, "gym unwrapped": None, "recipe overhead": None, "gym overhead": None}
 
 
 def measure(task: str, steps: int, repeats: int, block: int) -> dict[str, float | None]:

@@ -1,8 +1,6 @@
 """shmpool's built-in task recipes (Pong-v5, Ant-v5) against EnvPool and gymnasium, env-only.
 
     python -m bench.tasks                        # Pong-v5, Ant-v5 at N=8, 32; BatchPong-v0 at 1,024, 16,384
-    python -m bench.tasks --json /tmp/tasks.json # also write every raw measurement
-    python -m bench.tasks --quick                # a few seconds, for tests
 
 gymnasium Sync/Async over the equivalent wrappers, shmpool sync/async over its recipe, EnvPool sync/async
 over its C++ env (num_threads = shmpool's workers), one fixed array of seeded uniform random actions for
@@ -229,10 +227,8 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], groups: list[rep
     if costs:
         lines += ["", f"Single-core cost per env step (µs, median of {args.cost_repeats} interleaved runs of "
                   f"{args.cost_steps} steps; physics = ctrl write + mj_step×frame_skip + "
-                  "mj_rnePostConstraint (Atari: the native floor, ALE frames + screen reads + max-pool + "
-                  "cv2 resize, in a bare loop); Python overhead = step with physics stubbed out (Atari: recipe "
-                  "minus that floor; gymnasium's wrapped env, minus the same floor); EnvPool = one C++ "
-                  "thread stepping N=32 per call; all sides get fresh uniform random actions every step):",
+                  "mj_rnePostConstraint; Python overhead = step with physics stubbed out (MuJoCo only); EnvPool "
+                  "= one C++ thread stepping N=32 per call; all sides get fresh uniform random actions every step):",
                   "", report.markdown_table(COST_HEADER, cost_rows(costs))]
     if any(g.task == BATCH_PONG for g in groups):
         lines += ["", "### BatchPong-v0: steps/s (median of repetitions, min-max)", "",

@@ -1,10 +1,9 @@
 """EnvPool's throughput table: FPS of every system against the number of cores (or of envs), env-only.
 
     python -m bench throughput --task CartPole-v1 --workers 1,2
-    python -m bench throughput --task Ant-v5 --workers 1,2 --recipe --md t.md --json t.json --png t.png
+    python -m bench throughput --task Ant-v5 --workers 1,2 --recipe --md t.md --json t.json
     python -m bench throughput --task CartPole-v1 --workers 1,2,4 --cpus 0-1,8-9 --numa
     python -m bench throughput --num-envs 1,2,4,8,16 --systems sb3-dummy,sb3,shmvecenv   # the PoolVecEnv sweep
-    python -m bench throughput --quick          # a few seconds
 
 A column with W workers limits every system to the first W allowed cores (the process's affinity,
 children included); shmpool pins W workers, EnvPool runs W threads; N = 8 × W, async batch N/2; FPS =
@@ -67,11 +66,10 @@ def affinity(cpus: Sequence[int]) -> Iterator[None]:
 
 def describe_nodes(cpus: Sequence[int], nodes: dict[int, list[int]]) -> str:
     """One line: how many nodes hold the allowed cores, and which."""
-    held = {k: [c for c in on if c in cpus] for k, on in nodes.items()}
-    held = {k: v for k, v in held.items() if v}
-    parts = "; ".join(f"node{k}: cpus {format_cpu_list(v)}" for k, v in held.items())
     if not nodes:
         return "no NUMA information (sysfs has no nodes)"
+    held = {k: v for k, on in nodes.items() if (v := [c for c in on if c in cpus])}
+    parts = "; ".join(f"node{k}: cpus {format_cpu_list(v)}" for k, v in held.items())
     return f"{'one NUMA node' if len(held) <= 1 else f'{len(held)} NUMA nodes'} ({parts})"
 
 
@@ -284,34 +282,6 @@ def json_data(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> dict
             "cells": [c.to_json(plan.frame_skip) for c in plan.cells]}
 
 
-def write_png(path: str, plan: Plan, env: dict[str, Any]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [c.workers if c.sweep is None else c.sweep for c in plan.cells]
-    for system in plan.systems:
-        pts = [(x, f) for x, c in zip(xs, plan.cells) if (f := c.fps(system, plan.frame_skip)) is not None]
-        if pts:
-            line, = ax.plot([x for x, _ in pts], [f.median for _, f in pts], "-" if "shmpool" in system else "--",
-                            marker="o", label=system)
-            ax.vlines([x for x, _ in pts], [f.lo for _, f in pts], [f.hi for _, f in pts], color=line.get_color(),
-                      alpha=0.5)
-    if plan.cells and plan.cells[0].sweep is not None:
-        ax.set_xscale("log", base=2)
-    ax.set_xlabel("workers (cores)" if not plan.cells or plan.cells[0].sweep is None else "N envs")
-    ax.set_ylabel(f"FPS (env steps/s × frame_skip {plan.frame_skip})")
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.set_ylim(bottom=0)
-    ax.set_title(title(plan, env), fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 # --- command line ----------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -329,7 +299,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", help="comma list of rows to run (row titles or short names; default all but "
                                      f"{', '.join(ON_REQUEST)})")
     p.add_argument("--md", metavar="PATH", help="write the markdown table here")
-    p.add_argument("--png", metavar="PATH", help="write a plot of FPS against workers (or N) here")
     cli.add_run_options(p, cli.RunDefaults(), quick="0.2 s, 1 repeat")
     args = cli.parse(p, argv)
     try:
@@ -375,8 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text, flush=True)   # the table once, as markdown (EnvPool's format)
     for kind, path, write in (("markdown", args.md, lambda p: Path(p).write_text(text)),
                               ("raw measurements", args.json,
-                               lambda p: report.write_json(p, json_data(plan, args, env))),
-                              ("plot", args.png, lambda p: write_png(p, plan, env))):
+                               lambda p: report.write_json(p, json_data(plan, args, env)))):
         if path:
             write(path)
             err.print(f"{kind} written to {path}", highlight=False)

@@ -4,7 +4,6 @@
     python -m bench train --tasks Pong-v5,Ant-v5 --num-envs 32
     python -m bench train --busy-neighbour                 # another process burns one core throughout
     python -m bench train --systems "SB3 PPO DummyVecEnv,SB3 PPO SubprocVecEnv,SB3 PPO ShmVecEnv"   # SB3's PPO
-    python -m bench train --quick                          # a few seconds, for tests
 
 The loop (bench/ppo.py: a policy forward every step, a PPO update every rollout, torch at its own
 threads) is the same for every system; only the vector env under it changes: gymnasium Sync/Async, SB3
@@ -21,7 +20,6 @@ import functools
 import os
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -240,16 +238,6 @@ def targets(groups: Sequence[report.Group], busy: bool) -> list[report.Target]:
     return goals
 
 
-WHAT_MOVES_IT = """\
-What moves the ratios: on a machine with few cores the env workers and torch's threads
-(OpenMP, which spins for a while after every parallel region) share the cores; a pool
-whose workers spin or yield while the trainer computes, or a trainer whose threads spin
-while the workers step, takes cores from the other side.  `--torch-threads 1` (or
-OMP_NUM_THREADS=1) removes torch's side of it; `--busy-neighbour` adds a process that
-takes one core for the whole run.  Light envs (CartPole) leave little to win over the
-for-loop; heavy ones (Pong, Ant) gain up to the number of cores."""
-
-
 def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[report.Group], skipped: dict[str, str],
              goals: Sequence[report.Target]) -> str:
     lines = [
@@ -266,7 +254,8 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[rep
     lines += [f"\n{where} skipped — {reason}" for where, reason in skipped.items()]
     goal_lines = [t.line() for t in goals] or ["- none for these cells (they are set for CartPole at every N and "
                                                "for Pong-v5/Ant-v5 at N=32)"]
-    lines += ["", "### Targets (medians of this run)", "", *goal_lines, "", WHAT_MOVES_IT]
+    lines += ["", "### Targets (medians of this run)", "", *goal_lines, "",
+              "What moves the ratios: bench/README.md, \"train\"."]
     return "\n".join(lines)
 
 
@@ -304,20 +293,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def eta(args: argparse.Namespace) -> str:
-    """What the run will take at least: every repetition's warm-up and timed seconds, and opening each system
-    (~2 s: pools, subprocesses); whole iterations overshoot ``--seconds``, slow ones (Ant, Pong) by more."""
-    reps = len(args.tasks) * len(args.num_envs) * len(args.systems) * args.repeats
-    total = reps * (args.seconds + args.warmup + 2.0)
-    return (f"{reps} repetitions ({len(args.tasks)} tasks × {len(args.num_envs)} N × {len(args.systems)} systems × "
-            f"{args.repeats}) of {args.seconds:g} s + {args.warmup:g} s warm-up: about {total / 60:.1f} min "
-            f"(ETA {time.strftime('%H:%M', time.localtime(time.time() + total))}), more where one iteration "
-            "outlasts --seconds")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    print(eta(args), file=sys.stderr, flush=True)
     for message in BOX_PRECISION:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
     os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
