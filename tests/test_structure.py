@@ -27,6 +27,7 @@ ALLOWED_REACH_INS = {
 }
 MAX_CLASS_LINES = 450    # code lines of a class, its docstring not counted
 MAX_MODULE_LINES = 700
+MAX_BENCH_LINES = 4000   # all of bench/'s Python: a benchmark suite a reader can check (EnvPool's is ~700)
 
 
 def _sources() -> dict[str, pathlib.Path]:
@@ -126,3 +127,8 @@ def test_no_module_too_large():
     files = [*_sources().values(), *(ROOT / "shmpool").glob("*.pyx"), *(ROOT / "workers").rglob("*.pyx")]
     large = {str(f.relative_to(ROOT)): n for f in files if (n := len(f.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not large, f"modules over {MAX_MODULE_LINES} lines: {large}"
+
+
+def test_the_benchmarks_stay_small():
+    lines = sum(len(f.read_text().splitlines()) for f in (ROOT / "bench").glob("*.py"))
+    assert lines <= MAX_BENCH_LINES, f"bench/ has {lines} lines of Python, over {MAX_BENCH_LINES}"
