@@ -12,7 +12,9 @@ SAME_STEP autoreset adds ``final_obs``/``final_info`` for the envs whose episode
 ended.  A final observation that fits the region's ``final_obs`` arrays is
 written there by the worker, which marks the result with the ``_final_obs``
 column; numeric leaves of its final info (nested dicts too) get columns named
-``_final_info<SEP>key<SEP>...``.  Env keys never start with ``_`` (such keys are
+``_final_info<SEP>key<SEP>...``.  The numeric leaves of an env's own nested dicts
+(``RecordEpisodeStatistics``' ``episode``) get columns named ``_info<SEP>key<SEP>...``:
+an ending episode then costs no pickling.  Env keys never start with ``_`` (such keys are
 never given a column), so these names cannot clash with an env's.
 """
 from __future__ import annotations
@@ -43,7 +45,10 @@ _PY_KIND = {bool: PY_BOOL, int: PY_INT, float: PY_FLOAT}
 
 FINAL_OBS_COLUMN = "_final_obs"     # bool column: this result's final observation is in the final_obs arrays
 FINAL_INFO_COLUMN = "_final_info"   # first part of the names of final-info columns
-SEP = "\x1f"                         # joins the parts of a final-info column's name
+NESTED_INFO_COLUMN = "_info"        # first part of the names of columns inside an env's own nested dicts
+SEP = "\x1f"                         # joins the parts of a nested column's name
+# Own keys whose dicts always go aside: gymnasium's SAME_STEP names (their columns are the final-info ones).
+_NOT_NESTED = ("final_info", "final_obs")
 
 
 class _InSlot:
@@ -99,7 +104,7 @@ class InfoWriter:
         self._buf = buf
         self._mask = views.info_mask
         self._cols: dict = {}   # key -> _Column, or None when the key cannot use shm
-        self._final_cols: dict = {}   # final-info key path -> _Column or None
+        self._nested_cols: dict = {}   # (name prefix, *key path) -> _Column or None
         self._final_bit = 0
 
     def write(self, env_id: int, info: dict) -> dict | None:
@@ -129,8 +134,10 @@ class InfoWriter:
                 bits |= self._final_bit
                 in_slot = True
                 continue
-            if in_slot and key == "final_info" and type(value) is dict:
-                more, rest = self._write_final(env_id, value, ())
+            if type(value) is dict and ((in_slot and key == "final_info")
+                                        or (value and _column_part(key) and key not in _NOT_NESTED)):
+                more, rest = (self._write_nested(env_id, value, (FINAL_INFO_COLUMN,)) if key == "final_info"
+                              else self._write_nested(env_id, value, (NESTED_INFO_COLUMN, key)))
                 bits |= more
                 if rest is not None:
                     if extra is None:
@@ -155,24 +162,24 @@ class InfoWriter:
             raise RuntimeError("the info registry has no room for the _final_obs column")
         self._final_bit = col.bit
 
-    def _write_final(self, env_id: int, info: dict, path: tuple) -> tuple[int, dict | None]:
-        """The numeric leaves of a final info (at ``path`` inside it) into final-info columns:
-        returns their bits and what is left for the side channel (None: nothing).  A non-empty
-        dict is recursed into; an empty one goes aside (its ``_key`` mask needs it)."""
+    def _write_nested(self, env_id: int, info: dict, path: tuple) -> tuple[int, dict | None]:
+        """The numeric leaves of a nested dict (``path``: its column names' prefix and keys) into
+        their columns: returns their bits and what is left for the side channel (None: nothing).
+        A non-empty dict is recursed into; an empty one goes aside (its ``_key`` mask needs it)."""
         bits = 0
         rest = None
         for key, value in info.items():
             if type(value) is dict and value and _column_part(key):
-                more, left = self._write_final(env_id, value, (*path, key))
+                more, left = self._write_nested(env_id, value, (*path, key))
                 bits |= more
                 if left is None:
                     continue
                 value = left
             else:
                 where = (*path, key)
-                col = self._final_cols.get(where, False)
+                col = self._nested_cols.get(where, False)
                 if col is False:
-                    col = self._final_cols[where] = self._register_final(where, value)
+                    col = self._nested_cols[where] = self._register_nested(where, value)
                 bit = _store(col, env_id, value)
                 if bit:
                     bits |= bit
@@ -182,11 +189,11 @@ class InfoWriter:
             rest[key] = value
         return bits, rest
 
-    def _register_final(self, path: tuple, value) -> _Column | None:
+    def _register_nested(self, where: tuple, value) -> _Column | None:
         kind = column_kind(value)
-        if kind is None or not all(_column_part(k) for k in path):
+        if kind is None or not all(_column_part(k) for k in where[1:]):
             return None
-        return self._claim(SEP.join((FINAL_INFO_COLUMN, *path)), kind)
+        return self._claim(SEP.join(where), kind)
 
     def column(self, key, value) -> _Column | None:
         """The shared-memory column of ``key`` (registered at its first value, whose type
@@ -303,12 +310,14 @@ class InfoReader:
         self._buf = buf
         self._obs_tree = None if obs_space is None else tree_of(obs_space)
         # col -> (name, column, path): path None for an env's own key, () for the final-obs
-        # column, the key path inside final_info for a final-info column.
+        # column, else the key path from the top of the infos (``("final_info", ...)`` for a
+        # final-info column, ``(key, ...)`` inside an env's own nested dict).
         self._cols: dict[int, tuple[str, _Column, tuple | None]] = {}
         # A mask of columns -> their (name, column) when all are an env's own keys, else None.
         self._plain: dict[int, list[tuple[str, _Column]] | None] = {}
         self._final_obs_bit = 0   # the final-obs column's bit, once a result has set it
         self._nested: dict[int, bool] = {}   # a mask of columns -> whether their paths nest (_paths_nest)
+        self._general: dict[int, list] = {}   # a mask of columns -> read's plan for them (its general path)
         # Key paths whose column holds numpy scalars (not python numbers): merge_in_env_order
         # gives their values back as numpy scalars, as the envs gave them.
         self.numpy_keys: set[tuple] = set()
@@ -338,25 +347,26 @@ class InfoReader:
             nested = self._nested[bits] = self._paths_nest(bits)
         if nested:
             return self._read_in_env_order(bits, masks, env_ids)
+        plan = self._general.get(bits)
+        if plan is None:
+            plan = self._general[bits] = [(name, column, path, np.uint64(column.bit), column.dtype.type(0))
+                                          for name, column, path in self._columns_of(bits)]
         infos = {}
         ended = None
-        col = 0
-        while bits:
-            if bits & 1:
-                name, column, path = self._column(col)
-                present = (masks & np.uint64(column.bit)).astype(bool)
-                if path == ():
-                    ended = present
-                else:
-                    values = column.values.copy() if env_ids is None else column.values[env_ids]
-                    values[~present] = 0
-                    if path is None:
-                        infos[name] = values
-                        infos["_" + name] = present
-                    else:
-                        _put_nested(infos.setdefault("final_info", {}), path, values, present)
-            bits >>= 1
-            col += 1
+        for name, column, path, bit, zero in plan:
+            present = (masks & bit) != 0
+            if path == ():
+                ended = present
+                continue
+            # Zero where absent, as gymnasium's batch: one new array, never a view of the column.
+            values = np.where(present, column.values if env_ids is None else column.values[env_ids], zero)
+            if path is None:
+                infos[name] = values
+                infos["_" + name] = present
+            elif path[0] == "final_info":   # SAME_STEP's: _final_info is the final-obs mask
+                _put_nested(infos.setdefault("final_info", {}), path[1:], values, present)
+            else:
+                _put_nested(infos, path, values, present)
         if ended is not None:
             self._final_obs(infos, ended, env_ids)
         return infos
@@ -372,9 +382,9 @@ class InfoReader:
         return out
 
     def _paths_nest(self, bits: int) -> bool:
-        """Whether one final-info column's path lies inside another's (a key that is a dict in
-        some envs' final infos and a number in others'): ``read`` then builds the batch env by env."""
-        paths = [path for _, _, path in self._columns_of(bits) if path]
+        """Whether one column's key path lies inside another's (a key that is a dict in some envs'
+        infos and a number in others'): ``read`` then builds the batch env by env."""
+        paths = [(name,) if path is None else path for name, _, path in self._columns_of(bits) if path != ()]
         return any(a != b and b[:len(a)] == a for a in paths for b in paths)
 
     def _read_in_env_order(self, bits: int, masks: np.ndarray, env_ids: np.ndarray | None) -> dict:
@@ -395,7 +405,7 @@ class InfoReader:
                 if path is None:
                     own[pos][name] = value
                     continue
-                where = own[pos].setdefault("final_info", {})
+                where = own[pos]
                 for key in path[:-1]:
                     where = where.setdefault(key, {})
                 where[path[-1]] = value
@@ -409,7 +419,7 @@ class InfoReader:
 
     def _plain_columns(self, bits: int) -> list[tuple[str, _Column]] | None:
         """The (name, column) of every column in ``bits``, in column order; None when one of
-        them is the final-obs or a final-info column (those need ``read``'s general path)."""
+        them is the final-obs column or a nested one (those need ``read``'s general path)."""
         columns = self._columns_of(bits)
         if any(path is not None for _, _, path in columns):
             return None
@@ -450,12 +460,14 @@ class InfoReader:
                 path = ()
                 self._final_obs_bit = 1 << col
             elif name.startswith(FINAL_INFO_COLUMN + SEP):
+                path = ("final_info", *name.split(SEP)[1:])
+            elif name.startswith(NESTED_INFO_COLUMN + SEP):
                 path = tuple(name.split(SEP)[1:])
             else:
                 path = None
             hit = self._cols[col] = (name, _Column(col, kind, self._views), path)
             if kind < PY_BOOL and path != ():
-                self.numpy_keys.add((name,) if path is None else ("final_info", *path))
+                self.numpy_keys.add((name,) if path is None else path)
         return hit
 
 

@@ -710,3 +710,35 @@ def test_the_envpool_face_passes_on_info_keys_that_are_not_strings(infos, steps,
         env.reset()
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_nested_numeric_infos_match_sync_vector_env_whatever_travels_where(parent_shard, no_leaks):
+    # RecordEpisodeStatistics' shape ({"episode": {"r", "l", "t"}}) in some envs and steps, a leaf that
+    # changes type, a non-numeric leaf beside numeric ones, a dict inside, an empty dict: the
+    # numbers take shared-memory columns, the rest the side channel, and the batch is gymnasium's.
+    def by_env(k):
+        return {1: {"episode": {"r": 1.5 * k, "l": k, "t": 0.25}},
+                2: {"episode": {"r": 2.0, "l": 2, "note": "x"}} if k % 2 else {},
+                3: {"episode": {"r": None if k == 1 else 3.0, "l": np.int32(3)}, "stats": {}},
+                4: {"episode": {"r": 4.0, "deep": {"a": True, "b": np.float32(0.5)}}}}
+    fns = [functools.partial(ScriptEnv, infos=by_env(k)) for k in range(4)]
+    ref = gym.vector.SyncVectorEnv(fns)
+    ref.reset(seed=0)
+    want = [ref.step(np.zeros(4, np.int64))[4] for _ in range(4)]
+    with shmpool.VectorEnv(fns, num_workers=2, parent_shard=parent_shard) as envs:
+        envs.reset(seed=0)
+        got = [envs.step(np.zeros(4, np.int64))[4] for _ in range(4)]
+    tree_equal(want, got, "infos")
+
+
+def test_nested_numeric_infos_need_no_side_message(monkeypatch, no_leaks):
+    from shmpool.workers import loop
+    handed = []
+    monkeypatch.setattr(loop.P, "handed_over", lambda msg: handed.append(msg) or msg)
+    fns = [functools.partial(ScriptEnv, infos={1: {"episode": {"r": 1.0, "l": 1, "t": 0.5}}})] * 2
+    with shmpool.VectorEnv(fns, num_workers=1, parent_shard=True) as envs:
+        envs.reset(seed=0)
+        infos = envs.step(np.zeros(2, np.int64))[4]
+    assert infos["episode"]["l"].tolist() == [1, 1] and infos["_episode"].tolist() == [True, True]
+    assert handed == []
