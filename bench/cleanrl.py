@@ -375,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     case_runs.append(run)
                     state = run.error.splitlines()[0] if run.error else f"SPS {run.sps:,}"
                     if run.worker_processes is not None:
-                        state += f", {run.worker_processes} worker processes"
+                        state += f", {run.worker_processes} worker process{'' if run.worker_processes == 1 else 'es'}"
                     print(f"{case.name} T={case.timesteps:,} · {system} · rep {rep + 1}/{args.repeats}: {state} "
                           f"({run.wall_s:.1f} s wall, params {str(run.param_sha256)[:12]})", file=sys.stderr,
                           flush=True)
