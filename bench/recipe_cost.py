@@ -86,7 +86,7 @@ def _is_atari(task: str) -> bool:
 
 
 def measure_atari(task: str, steps: int, repeats: int, block: int) -> dict[str, float | None]:
-    """Median µs/step of the Atari recipe and gymnasium's wrapped env (no physics split: ALE is one native call)."""
+    """Median µs/step of the Atari recipe and gymnasium's wrapped env (Atari has no physics split here)."""
     from shmpool.workers.recipes.atari import GAMES, AtariEnv
 
     recipe, reference = AtariEnv(GAMES[task]), gym_atari(task)
