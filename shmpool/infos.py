@@ -134,10 +134,9 @@ class InfoWriter:
                 bits |= self._final_bit
                 in_slot = True
                 continue
-            if type(value) is dict and ((in_slot and key == "final_info")
-                                        or (value and _column_part(key) and key not in _NOT_NESTED)):
-                more, rest = (self._write_nested(env_id, value, (FINAL_INFO_COLUMN,)) if key == "final_info"
-                              else self._write_nested(env_id, value, (NESTED_INFO_COLUMN, key)))
+            prefix = _nested_prefix(key, value, in_slot)
+            if prefix is not None:
+                more, rest = self._write_nested(env_id, value, prefix)
                 bits |= more
                 if rest is not None:
                     if extra is None:
@@ -255,6 +254,16 @@ class InfoWriter:
                 time.sleep(0)   # let a descheduled writer run
 
 
+def _nested_prefix(key, value, in_slot: bool) -> tuple | None:
+    """The column-name prefix of a dict value whose numeric leaves get columns: SAME_STEP's final
+    info once its observation is in the slot, or an env's own non-empty dict; None otherwise."""
+    if type(value) is not dict:
+        return None
+    if key == "final_info":
+        return (FINAL_INFO_COLUMN,) if in_slot else None
+    return (NESTED_INFO_COLUMN, key) if value and _column_part(key) and key not in _NOT_NESTED else None
+
+
 def _store(col: _Column | None, env_id: int, value) -> int:
     """``value`` into env ``env_id``'s row of ``col``: the column's bit, or 0 when there is no
     column or the value does not fit it (another dtype, out of range)."""
@@ -316,8 +325,9 @@ class InfoReader:
         # A mask of columns -> their (name, column) when all are an env's own keys, else None.
         self._plain: dict[int, list[tuple[str, _Column]] | None] = {}
         self._final_obs_bit = 0   # the final-obs column's bit, once a result has set it
-        self._nested: dict[int, bool] = {}   # a mask of columns -> whether their paths nest (_paths_nest)
-        self._general: dict[int, list] = {}   # a mask of columns -> read's plan for them (its general path)
+        # A mask of columns -> read's plan for them (its general path), or None when their paths
+        # nest (_paths_nest: the batch is then built env by env).
+        self._general: dict[int, list | None] = {}
         # Key paths whose column holds numpy scalars (not python numbers): merge_in_env_order
         # gives their values back as numpy scalars, as the envs gave them.
         self.numpy_keys: set[tuple] = set()
@@ -342,15 +352,13 @@ class InfoReader:
                 plain = self._plain[bits] = self._plain_columns(bits)
             if plain is not None:
                 return self._read_present(plain, env_ids, len(masks))
-        nested = self._nested.get(bits)
-        if nested is None:
-            nested = self._nested[bits] = self._paths_nest(bits)
-        if nested:
-            return self._read_in_env_order(bits, masks, env_ids)
-        plan = self._general.get(bits)
+        plan = self._general.get(bits, False)
+        if plan is False:
+            plan = self._general[bits] = None if self._paths_nest(bits) else [
+                (name, column, path, np.uint64(column.bit), column.dtype.type(0))
+                for name, column, path in self._columns_of(bits)]
         if plan is None:
-            plan = self._general[bits] = [(name, column, path, np.uint64(column.bit), column.dtype.type(0))
-                                          for name, column, path in self._columns_of(bits)]
+            return self._read_in_env_order(bits, masks, env_ids)
         infos = {}
         ended = None
         for name, column, path, bit, zero in plan:

@@ -43,12 +43,11 @@ class LocalEnd:
         self.closed = False
 
     def send_bytes(self, data) -> None:
-        if self.closed:
-            raise OSError("the in-process pipe is closed")
-        self._outbox.append(bytes(data))
+        self.send_message(bytes(data))
 
-    def send_message(self, msg: P.Extra | P.Failure) -> None:
-        """A side message as it is (``protocol.handed_over``); ``recv_bytes`` gives it back as it is."""
+    def send_message(self, msg) -> None:
+        """A side message as it is (``protocol.handed_over``), or encoded bytes; ``recv_bytes`` gives
+        either back as it is."""
         if self.closed:
             raise OSError("the in-process pipe is closed")
         self._outbox.append(msg)
