@@ -328,9 +328,6 @@ class InfoReader:
         # A mask of columns -> read's plan for them (its general path), or None when their paths
         # nest (_paths_nest: the batch is then built env by env).
         self._general: dict[int, list | None] = {}
-        # Key paths whose column holds numpy scalars (not python numbers): merge_in_env_order
-        # gives their values back as numpy scalars, as the envs gave them.
-        self.numpy_keys: set[tuple] = set()
 
     def read(self, env_ids: np.ndarray | None) -> dict:
         """Infos of ``env_ids`` (all envs in order when None) from shared memory."""
@@ -396,19 +393,36 @@ class InfoReader:
         return any(a != b and b[:len(a)] == a for a in paths for b in paths)
 
     def _read_in_env_order(self, bits: int, masks: np.ndarray, env_ids: np.ndarray | None) -> dict:
-        """gymnasium's batching of each env's own info, rebuilt from the columns and added env by env
-        (``add_info``): where a key is a dict for one env and a number for another, the order of the
-        envs decides the batch, as in ``VectorEnv._add_info``."""
-        n = len(masks)
-        own: list[dict] = [{} for _ in range(n)]
-        ended = None
-        for name, column, path in self._columns_of(bits):
-            present = (masks & np.uint64(column.bit)).astype(bool)
+        """gymnasium's batching of each env's own info, added env by env (``add_info``): where a key
+        is a dict for one env and a number for another, the order of the envs decides the batch, as
+        in ``VectorEnv._add_info``."""
+        infos: dict = {}
+        for pos, own in enumerate(self._each(bits, masks, env_ids)):
+            if own:
+                add_info(infos, own, pos, len(masks))
+        return infos
+
+    def read_each(self, env_ids: np.ndarray | None) -> list[dict]:
+        """Each env's own info dict (``env_ids``' order, all envs when None) from shared memory, as
+        the env gave it: a column's numbers come back python's or numpy's as the column holds them;
+        SAME_STEP's ``final_obs`` and ``final_info`` come first, as gymnasium adds them."""
+        masks = self._views.info_mask if env_ids is None else self._views.info_mask.take(env_ids)
+        bits = int(np.bitwise_or.reduce(masks)) if len(masks) else 0
+        return self._each(bits, masks, env_ids)
+
+    def _each(self, bits: int, masks: np.ndarray, env_ids: np.ndarray | None) -> list[dict]:
+        own: list[dict] = [{} for _ in range(len(masks))]
+        columns = self._columns_of(bits)
+        for _, column, path in columns:
+            if path == ():   # the final-obs column: SAME_STEP's keys first
+                for pos in np.flatnonzero(masks & np.uint64(column.bit)).tolist():
+                    own[pos]["final_obs"] = self._final_obs_of(pos if env_ids is None else int(env_ids[pos]))
+                    own[pos]["final_info"] = {}
+        for name, column, path in columns:
             if path == ():
-                ended = present
                 continue
             values = column.values if env_ids is None else column.values[env_ids]
-            for pos in np.flatnonzero(present).tolist():
+            for pos in np.flatnonzero(masks & np.uint64(column.bit)).tolist():
                 value = values[pos] if column.kind < PY_BOOL else values[pos].item()
                 if path is None:
                     own[pos][name] = value
@@ -417,13 +431,7 @@ class InfoReader:
                 for key in path[:-1]:
                     where = where.setdefault(key, {})
                 where[path[-1]] = value
-        infos: dict = {}
-        for pos in range(n):
-            if own[pos]:
-                add_info(infos, own[pos], pos, n)
-        if ended is not None:
-            self._final_obs(infos, ended, env_ids)
-        return infos
+        return own
 
     def _plain_columns(self, bits: int) -> list[tuple[str, _Column]] | None:
         """The (name, column) of every column in ``bits``, in column order; None when one of
@@ -447,18 +455,19 @@ class InfoReader:
         """gymnasium's SAME_STEP layout for the envs whose final observation is in the slot:
         ``final_obs`` an object array (None elsewhere) of fresh copies, ``final_info`` a dict
         (``{}`` when their final infos were empty), each with its bool mask."""
-        leaves = self._views.final_obs
         out = np.empty(len(ended), dtype=object)   # all None
-        single = leaves[0] if len(leaves) == 1 and leaves[0].ndim > 1 and self._obs_tree.is_leaf else None
         for pos in ended.nonzero()[0].tolist():   # np.flatnonzero costs 1 µs more
-            env = pos if env_ids is None else int(env_ids[pos])
-            if single is not None:
-                out[pos] = single[env].copy()
-            else:   # np.array: a 0-d leaf stays an array, as the worker found it
-                out[pos] = self._obs_tree.assemble([np.array(leaf[env]) for leaf in leaves])
+            out[pos] = self._final_obs_of(pos if env_ids is None else int(env_ids[pos]))
         infos["final_obs"], infos["_final_obs"] = out, ended
         infos.setdefault("final_info", {})
         infos["_final_info"] = ended.copy()
+
+    def _final_obs_of(self, env: int):
+        """Env ``env``'s final observation from the slot, a fresh copy."""
+        leaves = self._views.final_obs
+        if len(leaves) == 1 and leaves[0].ndim > 1 and self._obs_tree.is_leaf:
+            return leaves[0][env].copy()
+        return self._obs_tree.assemble([np.array(leaf[env]) for leaf in leaves])   # a 0-d leaf stays an array
 
     def _column(self, col: int):
         hit = self._cols.get(col)
@@ -474,8 +483,6 @@ class InfoReader:
             else:
                 path = None
             hit = self._cols[col] = (name, _Column(col, kind, self._views), path)
-            if kind < PY_BOOL and path != ():
-                self.numpy_keys.add((name,) if path is None else path)
         return hit
 
 
@@ -534,22 +541,18 @@ def collides(infos: dict, extra: dict) -> bool:
     return False
 
 
-def merge_in_env_order(infos: dict, extras: list[tuple[int, dict]], size: int,
-                       numpy_keys: set[tuple] = frozenset()) -> dict:
-    """gymnasium's batched infos of ``size`` envs, rebuilt env by env in order, from the
-    shared-memory ``infos`` and each position's side-channel ``extras``: the first env to hold
-    a key decides its array (``add_info``), as in ``VectorEnv._add_info``."""
+def merge_in_env_order(own: list[dict], extras: list[tuple[int, dict]]) -> dict:
+    """gymnasium's batched infos, rebuilt env by env in order from each env's own info in shared
+    memory (``InfoReader.read_each``) and its side-channel ``extras`` (position, dict): the first env
+    to hold a key decides its array (``add_info``), as in ``VectorEnv._add_info``."""
     aside = dict(extras)
     out: dict = {}
-    for i in range(size):
-        # Each column's values as the envs gave them: numpy scalars for ``numpy_keys``, python
-        # numbers otherwise (a column holds one kind: InfoWriter).
-        own = unbatch_info(infos, i, numpy_keys)
-        more = aside.get(i)
+    for pos, info in enumerate(own):
+        more = aside.get(pos)
         if more:
-            own = _merged(own, more)
-        if own:
-            add_info(out, own, i, size)
+            info = _merged(info, more)
+        if info:
+            add_info(out, info, pos, len(own))
     return out
 
 
@@ -567,22 +570,21 @@ def _merged(own: dict, more: dict) -> dict:
 PYTHON_DTYPES = frozenset({np.dtype(bool), np.dtype(np.int64), np.dtype(np.float64)})
 
 
-def info_element(batch: np.ndarray, i: int, numbers_as_numpy: bool = False):
+def info_element(batch: np.ndarray, i: int):
     """Env ``i``'s value of one batched info array: a python scalar for bool/int64/float64
     batches, a numpy scalar of the batch dtype otherwise, an array's own copy (not a view of
-    the batch) for array infos, the object itself for object batches.  ``numbers_as_numpy``:
-    int64/float64 stay numpy scalars (bool too is given back as python's: np.bool_ never gets a column)."""
+    the batch) for array infos, the object itself for object batches."""
     item = batch[i]
     if batch.dtype == object:
         return item
     if batch.ndim > 1:
         return item.copy()
-    if batch.dtype in PYTHON_DTYPES and not (numbers_as_numpy and batch.dtype != bool):
+    if batch.dtype in PYTHON_DTYPES:
         return item.item()
     return item
 
 
-def unbatch_info(infos: dict, i: int, numpy_keys: set[tuple] = frozenset(), _path: tuple = ()) -> dict:
+def unbatch_info(infos: dict, i: int) -> dict:
     """Env ``i``'s own info dict from gymnasium's vector layout (the inverse of ``add_info``).
 
     A key with a ``_key`` mask belongs to the envs the mask marks; a key without one (a
@@ -597,9 +599,9 @@ def unbatch_info(infos: dict, i: int, numpy_keys: set[tuple] = frozenset(), _pat
         if mask is not None and not mask[i]:
             continue
         if isinstance(value, dict):
-            sub = unbatch_info(value, i, numpy_keys, (*_path, key))
+            sub = unbatch_info(value, i)
             if sub or mask is not None:
                 out[key] = sub
         else:
-            out[key] = info_element(value, i, (*_path, key) in numpy_keys)
+            out[key] = info_element(value, i)
     return out

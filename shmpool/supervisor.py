@@ -126,7 +126,8 @@ class Supervisor:
         if any(collides(infos, extra) for _, extra in extras):
             # A key some envs put in its column and others aside (its value changed type):
             # gymnasium's batching depends on the env order, so it is replayed in that order.
-            return merge_in_env_order(infos, extras, size, self.infos.numpy_keys)
+            own = self.infos.read_each(ids) if flags & P.SCAN_NUMERIC_INFO else [{} for _ in range(size)]
+            return merge_in_env_order(own, extras)
         for pos, extra in extras:
             add_info(infos, extra, pos, size)
         return infos

@@ -211,6 +211,22 @@ def test_info_values_that_change_type_batch_as_in_sync_vector_env(parent_shard, 
 
 
 @pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_a_key_that_is_a_dict_a_number_and_a_list_in_one_step_batches_as_in_sync_vector_env(parent_shard, no_leaks):
+    # Env 0's x nests a number (a column), env 1's x is a number (a column at the same key),
+    # env 2's travels aside: gymnasium puts envs 1-3's values into env 0's dict under their index.
+    values = [{"x": {"a": 1}}, {"x": 2.5}, {"x": [1, 2]}, {"x": np.float32(1.5)}]
+    fns = [functools.partial(ScriptEnv, infos={1: v}) for v in values]
+    ref = gym.vector.SyncVectorEnv(fns)
+    ref.reset(seed=0)
+    want = ref.step(np.zeros(4, np.int64))[4]
+    with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard) as pool:
+        pool.reset(seed=0)
+        got = pool.step(np.zeros(4, np.int64))[4]
+    tree_equal(want, got, "infos")
+    assert got["x"][1] == 2.5 and type(got["x"][3]) is np.float32
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
 def test_a_float_info_later_none_or_a_string_is_not_coerced(parent_shard, no_leaks):
     script = {1: {"x": 2.5}, 2: {"x": None}, 3: {"x": "3.5"}, 4: {"x": "abc"}, 5: {"x": [1]}, 6: {"x": 1.5}}
     with shmpool.Pool([functools.partial(ScriptEnv, infos=script)] * 2, num_workers=2,
