@@ -210,18 +210,24 @@ def test_info_values_that_change_type_batch_as_in_sync_vector_env(parent_shard, 
             tree_equal(want[4], got[4], f"step {t} infos")
 
 
-@pytest.mark.parametrize("parent_shard", PLACEMENTS)
-def test_a_key_that_is_a_dict_a_number_and_a_list_in_one_step_batches_as_in_sync_vector_env(parent_shard, no_leaks):
-    # Env 0's x nests a number (a column), env 1's x is a number (a column at the same key),
-    # env 2's travels aside: gymnasium puts envs 1-3's values into env 0's dict under their index.
-    values = [{"x": {"a": 1}}, {"x": 2.5}, {"x": [1, 2]}, {"x": np.float32(1.5)}]
-    fns = [functools.partial(ScriptEnv, infos={1: v}) for v in values]
+def _first_step_infos(fns: list, parent_shard: bool) -> tuple[dict, dict]:
+    """The infos of the first step of four envs: SyncVectorEnv's, then the pool's."""
     ref = gym.vector.SyncVectorEnv(fns)
     ref.reset(seed=0)
     want = ref.step(np.zeros(4, np.int64))[4]
     with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard) as pool:
         pool.reset(seed=0)
         got = pool.step(np.zeros(4, np.int64))[4]
+    return want, got
+
+
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_a_key_that_is_a_dict_a_number_and_a_list_in_one_step_batches_as_in_sync_vector_env(parent_shard, no_leaks):
+    # Env 0's x nests a number (a column), env 1's x is a number (a column at the same key),
+    # env 2's travels aside: gymnasium puts envs 1-3's values into env 0's dict under their index.
+    values = [{"x": {"a": 1}}, {"x": 2.5}, {"x": [1, 2]}, {"x": np.float32(1.5)}]
+    fns = [functools.partial(ScriptEnv, infos={1: v}) for v in values]
+    want, got = _first_step_infos(fns, parent_shard)
     tree_equal(want, got, "infos")
     assert got["x"][1] == 2.5 and type(got["x"][3]) is np.float32
 
@@ -267,12 +273,7 @@ def test_an_info_that_cannot_travel_is_an_env_error_and_the_worker_lives(parent_
 def test_info_keys_gymnasium_keeps_apart_stay_apart(parent_shard, no_leaks):
     script = {1: {"a": 1.0, "a\x00": 2.0, "\ud800": 3.0}}
     fns = [functools.partial(ScriptEnv, infos=script)] * 4
-    ref = gym.vector.SyncVectorEnv(fns)
-    ref.reset(seed=0)
-    want = ref.step(np.zeros(4, np.int64))[4]
-    with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard) as pool:
-        pool.reset(seed=0)
-        got = pool.step(np.zeros(4, np.int64))[4]
+    want, got = _first_step_infos(fns, parent_shard)
     tree_equal(want, got, "infos")
 
 
