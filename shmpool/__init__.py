@@ -1,7 +1,4 @@
 """shmpool: many RL environments in pinned worker processes, batched through shared memory."""
-# First: before anything else can load an OpenMP runtime, choose how long its threads spin
-# (shmpool.openmp says what and why; SHMPOOL_NO_OMP_TUNING=1 turns it off).
-from . import openmp  # noqa: I001,F401 - imported for its effect, before the rest
 from ._core import WaitPolicy
 from .batched import Batched, BatchEnv
 from .errors import (

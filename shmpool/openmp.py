@@ -1,135 +1,224 @@
-"""The trainer's OpenMP threads: how long they spin after each parallel region.
+"""The trainer's OpenMP threads beside a pool's worker processes.
 
-torch's CPU build runs its ops on a libgomp team; after each op its helper threads spin for
-``GOMP_SPINCOUNT`` iterations (libgomp's default: 300,000 with ``OMP_WAIT_POLICY`` unset, a few
-milliseconds here) before they sleep.  Beside a pool those threads sit on the cores the workers
-need, and they spin through every step of the envs.  libgomp reads the setting once, when it
-loads (``import torch``), so the pool can only choose it if it is imported first.
+torch's CPU build runs its ops on a libgomp team; after each op its helper threads spin
+(``GOMP_SPINCOUNT``, 300,000 rounds by default: ~8 ms on these vCPUs) before they sleep.  Where
+every env steps in the trainer's process, that long spin is what torch's own ops want: a shorter
+one makes each op pay a wake-up.  Where worker processes step the envs on the same cores, the
+spinning helpers take the cores the workers need.  So the right spin depends on the pool, which
+exists only after torch has loaded libgomp and read its setting.
 
-``tune_at_import`` (run by ``import shmpool``) sets ``GOMP_SPINCOUNT`` when nothing has loaded an
-OpenMP runtime yet and the user has set none of the settings below: the count that spins
-``SPIN_TIME_S`` on this CPU, whose spin-wait hint it times (the measured time and why are in
-docs/performance.md).  ``SHMPOOL_NO_OMP_TUNING=1`` turns it off.  When it could not act
-(OpenMP was loaded first), ``advice`` words the one line that fixes it, for the pool to say once.
+libgomp has one rule it checks at every wait, though: while it manages more threads than the CPUs
+it saw when it loaded, every wait spins only a few rounds (100) before it sleeps.  While a pool
+with worker processes is being stepped, :class:`QuietSpin` keeps one parked thread that owns a
+team of ``cpus + 1`` idle libgomp threads: libgomp counts more threads than CPUs, and torch's
+helpers go to sleep right after each op.  When no step came for ``IDLE_S`` (the trainer's update)
+or the last such pool closes, the thread ends, its team goes, and libgomp's own spin is back.
+This works whatever was imported first.
+
+It acts only on GNU OpenMP already loaded (loading one itself could bind torch to another copy),
+never when the user set any of ``USER_SETTINGS``, and ``SHMPOOL_NO_OMP_TUNING=1`` turns it off.
+Intel's and LLVM's runtimes have no such rule: there the pool says once what to set.
+Measured in CleanRL's scripts, and why not a count set at import: docs/performance.md.
 """
 from __future__ import annotations
 
-import functools
+import ctypes
 import os
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import _spin
 from .errors import PerformanceWarning
 
 OPT_OUT = "SHMPOOL_NO_OMP_TUNING"
-SPIN_VARIABLE = "GOMP_SPINCOUNT"
-MARK = "SHMPOOL_SET_GOMP_SPINCOUNT"   # set beside it, so a child process knows the value was ours
-# How long libgomp's threads should spin before they sleep.  Swept as GOMP_SPINCOUNT on AMD EPYC
-# vCPUs (a spin-wait hint, x86 ``pause``, timed at 24-28 ns there) in CleanRL's ppo.py and
-# ppo_continuous_action.py on 2 cores (docs/performance.md): 10,000 (~0.25 ms) and less slow torch's
-# own ops where the envs run in this process (CartPole); 100,000 (~2.5 ms) outlasts an Ant-v5 step,
-# so torch's helper spins on the worker's core through it (Ant N=8 0.76-0.92x SyncVectorEnv).
-# 30,000 (~0.75 ms): Ant N=8 1.08-1.17x, N=32 1.50x, CartPole N=8 0.99-1.19x, but CartPole N=32
-# 0.81-0.94x (it prefers 50,000-100,000): no one value serves every cell.  A count is a time only
-# on one CPU (a ``pause`` takes a few ns on older Intel, ~40 on newer), so the count is worked out
-# here from the time.
-SPIN_TIME_S = 0.75e-3
-SPIN_BOUNDS = (3_000, 300_000)   # a clamp for a timing gone wrong; never past libgomp's own default
-# Settings that say the user chose how OpenMP waits: any of them, and the pool sets nothing.
+# Settings that say the user chose how OpenMP waits: any of them, and the pool changes nothing.
 USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "KMP_BLOCKTIME")
 RUNTIMES = ("libgomp", "libiomp", "libomp")   # GNU, Intel and LLVM OpenMP as they appear in /proc/self/maps
-
-
-@dataclass(frozen=True)
-class OpenMPTuning:
-    """What ``import shmpool`` did about the trainer's OpenMP spin, and why."""
-
-    action: str        # "set", "opted out", "user setting", "too late"
-    detail: str        # a sentence for ``repr(pool)`` and the docs
-
-    @property
-    def too_late(self) -> bool:
-        return self.action == "too late"
+GNU = "libgomp"
+# How long the trainer may go without a step before the spin is libgomp's own again: longer than a
+# rollout's gap between steps (a policy's forward pass), far shorter than a PPO update.
+IDLE_S = 0.05
 
 
 def loaded_runtime(maps_path: str = "/proc/self/maps") -> str | None:
-    """The OpenMP runtime this process has mapped (its file name), or None."""
+    """The path of the OpenMP runtime this process has mapped, or None."""
     try:
         with open(maps_path) as f:
             for line in f:
-                name = line.rsplit("/", 1)[-1].strip()
-                if name.startswith(RUNTIMES):
-                    return name
+                fields = line.split(maxsplit=5)   # address, perms, offset, device, inode, path
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if os.path.basename(path).startswith(RUNTIMES):
+                    return path
     except OSError:   # no /proc: nothing can be told, so nothing is claimed
         return None
     return None
 
 
-@functools.cache
-def _relax_s() -> float:
-    # The least of 40 short timings: ~1 ms once per process, and one unpreempted timing is enough.
-    return _spin.relax_ns(1_000, 40) * 1e-9
+@dataclass(frozen=True)
+class OpenMPChoice:
+    """What a pool does about the trainer's OpenMP spin, and why (``repr(pool)`` shows ``detail``)."""
+
+    action: str        # "quiet", "none", "opted out", "user setting", "no runtime", "other runtime"
+    detail: str
+    runtime: str | None = None   # the runtime's path, for "quiet" and "other runtime"
 
 
-def spin_count_for(relax_s: float, seconds: float = SPIN_TIME_S) -> int:
-    """The ``GOMP_SPINCOUNT`` that spins ``seconds`` on a CPU whose spin-wait hint takes ``relax_s``
-    seconds, in thousands (a value a user can read and repeat), within ``SPIN_BOUNDS``."""
-    lo, hi = SPIN_BOUNDS
-    if relax_s <= 0:   # a clock too coarse to time it: libgomp's own count
-        return hi
-    return max(lo, min(hi, 1000 * round(seconds / relax_s / 1000)))
-
-
-def chosen_spin_count() -> int:
-    """The count ``import shmpool`` sets on this CPU (it times the CPU's spin-wait hint once)."""
-    return spin_count_for(_relax_s())
-
-
-def tune_at_import(environ=os.environ, maps_path: str = "/proc/self/maps",
-                   count: Callable[[], int] = chosen_spin_count) -> OpenMPTuning:
-    """Set ``GOMP_SPINCOUNT`` for an OpenMP runtime loaded later, unless the user said otherwise."""
+def choose(has_processes: bool, environ=os.environ, maps_path: str = "/proc/self/maps") -> OpenMPChoice:
+    """What a pool about to start (``has_processes``: with worker processes) does about OpenMP's spin."""
+    if not has_processes:
+        return OpenMPChoice("none", "every env steps in this process: OpenMP's spin left as it is")
     if environ.get(OPT_OUT, "").strip() not in ("", "0"):
-        return OpenMPTuning("opted out", f"{OPT_OUT} is set: OpenMP's spin left at its default")
-    if MARK in environ and environ.get(SPIN_VARIABLE) == environ[MARK]:
-        return OpenMPTuning("set", f"{SPIN_VARIABLE}={environ[MARK]} set by shmpool in a parent process "
-                                   f"({OPT_OUT}=1 turns this off)")
+        return OpenMPChoice("opted out", f"{OPT_OUT} is set: OpenMP's spin left as it is")
     chosen = [f"{name}={environ[name]}" for name in USER_SETTINGS if name in environ]
     if chosen:
-        return OpenMPTuning("user setting", f"{', '.join(chosen)} as the user set it")
+        return OpenMPChoice("user setting", f"{', '.join(chosen)} as the user set it")
     runtime = loaded_runtime(maps_path)
-    if runtime is not None:
-        return OpenMPTuning("too late", f"{runtime} was loaded before shmpool: its spin count stays at the default")
-    value = count()
-    environ[SPIN_VARIABLE] = environ[MARK] = str(value)
-    return OpenMPTuning("set", f"{SPIN_VARIABLE}={value} (~{SPIN_TIME_S * 1e3:.2g} ms on this CPU) set for OpenMP "
-                               f"runtimes loaded after shmpool ({OPT_OUT}=1 turns this off)")
+    if runtime is None:
+        return OpenMPChoice("no runtime", "no OpenMP runtime loaded")
+    name = os.path.basename(runtime)
+    if not name.startswith(GNU):
+        return OpenMPChoice("other runtime", f"{name}: its spin cannot be changed once loaded", runtime)
+    return OpenMPChoice("quiet", f"{name}'s threads sleep right after each op while this pool is stepped, "
+                                 f"spin as libgomp's own after {IDLE_S * 1e3:g} ms without a step "
+                                 f"({OPT_OUT}=1 turns this off)", runtime)
 
 
-TUNING = tune_at_import()
-
-
-def advice(torch_threads: int | None, tuning: OpenMPTuning = TUNING) -> str | None:
-    """What to tell a user whose torch threads spin beside the pool's workers, or None when
-    nothing is wrong (the pool set the spin count, the user chose one, or torch runs one thread)."""
-    if not tuning.too_late or torch_threads is None or torch_threads < 2:
+def advice(choice: OpenMPChoice, torch_threads: int | None) -> str | None:
+    """What to tell a user whose torch threads spin beside the pool's workers and the pool cannot
+    quiet them (an OpenMP runtime other than GNU's), or None."""
+    if choice.action != "other runtime" or torch_threads is None or torch_threads < 2:
         return None
-    return (f"torch runs {torch_threads} OpenMP threads that keep spinning for milliseconds after every op, on "
-            f"the cores this pool's workers step envs on ({tuning.detail}); in CleanRL's PPO on 2 cores that "
-            f"cost the pool about a third of its speed (docs/performance.md). Fix: `import shmpool` before "
-            f"`import torch`, or start Python with {SPIN_VARIABLE}={chosen_spin_count()} in the environment "
-            f"({OPT_OUT}=1 silences this).")
+    return (f"torch runs {torch_threads} OpenMP threads that keep spinning after every op, on the cores this "
+            f"pool's workers step envs on ({choice.detail}); in CleanRL's PPO on 2 cores that cost the pool "
+            f"about a third of its speed (docs/performance.md). Fix: start Python with KMP_BLOCKTIME=0 in the "
+            f"environment, or torch.set_num_threads(1) ({OPT_OUT}=1 silences this).")
 
 
 _ADVISED = False   # advise_once gave its advice in this process
 
 
-def advise_once(torch_threads: int | None, has_processes: bool, stacklevel: int = 2) -> None:
-    """Once per process, when a pool with worker processes is built: torch's threads spin on the
-    workers' cores and the spin count could not be set; say what it costs and the line that fixes it."""
+def advise_once(choice: OpenMPChoice, torch_threads: int | None, stacklevel: int = 2) -> None:
+    """Once per process: the advice for a spin the pool cannot change, as a ``PerformanceWarning``."""
     global _ADVISED
-    text = advice(torch_threads) if has_processes else None
+    text = advice(choice, torch_threads)
     if text is not None and not _ADVISED:
         _ADVISED = True
         warnings.warn(text, PerformanceWarning, stacklevel=stacklevel + 1)
+
+
+class QuietSpin:
+    """Quiets libgomp's spin (module docstring) while the trainer steps a pool: held by every open pool
+    with worker processes (:meth:`hold`/:meth:`drop`, counted), engaged at :meth:`stepped` and let go
+    after ``idle_s`` without a step, so the trainer's update, which leaves no env waiting for a core,
+    keeps libgomp's own spin (with none, each of its ops pays a wake-up: docs/performance.md)."""
+
+    def __init__(self, idle_s: float = IDLE_S) -> None:
+        self.idle_s = idle_s
+        self.engaged = False                    # a team is parked now
+        self._lock = threading.RLock()   # a signal handler's close() may come in while it is held
+        self._holders = 0
+        self._runtime: str | None = None
+        self._steps = 0                         # stepped() calls: the watcher compares them across idle_s
+        self._wake = threading.Event()          # set by stepped() while not engaged, and by drop() to end
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def hold(self, runtime: str) -> None:
+        """Quiet the GNU OpenMP runtime at path ``runtime`` (already loaded) while stepped, until :meth:`drop`."""
+        with self._lock:
+            self._holders += 1
+            if self._watcher is None:
+                self._runtime = runtime
+                self._stop.clear()
+                self._watcher = threading.Thread(target=self._watch, name="shmpool-quiet-openmp", daemon=True)
+                self._watcher.start()
+
+    def drop(self) -> None:
+        with self._lock:
+            self._holders = max(0, self._holders - 1)
+            if self._holders or self._watcher is None:
+                return
+            watcher, self._watcher = self._watcher, None
+            self._stop.set()
+            self._wake.set()
+        watcher.join()
+
+    def stepped(self) -> None:
+        """A pool was stepped: on its hot path, a counter and a flag."""
+        self._steps += 1
+        if not self.engaged:
+            self._wake.set()
+
+    def _watch(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            release = _park_team(self._runtime)
+            self.engaged = True
+            seen = self._steps
+            while not self._stop.wait(self.idle_s) and self._steps != seen:
+                seen = self._steps
+            self.engaged = False
+            release()
+
+
+def _park_team(runtime: str) -> Callable[[], None]:
+    """Start a thread that owns a team of more libgomp threads than this machine has CPUs, parked;
+    the function returned ends it (its team goes with it)."""
+    lib = ctypes.CDLL(runtime)   # already mapped: the library torch uses, not a second copy
+    parallel = lib.GOMP_parallel
+    parallel.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+    parallel.restype = None
+    noop = ctypes.cast(ctypes.CDLL(None).free, ctypes.c_void_p)   # free(NULL): nothing, in C, without the GIL
+    team = (os.cpu_count() or 1) + 1   # more threads than any CPU count libgomp can have seen at load
+    release, ready = threading.Event(), threading.Event()
+
+    def park() -> None:
+        parallel(noop, None, team, 0)   # the team stays docked with this thread until it ends
+        ready.set()
+        release.wait()
+
+    thread = threading.Thread(target=park, name="shmpool-openmp-team", daemon=True)
+    thread.start()
+    ready.wait()
+
+    def end() -> None:
+        release.set()
+        thread.join()
+    return end
+
+
+QUIET = QuietSpin()
+
+
+class SpinHold:
+    """One pool's share of ``QUIET`` (none for a pool that does not quiet the spin)."""
+
+    def __init__(self, quiet: QuietSpin | None) -> None:
+        self._quiet = quiet
+
+    def stepped(self) -> None:
+        if self._quiet is not None:
+            self._quiet.stepped()
+
+    def end(self) -> None:
+        """The pool closed: its share ends (once)."""
+        quiet, self._quiet = self._quiet, None
+        if quiet is not None:
+            quiet.drop()
+
+
+NOT_HELD = SpinHold(None)
+
+
+def hold(choice: OpenMPChoice) -> SpinHold:
+    """A started pool's share of ``QUIET``, as its ``choice`` says."""
+    if choice.action != "quiet":
+        return NOT_HELD
+    QUIET.hold(choice.runtime)
+    return SpinHold(QUIET)
+# A forked child has none of the parent's threads: its libgomp counts a team that is not there.
+os.register_at_fork(after_in_child=lambda: QUIET.__init__())

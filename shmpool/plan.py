@@ -28,6 +28,8 @@ from .arguments import (
 )
 from .batched import BatchedEnvs
 from .costs import cheap_enough, step_cost
+from .openmp import OpenMPChoice
+from .openmp import choose as choose_openmp
 from .topology import (
     TrainerThreads,
     WaitChoice,
@@ -66,6 +68,7 @@ class PoolPlan:
     shard_sizes: tuple[int, ...]
     trainer: TrainerThreads
     layout_note: str = ""   # why the layout differs from the default one, when it does
+    openmp: OpenMPChoice | None = None   # what the pool does about the trainer's OpenMP spin
 
     @property
     def bounds(self) -> list[tuple[int, int]]:
@@ -153,4 +156,4 @@ def plan_pool(fns, *, num_workers: int | None, batch_size: int | None, cpus, wai
         cpus=tuple(cores), cpu_quota=quota, worker_cpus=tuple(worker_cpus) + (None,) * hosting,
         parent_shard=w - 1 if hosting else None, pinned=bool(pin), wait_choice=choice, step_timeout=timeout,
         on_worker_error=on_error, use_semaphores=use_sems, shard_sizes=tuple(shard_sizes(n, w)),
-        trainer=trainer, layout_note=note)
+        trainer=trainer, layout_note=note, openmp=choose_openmp(bool(worker_cpus)))

@@ -25,13 +25,7 @@ from . import _core, openmp
 from . import layout as L
 from . import protocol as P
 from .actions import ActionWriter
-from .arguments import (
-    check_seed,
-    check_typos,
-    env_constructors,
-    env_id_list,
-    keywords_of,
-)
+from .arguments import check_seed, check_typos, env_constructors, env_id_list, keywords_of
 from .autoreset_modes import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
 from .batched import check_hosting
 from .dispatch import Dispatch
@@ -282,7 +276,8 @@ class Pool(LifecycleFacts):
         self.wait_policy, self.worker_wait_policy = self.wait_choice.parent, self.wait_choice.worker
         if plan.spin_warning:
             warnings.warn(plan.spin_warning, RuntimeWarning, stacklevel=2)
-        openmp.advise_once(plan.trainer.torch_threads, bool(plan.process_cpus), stacklevel=2)
+        openmp.advise_once(plan.openmp, plan.trainer.torch_threads, stacklevel=2)
+        self._spin = openmp.NOT_HELD   # its share of openmp.QUIET once started: told of every step
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
         self.strict = bool(strict)
@@ -308,6 +303,7 @@ class Pool(LifecycleFacts):
             raise
         self._life = life
         _LIVE_POOLS.add(self)
+        self._spin = openmp.hold(self.plan.openmp)
 
     # --- start-up -----------------------------------------------------------------------
 
@@ -412,6 +408,7 @@ class Pool(LifecycleFacts):
         versions = None if pickled is None else self._pickled_actions.stamp(None)
         self._dispatch.post_step(P.CMD_STEP)
         self._life.step_posted()
+        self._spin.stepped()
         if pickled is not None:
             self._send_pickled_actions(None, versions, pickled)
 
@@ -475,6 +472,7 @@ class Pool(LifecycleFacts):
             raise
         versions = None if pickled is None else self._pickled_actions.stamp(ids)
         dispatch.dispatch(ids, reset=False)
+        self._spin.stepped()
         if pickled is not None:
             self._send_pickled_actions(ids, versions, pickled)
 
@@ -567,6 +565,7 @@ class Pool(LifecycleFacts):
         """Close with no call inside the wire (the caller holds the entry lock)."""
         self._life.close()
         _LIVE_POOLS.discard(self)
+        self._spin.end()
         failures = self._workers.stop(self._dispatch.wire)
         self._release()
         if failures:
@@ -580,6 +579,7 @@ class Pool(LifecycleFacts):
             return
         self._life.close()
         _LIVE_POOLS.discard(self)
+        self._spin.end()
         self._workers.kill_now()
         self._release()
 
@@ -623,7 +623,7 @@ class Pool(LifecycleFacts):
 
     def __repr__(self) -> str:
         return (f"Pool({self.num_envs} envs, {self.plan.describe_layout()}, batch_size={self.batch_size}, "
-                f"{self.wait_policy.name} waits ({self.wait_choice}), OpenMP: {openmp.TUNING.detail}, "
+                f"{self.wait_policy.name} waits ({self.wait_choice}), OpenMP: {self.plan.openmp.detail}, "
                 f"{self._life.state.value})")
 
     @property
