@@ -59,7 +59,7 @@ def loaded_runtime(maps_path: str = "/proc/self/maps") -> str | None:
 class OpenMPChoice:
     """What a pool does about the trainer's OpenMP spin, and why (``repr(pool)`` shows ``detail``)."""
 
-    action: str        # "quiet", "none", "opted out", "user setting", "no runtime", "other runtime"
+    action: str   # "quiet", "none", "opted out", "user setting", "no runtime", "other runtime", "unsupported"
     detail: str
     runtime: str | None = None   # the runtime's path, for "quiet" and "other runtime"
 
@@ -79,6 +79,12 @@ def choose(has_processes: bool, environ=os.environ, maps_path: str = "/proc/self
     name = os.path.basename(runtime)
     if not name.startswith(GNU):
         return OpenMPChoice("other runtime", f"{name}: its spin cannot be changed once loaded", runtime)
+    try:
+        has_parallel = hasattr(ctypes.CDLL(runtime), "GOMP_parallel")   # GCC 4.9 and later
+    except OSError as exc:
+        return OpenMPChoice("unsupported", f"{name}: cannot park a team with it ({exc})")
+    if not has_parallel:
+        return OpenMPChoice("unsupported", f"{name}: cannot park a team with it (no GOMP_parallel)")
     return OpenMPChoice("quiet", f"{name}'s threads sleep right after each op while this pool is stepped, "
                                  f"spin as libgomp's own after {IDLE_S * 1e3:g} ms without a step "
                                  f"({OPT_OUT}=1 turns this off)", runtime)
@@ -130,8 +136,10 @@ class QuietSpin:
             self._holders += 1
             if self._watcher is None:
                 self._runtime = runtime
-                self._stop.clear()
-                self._watcher = threading.Thread(target=self._watch, name="shmpool-quiet-openmp", daemon=True)
+                # Each watcher its own events: one still ending after a drop() never sees the next one's.
+                self._wake, self._stop = threading.Event(), threading.Event()
+                self._watcher = threading.Thread(target=self._watch, args=(self._wake, self._stop),
+                                                 name="shmpool-quiet-openmp", daemon=True)
                 self._watcher.start()
 
     def drop(self) -> None:
@@ -150,16 +158,16 @@ class QuietSpin:
         if not self.engaged:
             self._wake.set()
 
-    def _watch(self) -> None:
+    def _watch(self, wake: threading.Event, stop: threading.Event) -> None:
         while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._stop.is_set():
+            wake.wait()
+            wake.clear()
+            if stop.is_set():
                 return
             release = _park_team(self._runtime)
             self.engaged = True
             seen = self._steps
-            while not self._stop.wait(self.idle_s) and self._steps != seen:
+            while not stop.wait(self.idle_s) and self._steps != seen:
                 seen = self._steps
             self.engaged = False
             release()

@@ -27,7 +27,13 @@ def test_the_loaded_runtime_is_found_by_its_path(tmp_path):
     assert openmp.loaded_runtime(str(tmp_path / "no such file")) is None
 
 
-def test_a_pool_with_worker_processes_quiets_gnu_openmp(tmp_path):
+@pytest.fixture
+def gomp_at_any_path(monkeypatch):
+    """``GOMP`` need not exist: any path loads as a library with ``GOMP_parallel``."""
+    monkeypatch.setattr(openmp.ctypes, "CDLL", lambda path: type("Lib", (), {"GOMP_parallel": print})())
+
+
+def test_a_pool_with_worker_processes_quiets_gnu_openmp(tmp_path, gomp_at_any_path):
     choice = openmp.choose(True, {}, _maps(tmp_path, "/usr/lib/libc.so.6", GOMP))
     assert choice.action == "quiet" and choice.runtime == GOMP
     assert choice.detail.startswith("libgomp-a34b3233.so.1's threads sleep right after each op")
@@ -44,7 +50,8 @@ def test_a_pool_with_worker_processes_quiets_gnu_openmp(tmp_path):
     (True, {}, "/usr/lib/libiomp5.so", "other runtime"),
     (True, {}, "/usr/lib/llvm/libomp.so.5", "other runtime"),
 ])
-def test_what_a_pool_does_and_when_it_leaves_the_spin_alone(tmp_path, has_processes, environ, runtime, action):
+def test_what_a_pool_does_and_when_it_leaves_the_spin_alone(tmp_path, gomp_at_any_path, has_processes, environ,
+                                                           runtime, action):
     maps = _maps(tmp_path, *([runtime] if runtime else []))
     choice = openmp.choose(has_processes, environ, maps)
     assert choice.action == action
@@ -52,11 +59,18 @@ def test_what_a_pool_does_and_when_it_leaves_the_spin_alone(tmp_path, has_proces
         assert next(iter(environ.items())) == tuple(choice.detail.split(" ", 1)[0].split("="))
 
 
+def test_a_gnu_runtime_without_gomp_parallel_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(openmp.ctypes, "CDLL", lambda path: type("Lib", (), {})())
+    choice = openmp.choose(True, {}, _maps(tmp_path, GOMP))
+    assert choice.action == "unsupported" and "cannot park a team" in choice.detail
+    assert openmp.advice(choice, 4) is None
+
+
 def test_advice_only_where_the_spin_cannot_be_changed_and_torch_runs_threads():
     other = openmp.OpenMPChoice("other runtime", "libiomp5.so: its spin cannot be changed once loaded", "x")
     assert "KMP_BLOCKTIME=0" in openmp.advice(other, 2) and "libiomp5.so" in openmp.advice(other, 2)
     assert openmp.advice(other, 1) is None and openmp.advice(other, None) is None
-    for action in ("quiet", "none", "opted out", "user setting", "no runtime"):
+    for action in ("quiet", "none", "opted out", "user setting", "no runtime", "unsupported"):
         assert openmp.advice(openmp.OpenMPChoice(action, ""), 4) is None
 
 
