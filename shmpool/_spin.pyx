@@ -2,7 +2,8 @@
 """What spinning costs on this CPU: one spin-wait hint, and two cores handing one word back and forth.
 
 ``relax_ns`` turns libgomp's ``GOMP_SPINCOUNT`` into a time (docs/performance.md: why the pool
-quiets that spin beside its workers); ``spin_pingpong`` is the floor of any round trip (``bench core`` sets a pool's against it).
+quiets that spin beside its workers); ``spin_pingpong`` is the floor of any round trip (``bench
+core`` sets a pool's against it).
 """
 from libc.stdint cimport uint32_t, int64_t
 

@@ -64,10 +64,13 @@ class OpenMPChoice:
     runtime: str | None = None   # the runtime's path, for "quiet" and "other runtime"
 
 
+LEAVE_OPENMP = OpenMPChoice("none", "every env steps in this process: OpenMP's spin left as it is")
+
+
 def choose(has_processes: bool, environ=os.environ, maps_path: str = "/proc/self/maps") -> OpenMPChoice:
     """What a pool about to start (``has_processes``: with worker processes) does about OpenMP's spin."""
     if not has_processes:
-        return OpenMPChoice("none", "every env steps in this process: OpenMP's spin left as it is")
+        return LEAVE_OPENMP
     if environ.get(OPT_OUT, "").strip() not in ("", "0"):
         return OpenMPChoice("opted out", f"{OPT_OUT} is set: OpenMP's spin left as it is")
     chosen = [f"{name}={environ[name]}" for name in USER_SETTINGS if name in environ]

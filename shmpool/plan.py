@@ -28,7 +28,7 @@ from .arguments import (
 )
 from .batched import BatchedEnvs
 from .costs import cheap_enough, step_cost
-from .openmp import OpenMPChoice
+from .openmp import LEAVE_OPENMP, OpenMPChoice
 from .openmp import choose as choose_openmp
 from .topology import (
     TrainerThreads,
@@ -68,7 +68,7 @@ class PoolPlan:
     shard_sizes: tuple[int, ...]
     trainer: TrainerThreads
     layout_note: str = ""   # why the layout differs from the default one, when it does
-    openmp: OpenMPChoice | None = None   # what the pool does about the trainer's OpenMP spin
+    openmp: OpenMPChoice = LEAVE_OPENMP   # what the pool does about the trainer's OpenMP spin
 
     @property
     def bounds(self) -> list[tuple[int, int]]:
