@@ -23,6 +23,7 @@ Measured in CleanRL's scripts, and why not a count set at import: docs/performan
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 import warnings
@@ -83,10 +84,10 @@ def choose(has_processes: bool, environ=os.environ, maps_path: str = "/proc/self
     if not name.startswith(GNU):
         return OpenMPChoice("other runtime", f"{name}: its spin cannot be changed once loaded", runtime)
     try:
-        has_parallel = hasattr(ctypes.CDLL(runtime), "GOMP_parallel")   # GCC 4.9 and later
+        parallel = gomp_parallel(runtime)
     except OSError as exc:
         return OpenMPChoice("unsupported", f"{name}: cannot park a team with it ({exc})")
-    if not has_parallel:
+    if parallel is None:
         return OpenMPChoice("unsupported", f"{name}: cannot park a team with it (no GOMP_parallel)")
     return OpenMPChoice("quiet", f"{name}'s threads sleep right after each op while this pool is stepped, "
                                  f"spin as libgomp's own after {IDLE_S * 1e3:g} ms without a step "
@@ -176,13 +177,23 @@ class QuietSpin:
             release()
 
 
+@functools.cache
+def gomp_parallel(runtime: str):
+    """``GOMP_parallel`` of the libgomp at path ``runtime``, typed; None when it has none (before
+    GCC 4.9).  The library is already mapped: this is the one torch uses, not a second copy."""
+    try:
+        parallel = ctypes.CDLL(runtime).GOMP_parallel
+    except AttributeError:
+        return None
+    parallel.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+    parallel.restype = None
+    return parallel
+
+
 def _park_team(runtime: str) -> Callable[[], None]:
     """Start a thread that owns a team of more libgomp threads than this machine has CPUs, parked;
     the function returned ends it (its team goes with it)."""
-    lib = ctypes.CDLL(runtime)   # already mapped: the library torch uses, not a second copy
-    parallel = lib.GOMP_parallel
-    parallel.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
-    parallel.restype = None
+    parallel = gomp_parallel(runtime)
     noop = ctypes.cast(ctypes.CDLL(None).free, ctypes.c_void_p)   # free(NULL): nothing, in C, without the GIL
     team = (os.cpu_count() or 1) + 1   # more threads than any CPU count libgomp can have seen at load
     release, ready = threading.Event(), threading.Event()

@@ -1,5 +1,6 @@
 """The trainer's OpenMP spin (issue 31): quieted while a pool with worker processes is open, left at
 libgomp's own otherwise, never touched when the user chose, and said once where it cannot be changed."""
+import ctypes.util
 import json
 import os
 import subprocess
@@ -30,7 +31,7 @@ def test_the_loaded_runtime_is_found_by_its_path(tmp_path):
 @pytest.fixture
 def gomp_at_any_path(monkeypatch):
     """``GOMP`` need not exist: any path loads as a library with ``GOMP_parallel``."""
-    monkeypatch.setattr(openmp.ctypes, "CDLL", lambda path: type("Lib", (), {"GOMP_parallel": print})())
+    monkeypatch.setattr(openmp, "gomp_parallel", lambda path: print)
 
 
 def test_a_pool_with_worker_processes_quiets_gnu_openmp(tmp_path, gomp_at_any_path):
@@ -60,9 +61,12 @@ def test_what_a_pool_does_and_when_it_leaves_the_spin_alone(tmp_path, gomp_at_an
 
 
 def test_a_gnu_runtime_without_gomp_parallel_is_left_alone(tmp_path, monkeypatch):
-    monkeypatch.setattr(openmp.ctypes, "CDLL", lambda path: type("Lib", (), {})())
+    assert openmp.gomp_parallel(ctypes.util.find_library("m")) is None   # a library, but not libgomp
+    missing = openmp.choose(True, {}, _maps(tmp_path, "/nonexistent/libgomp.so.1"))
+    assert missing.action == "unsupported" and "/nonexistent/libgomp.so.1" in missing.detail
+    monkeypatch.setattr(openmp, "gomp_parallel", lambda path: None)
     choice = openmp.choose(True, {}, _maps(tmp_path, GOMP))
-    assert choice.action == "unsupported" and "cannot park a team" in choice.detail
+    assert choice.action == "unsupported" and "(no GOMP_parallel)" in choice.detail
     assert openmp.advice(choice, 4) is None
 
 
