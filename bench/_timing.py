@@ -87,6 +87,21 @@ class Record:
         return out
 
 
+@dataclass(frozen=True)
+class DeviceShape:
+    """A policy on a GPU as the host sees it: each forward pass or minibatch step is ``wait_s`` of
+    sleep for the device and ``cpu_s`` of host CPU (copies, kernel launches)."""
+
+    wait_s: float = 0.003
+    cpu_s: float = 0.0005
+
+    def call(self) -> None:
+        time.sleep(self.wait_s)
+        end = clock() + self.cpu_s
+        while clock() < end:
+            pass
+
+
 def timed_loop(step: Callable[[], object], units_per_call: int, seconds: float, warmup: float = 0.0) -> Sample:
     """Call ``step`` for ``warmup`` seconds untimed, then for ``seconds`` timed.
 

@@ -196,17 +196,14 @@ def run_one(case: Case, system: str, rep: int, script_path: Path, workdir: Path,
 
 # --- the report ------------------------------------------------------------------------------------
 
-def median(xs: Sequence[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
 def case_summary(case: Case, systems: Sequence[str], runs: Sequence[Run]) -> dict[str, Any]:
     per: dict[str, Any] = {}
     for s in systems:
         ok = [r for r in runs if r.system == s and r.error is None]
         sps = [r.sps for r in ok]
-        per[s] = {"sps_median": median(sps), "sps_min": min(sps, default=None), "sps_max": max(sps, default=None),
-                  "wall_s_median": median([r.wall_s for r in ok]), "runs": len(ok),
+        per[s] = {"sps_median": statistics.median(sps) if ok else None, "sps_min": min(sps, default=None),
+                  "sps_max": max(sps, default=None),
+                  "wall_s_median": statistics.median([r.wall_s for r in ok]) if ok else None, "runs": len(ok),
                   "failed": sum(1 for r in runs if r.system == s and r.error is not None),
                   "param_sha256": sorted({r.param_sha256 for r in ok}),
                   "episodes": sorted({r.episodes for r in ok}),
@@ -301,14 +298,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 "ppo_continuous_action.py (bench/README.md, cleanrl, says how to get them)")
     args.scripts = Path(args.scripts).expanduser().resolve()
     args.cases = parse_cases(p, args.cases)
-    args.systems = list(dict.fromkeys(cli.comma_list(args.systems)))
-    unknown = [s for s in args.systems if s not in SYSTEMS]
-    if unknown or not args.systems:
-        p.error(f"unknown system(s) {unknown}; systems: {', '.join(SYSTEMS)}")
-    if args.repeats < 1:
-        p.error("--repeats must be >= 1")
-    if args.total_timesteps is not None and args.total_timesteps < 1:
-        p.error("--total-timesteps must be positive")
+    args.systems = cli.choice_list(p, "--systems", args.systems, SYSTEMS)
+    if args.repeats < 1 or (args.total_timesteps is not None and args.total_timesteps < 1):
+        p.error("--repeats and --total-timesteps must be positive")
     extra = {}
     for item in args.env:
         key, eq, value = item.partition("=")

@@ -23,11 +23,9 @@ from typing import Any
 import numpy as np
 
 from . import cli, report, subjects
-from ._timing import Case, Sample, timed_loop
+from ._timing import Case, DeviceShape, Sample, timed_loop
 
 CGROUP = Path("/sys/fs/cgroup")
-GPU_WAIT_S = 0.003
-HOST_CPU_S = 0.0005
 SYSTEMS = ("SyncVectorEnv", "shmpool sync")
 LOOPS = ("env-only", "trainer-shaped")
 
@@ -70,12 +68,6 @@ def parse_wait_policy(text: str) -> str | tuple[str, str]:
     return (parent, workers) if workers else parent
 
 
-def _burn(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 class DeployLoop:
     """``system`` (``SYSTEMS``) on CartPole-v1 stepped env-only or in the trainer-shaped loop; ``info``: the
     pool's ``repr`` and its worker processes' CPU over the wall time of the last sample."""
@@ -95,11 +87,12 @@ class DeployLoop:
         self.info: dict[str, Any] = {"described": repr(self.vec.env) if pool else system}
         self.n = n
 
+        device = DeviceShape()
+
         def once() -> None:
             step()
             if trainer:
-                time.sleep(GPU_WAIT_S)
-                _burn(HOST_CPU_S)
+                device.call()
         self._once = once
 
     def _worker_cpu(self) -> float:

@@ -14,6 +14,7 @@ from row to row (the update's cost is the same; its advantages mix envs, which d
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -25,8 +26,13 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
+from ._timing import DeviceShape
+
 if TYPE_CHECKING:
     from .subjects import Vec
+
+
+GPU_SHAPED = "gpu-shaped"   # Trainer's device where a GPU is wanted and torch sees none
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,7 @@ class Agent(nn.Module):
         if self.discrete:
             action = torch.multinomial(d.probs, 1, generator=gen).squeeze(-1)
         else:
-            action = d.mean + d.stddev * torch.randn(d.mean.shape, generator=gen)
+            action = d.mean + d.stddev * torch.randn(d.mean.shape, generator=gen, device=gen.device)
         return action, self.log_prob(d, action), self.critic(x).squeeze(-1)
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -128,35 +134,43 @@ class Trainer:
 
     Everything random is seeded from ``seed``: the parameters, the sampled actions
     (a torch generator of its own) and the minibatch order, so two envs that
-    return the same observations train to the same parameters."""
+    return the same observations train to the same parameters.  ``device``: where the policy,
+    rollout and update live (``"cuda"``: observations go there and actions come back every step,
+    as in CleanRL's scripts).  ``GPU_SHAPED``: a GPU seen from the host, without one: each forward
+    pass and minibatch step is a :class:`~bench._timing.DeviceShape` call and the actions are
+    random (seeded), so the envs step beside a trainer process that is mostly asleep."""
 
-    def __init__(self, env: Vec, config: PPOConfig, seed: int = 0) -> None:
-        self.env, self.config = env, config
+    def __init__(self, env: Vec, config: PPOConfig, seed: int = 0, device: str = "cpu") -> None:
+        self.shape = DeviceShape() if device == GPU_SHAPED else None
+        self.env, self.config, self.device = env, config, torch.device("cpu" if self.shape else device)
         torch.manual_seed(seed)
-        self.agent = Agent(env.observation_space, env.action_space, config.hidden)
+        self.agent = Agent(env.observation_space, env.action_space, config.hidden).to(self.device)
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=config.lr, eps=1e-5)
-        self.gen = torch.Generator().manual_seed(seed)
+        self.gen = torch.Generator(self.device).manual_seed(seed)
         self._low_high = None
         space = env.action_space
         if isinstance(space, gym.spaces.Box):
             self._low_high = (space.low, space.high)
         self._action_dtype = space.dtype
+        self.random_actions = gym.vector.utils.batch_space(space, env.batch)
+        self.random_actions.seed(seed)
         t, b = config.rollout_steps, env.batch
         obs_dtype = torch.uint8 if self.agent.image else torch.float32
-        self.obs = torch.zeros((t, b, *env.observation_space.shape), dtype=obs_dtype)
+        zeros = functools.partial(torch.zeros, device=self.device)
+        self.obs = zeros((t, b, *env.observation_space.shape), dtype=obs_dtype)
         act_shape = () if self.agent.discrete else space.shape
-        self.actions = torch.zeros((t, b, *act_shape), dtype=torch.int64 if self.agent.discrete else torch.float32)
-        self.logprobs, self.values, self.rewards, self.dones = (torch.zeros((t, b)) for _ in range(4))
+        self.actions = zeros((t, b, *act_shape), dtype=torch.int64 if self.agent.discrete else torch.float32)
+        self.logprobs, self.values, self.rewards, self.dones = (zeros((t, b)) for _ in range(4))
         self.next_obs = self._tensor(env.reset())
-        self.next_done = torch.zeros(b)
+        self.next_done = zeros(b)
         self.steps = 0     # env steps so far
         self.env_seconds = 0.0   # wall time inside env.step so far: the env's share of the loop
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(obs) if self.agent.image else torch.as_tensor(obs, dtype=torch.float32)
+        return torch.as_tensor(obs, dtype=None if self.agent.image else torch.float32, device=self.device)
 
     def _to_env(self, action: torch.Tensor) -> np.ndarray:
-        a = action.numpy()
+        a = action.cpu().numpy()
         if self._low_high is not None:
             a = np.clip(a, *self._low_high)
         return a.astype(self._action_dtype, copy=False)
@@ -167,21 +181,29 @@ class Trainer:
         for t in range(self.config.rollout_steps):
             self.obs[t] = self.next_obs
             self.dones[t] = self.next_done
-            with torch.no_grad():
-                action, self.logprobs[t], self.values[t] = agent.act(self.next_obs, self.gen)
-            self.actions[t] = action
-            actions = self._to_env(action)
+            if self.shape:
+                self.shape.call()
+                actions = self.random_actions.sample()
+            else:
+                with torch.no_grad():
+                    action, self.logprobs[t], self.values[t] = agent.act(self.next_obs, self.gen)
+                self.actions[t] = action
+                actions = self._to_env(action)
             started = time.perf_counter()
             obs, reward, done = env.step(actions)
             self.env_seconds += time.perf_counter() - started
-            self.rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
+            self.rewards[t] = torch.as_tensor(reward, dtype=torch.float32, device=self.device)
             self.next_obs = self._tensor(obs)
-            self.next_done = torch.as_tensor(done, dtype=torch.float32)
+            self.next_done = torch.as_tensor(done, dtype=torch.float32, device=self.device)
         self.steps += self.config.rollout_steps * env.batch
 
     def update(self) -> None:
         """GAE over the rollout, then ``epochs`` × ``minibatches`` clipped-PPO steps."""
         c = self.config
+        if self.shape:
+            for _ in range(c.epochs * c.minibatches):
+                self.shape.call()
+            return
         with torch.no_grad():
             next_value = self.agent.value(self.next_obs)
             advantages = torch.zeros_like(self.rewards)
@@ -201,7 +223,7 @@ class Trainer:
         logprobs, adv, ret = self.logprobs.reshape(n), advantages.reshape(n), returns.reshape(n)
         size = max(1, n // c.minibatches)
         for _ in range(c.epochs):
-            order = torch.randperm(n, generator=self.gen)
+            order = torch.randperm(n, generator=self.gen, device=self.device)
             for start in range(0, n, size):
                 mb = order[start:start + size]
                 new_logprob, entropy, value = self.agent.evaluate(obs[mb], actions[mb])
@@ -229,3 +251,4 @@ class Trainer:
     def state(self) -> dict[str, Any]:
         """Every parameter and optimizer tensor, for comparing two runs."""
         return {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
+

@@ -1,7 +1,7 @@
 """EnvPool's throughput table: FPS of every system against the number of cores (or of envs), env-only.
 
     python -m bench throughput --task CartPole-v1 --workers 1,2
-    python -m bench throughput --task Ant-v5 --workers 1,2 --recipe --md t.md --json t.json
+    python -m bench throughput --task Ant-v5 --workers 1,2 --recipe --json t.json
     python -m bench throughput --task CartPole-v1 --workers 1,2,4 --cpus 0-1,8-9 --numa
     python -m bench throughput --num-envs 1,2,4,8,16 --systems sb3-dummy,sb3,shmvecenv   # the PoolVecEnv sweep
 
@@ -18,7 +18,6 @@ import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -298,7 +297,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recipe", action="store_true", help="add rows for shmpool over its own recipe (shmpool.make's)")
     p.add_argument("--systems", help="comma list of rows to run (row titles or short names; default all but "
                                      f"{', '.join(ON_REQUEST)})")
-    p.add_argument("--md", metavar="PATH", help="write the markdown table here")
     cli.add_run_options(p, cli.RunDefaults(), quick="0.2 s, 1 repeat")
     args = cli.parse(p, argv)
     try:
@@ -342,12 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run(plan, args, err)
     text = markdown(plan, args, env)
     print(text, flush=True)   # the table once, as markdown (EnvPool's format)
-    for kind, path, write in (("markdown", args.md, lambda p: Path(p).write_text(text)),
-                              ("raw measurements", args.json,
-                               lambda p: report.write_json(p, json_data(plan, args, env)))):
-        if path:
-            write(path)
-            err.print(f"{kind} written to {path}", highlight=False)
+    if args.json:
+        report.write_results(args.json, json_data(plan, args, env), text, err)
     return 1 if report.print_failures(plan.cells, err) else 0
 
 

@@ -2,7 +2,7 @@
 
     python -m bench train                                  # CartPole-v1 N=8,32 every system
     python -m bench train --tasks Pong-v5,Ant-v5 --num-envs 32
-    python -m bench train --busy-neighbour                 # another process burns one core throughout
+    python -m bench train --device gpu                     # the policy on cuda, or GPU-shaped without a GPU
     python -m bench train --systems "SB3 PPO DummyVecEnv,SB3 PPO SubprocVecEnv,SB3 PPO ShmVecEnv"   # SB3's PPO
 
 The loop (bench/ppo.py: a policy forward every step, a PPO update every rollout, torch at its own
@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import subprocess
-import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +27,7 @@ import gymnasium as gym
 from . import cli, report, subjects
 from ._timing import Case, Sample, clock, summarize
 from .envs import gym_env_fn
-from .ppo import PPOConfig, Trainer, default_rollout_steps
+from .ppo import GPU_SHAPED, PPOConfig, Trainer, default_rollout_steps
 
 SB3_PPO = {"SB3 PPO DummyVecEnv": subjects.SB3_DUMMY, "SB3 PPO SubprocVecEnv": subjects.SB3_SUBPROC,
            "SB3 PPO ShmVecEnv": subjects.SHM_VEC}
@@ -48,11 +46,11 @@ SEED = 0
 class TrainingRun:
     """A :class:`~bench.ppo.Trainer` over one system, as a subject of ``run_interleaved``."""
 
-    def __init__(self, system: str, task: str, n: int, rollout_steps: int | None) -> None:
+    def __init__(self, system: str, task: str, n: int, rollout_steps: int | None, device: str) -> None:
         self.env = subjects.open_stepper(system, task, n, seed=SEED)
         try:
             steps = rollout_steps or default_rollout_steps(self.env.batch)
-            self.trainer = Trainer(self.env, PPOConfig(rollout_steps=steps), seed=SEED)
+            self.trainer = Trainer(self.env, PPOConfig(rollout_steps=steps), seed=SEED, device=device)
         except BaseException:
             self.env.close()
             raise
@@ -83,14 +81,14 @@ class SB3Training:
     """SB3's ``PPO.learn`` over one of SB3's VecEnvs, timed in whole rollout+update iterations as
     :class:`TrainingRun` times its loop (a callback stops ``learn`` at the first rollout past the time)."""
 
-    def __init__(self, system: str, task: str, n: int) -> None:
+    def __init__(self, system: str, task: str, n: int, device: str) -> None:
         from stable_baselines3 import PPO
         from stable_baselines3.common.vec_env import VecNormalize
         kwargs, normalize = zoo_hyperparameters(task)
         self.vec = subjects.open_vec(SB3_PPO[system], task, n, seed=SEED)
         try:
             venv = VecNormalize(self.vec.env) if normalize else self.vec.env
-            self.model = PPO("MlpPolicy", venv, seed=SEED, device="cpu", **kwargs)
+            self.model = PPO("MlpPolicy", venv, seed=SEED, device=device, **kwargs)
         except BaseException:
             self.vec.close()
             raise
@@ -121,27 +119,18 @@ class SB3Training:
         self.vec.close()
 
 
-def open_training(system: str, task: str, n: int, rollout_steps: int | None) -> TrainingRun | SB3Training:
-    return SB3Training(system, task, n) if system in SB3_PPO else TrainingRun(system, task, n, rollout_steps)
-
-
-# --- another job on the box ------------------------------------------------------------------------
-
-class BusyNeighbour:
-    """A process that burns one core (a Python busy loop) until closed."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+def open_training(system: str, task: str, n: int, rollout_steps: int | None, device: str) -> TrainingRun | SB3Training:
+    if system in SB3_PPO:
+        return SB3Training(system, task, n, device)
+    return TrainingRun(system, task, n, rollout_steps, device)
 
 
 # --- the run ---------------------------------------------------------------------------------------
 
-def unavailable(system: str, task: str) -> str | None:
-    """Why ``system`` cannot run ``task`` here (a missing package), or None."""
+def unavailable(system: str, task: str, device: str) -> str | None:
+    """Why ``system`` cannot run ``task`` here (a missing package, SB3's PPO without a GPU), or None."""
+    if system in SB3_PPO and device == GPU_SHAPED:
+        return "SB3's PPO has no GPU-shaped form: its policy runs where torch can put it"
     modules = {subjects.SB3_DUMMY: "stable_baselines3", subjects.SB3_SUBPROC: "stable_baselines3",
                subjects.ENVPOOL: "envpool",
                **dict.fromkeys(SB3_PPO, "stable_baselines3")}
@@ -157,18 +146,14 @@ def unavailable(system: str, task: str) -> str | None:
 
 def run(args: argparse.Namespace, err: Any) -> tuple[list[report.Group], dict[str, str]]:
     """Every (task, N) cell, its systems interleaved; returns the groups and the skipped (task · system)."""
-    skipped = {f"{t} · {s}": why for t in args.tasks for s in args.systems if (why := unavailable(s, t))}
+    skipped = {f"{t} · {s}": why for t in args.tasks for s in args.systems
+               if (why := unavailable(s, t, args.device))}
 
     def cases(task: str, n: int) -> list[Case]:
-        return [Case(s, functools.partial(open_training, s, task, n, args.rollout_steps)) for s in args.systems
-                if f"{task} · {s}" not in skipped]
-    neighbour = BusyNeighbour() if args.busy_neighbour else None
-    try:
-        return report.run_cells([(t, n) for t in args.tasks for n in args.num_envs], cases, args, err,
-                                len(args.systems)), skipped
-    finally:
-        if neighbour is not None:
-            neighbour.close()
+        return [Case(s, functools.partial(open_training, s, task, n, args.rollout_steps, args.device))
+                for s in args.systems if f"{task} · {s}" not in skipped]
+    return report.run_cells([(t, n) for t in args.tasks for n in args.num_envs], cases, args, err,
+                            len(args.systems)), skipped
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -210,7 +195,7 @@ def rows(groups: Sequence[report.Group]) -> list[list[str]]:
     return out
 
 
-def targets(groups: Sequence[report.Group], busy: bool) -> list[report.Target]:
+def targets(groups: Sequence[report.Group]) -> list[report.Target]:
     """What a trainer-in-the-loop shmpool should reach (sync, the one-line swap), checked on this run."""
     cores = len(os.sched_getaffinity(0))
     share = (f"the {cores} cores are shared by the env workers, this process and torch's threads: waiting that "
@@ -218,11 +203,6 @@ def targets(groups: Sequence[report.Group], busy: bool) -> list[report.Target]:
     goals = []
     for g in groups:
         best = best_gym(g)
-        if busy:
-            goals.append(report.Target(f"{g.task} N={g.num_envs}, one core busy elsewhere: shmpool sync ≥ 0.9× "
-                                       "SyncVectorEnv", 0.9, g.ratio(subjects.POOL_SYNC, subjects.SYNC_VEC),
-                                       moves=f"with one core taken, {share}"))
-            continue
         goal = 1.0 if g.task == "CartPole-v1" else 1.5
         if g.task == "CartPole-v1" or g.num_envs == 32:
             goals.append(report.Target(f"{g.task} N={g.num_envs}: shmpool sync ≥ {goal:g}× the best gymnasium vector "
@@ -242,8 +222,9 @@ def markdown(args: argparse.Namespace, env: dict[str, Any], groups: Sequence[rep
              goals: Sequence[report.Target]) -> str:
     lines = [
         report.header("Trainer in the loop", args, env, f"torch {env['torch']} ({env['torch_threads']} threads"
-                      f"{''.join(f', {k}={v}' for k, v in sorted(env['omp_env'].items()))})",
-                      *(["**one core busy elsewhere**"] if args.busy_neighbour else [])),
+                      f"{''.join(f', {k}={v}' for k, v in sorted(env['omp_env'].items()))}), policy on "
+                      + (f"{GPU_SHAPED} (no GPU here: bench/README.md, train)" if env["device"] == GPU_SHAPED
+                         else env["device"])),
         "",
         "Env steps/s of the PPO-shaped loop (policy forward every step, PPO update every rollout), "
         "median (min–max); ratios of medians in the same run; the last column is the median share of the "
@@ -271,8 +252,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rollout-steps", type=int,
                    help="loop steps between updates (default 1024 / batch, at least 8: ~1,024 transitions)")
     p.add_argument("--torch-threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
-    p.add_argument("--busy-neighbour", action="store_true",
-                   help="run a process that burns one core for the whole run (another job on the box)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="where the policy runs: gpu is cuda when torch sees one, else the GPU-shaped loop (each "
+                        "forward pass and minibatch step a 3 ms device wait and 0.5 ms of host CPU, random actions)")
     cli.add_run_options(p, cli.RunDefaults(seconds=(4.0, 0.5), warmup=(0.5, 0.01),
                                            json=str(report.RESULTS / "train.json")),
                         quick="CartPole-v1 N=8, SyncVectorEnv and shmpool sync, 1 repeat of 0.5 s",
@@ -302,11 +284,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    if args.device == "gpu":
+        args.device = "cuda" if torch.cuda.is_available() else GPU_SHAPED
     env = {**report.environment(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+           "device": args.device,
            "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "MKL_", "KMP_"))}}
     err = report.stderr_console()
     groups, skipped = run(args, err)
-    goals = targets(groups, args.busy_neighbour)
+    goals = targets(groups)
     text = markdown(args, env, groups, skipped, goals)
     return report.finish(args, "bench.train", env, text, err, groups, skipped=skipped,
                          cells=[g.to_json() for g in groups], targets=[t.to_json() for t in goals])

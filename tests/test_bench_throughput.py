@@ -64,7 +64,7 @@ def test_tiny_run_writes_markdown_and_json(tmp_path, capsys, no_leaks):
     md, js = tmp_path / "t.md", tmp_path / "t.json"
     before = os.sched_getaffinity(0)
     rc = throughput.main([*FAST, "--workers", WORKERS, "--systems", "shmpool-sync,for-loop",
-                          "--md", str(md), "--json", str(js)])
+                          "--json", str(js)])
     assert rc == 0
     assert os.sched_getaffinity(0) == before            # the cells' affinity was given back
     workers = [int(w) for w in WORKERS.split(",")]
