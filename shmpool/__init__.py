@@ -3,7 +3,6 @@ from ._core import WaitPolicy
 from .batched import Batched, BatchEnv
 from .errors import (
     EnvError,
-    PerformanceWarning,
     PoolClosedError,
     PoolResourceError,
     ShmpoolError,
@@ -33,7 +32,6 @@ __all__ = [
     "BatchEnv",
     "Batched",
     "EnvError",
-    "PerformanceWarning",
     "Pool",
     "PoolClosedError",
     "PoolResourceError",

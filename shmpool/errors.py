@@ -124,6 +124,3 @@ class SpacesDifferError(ValueError):
     def __reduce__(self):
         return type(self), (str(self), self.observation_spaces)
 
-
-class PerformanceWarning(UserWarning):
-    """Something beside the pool will cost it speed, and the one line that fixes it (said once)."""

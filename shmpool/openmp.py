@@ -17,7 +17,10 @@ This works whatever was imported first.
 
 It acts only on GNU OpenMP already loaded (loading one itself could bind torch to another copy),
 never when the user set any of ``USER_SETTINGS``, and ``SHMPOOL_NO_OMP_TUNING=1`` turns it off.
-Intel's and LLVM's runtimes have no such rule: there the pool says once what to set.
+Intel's runtime has no such rule, and measured, needs none: in CleanRL's Ant-v5 N=32 with it preloaded,
+``KMP_BLOCKTIME=0`` changed nothing (1.51k, 1.59k, 1.60k SPS against 1.46k, 1.62k, 1.69k without; its
+waiting threads give way).  So the pool leaves it alone, and LLVM's (the same runtime's open form,
+not measured) likewise, and says so in its repr.
 Measured in CleanRL's scripts, and why not a count set at import: docs/performance.md.
 """
 from __future__ import annotations
@@ -26,11 +29,8 @@ import ctypes
 import functools
 import os
 import threading
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from .errors import PerformanceWarning
 
 OPT_OUT = "SHMPOOL_NO_OMP_TUNING"
 # Settings that say the user chose how OpenMP waits: any of them, and the pool changes nothing.
@@ -42,18 +42,38 @@ GNU = "libgomp"
 IDLE_S = 0.05
 
 
-def loaded_runtime(maps_path: str = "/proc/self/maps") -> str | None:
-    """The path of the OpenMP runtime this process has mapped, or None."""
+def loaded_runtime(maps_path: str = "/proc/self/maps", serving: Callable[[], int | None] | None = None) -> str | None:
+    """The path of the OpenMP runtime this process's OpenMP calls go to, or None.
+
+    One runtime mapped: that one.  Several (Intel's libiomp5 in ``LD_PRELOAD`` beside torch's
+    libgomp, as Intel's tuning guides advise): the one holding the address ``serving()`` gives, where
+    the dynamic linker's global lookup finds ``GOMP_parallel`` (a preloaded library is searched first,
+    so torch's calls go there); the first mapped when that address is in none of them."""
+    ranges: dict[str, list[tuple[int, int]]] = {}
     try:
         with open(maps_path) as f:
             for line in f:
                 fields = line.split(maxsplit=5)   # address, perms, offset, device, inode, path
                 path = fields[5].strip() if len(fields) == 6 else ""
                 if os.path.basename(path).startswith(RUNTIMES):
-                    return path
+                    lo, _, hi = fields[0].partition("-")
+                    ranges.setdefault(path, []).append((int(lo, 16), int(hi, 16)))
     except OSError:   # no /proc: nothing can be told, so nothing is claimed
         return None
-    return None
+    if len(ranges) > 1:
+        address = (serving or global_gomp_parallel)()
+        for path, spans in ranges.items():
+            if address is not None and any(lo <= address < hi for lo, hi in spans):
+                return path
+    return next(iter(ranges), None)
+
+
+def global_gomp_parallel() -> int | None:
+    """Where the process's global symbol lookup finds ``GOMP_parallel`` (None: nowhere)."""
+    try:
+        return ctypes.cast(ctypes.CDLL(None).GOMP_parallel, ctypes.c_void_p).value
+    except (AttributeError, OSError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -82,7 +102,7 @@ def choose(has_processes: bool, environ=os.environ, maps_path: str = "/proc/self
         return OpenMPChoice("no runtime", "no OpenMP runtime loaded")
     name = os.path.basename(runtime)
     if not name.startswith(GNU):
-        return OpenMPChoice("other runtime", f"{name}: its spin cannot be changed once loaded", runtime)
+        return OpenMPChoice("other runtime", f"{name}: its waiting threads give way; left as it is", runtime)
     try:
         parallel = gomp_parallel(runtime)
     except OSError as exc:
@@ -92,29 +112,6 @@ def choose(has_processes: bool, environ=os.environ, maps_path: str = "/proc/self
     return OpenMPChoice("quiet", f"{name}'s threads sleep right after each op while this pool is stepped, "
                                  f"spin as libgomp's own after {IDLE_S * 1e3:g} ms without a step "
                                  f"({OPT_OUT}=1 turns this off)", runtime)
-
-
-def advice(choice: OpenMPChoice, torch_threads: int | None) -> str | None:
-    """What to tell a user whose torch threads spin beside the pool's workers and the pool cannot
-    quiet them (an OpenMP runtime other than GNU's), or None."""
-    if choice.action != "other runtime" or torch_threads is None or torch_threads < 2:
-        return None
-    return (f"torch runs {torch_threads} OpenMP threads that keep spinning after every op, on the cores this "
-            f"pool's workers step envs on ({choice.detail}); in CleanRL's PPO on 2 cores that cost the pool "
-            f"about a third of its speed (docs/performance.md). Fix: start Python with KMP_BLOCKTIME=0 in the "
-            f"environment, or torch.set_num_threads(1) ({OPT_OUT}=1 silences this).")
-
-
-_ADVISED = False   # advise_once gave its advice in this process
-
-
-def advise_once(choice: OpenMPChoice, torch_threads: int | None, stacklevel: int = 2) -> None:
-    """Once per process: the advice for a spin the pool cannot change, as a ``PerformanceWarning``."""
-    global _ADVISED
-    text = advice(choice, torch_threads)
-    if text is not None and not _ADVISED:
-        _ADVISED = True
-        warnings.warn(text, PerformanceWarning, stacklevel=stacklevel + 1)
 
 
 class QuietSpin:

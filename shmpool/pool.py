@@ -276,7 +276,6 @@ class Pool(LifecycleFacts):
         self.wait_policy, self.worker_wait_policy = self.wait_choice.parent, self.wait_choice.worker
         if plan.spin_warning:
             warnings.warn(plan.spin_warning, RuntimeWarning, stacklevel=2)
-        openmp.advise_once(plan.openmp, plan.trainer.torch_threads, stacklevel=2)
         self._spin = openmp.NOT_HELD   # its share of openmp.QUIET once started: told of every step
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
