@@ -1,5 +1,6 @@
-"""The trainer's OpenMP spin (issue 31): quieted while a pool with worker processes is open, left at
-libgomp's own otherwise, never touched when the user chose, and said once where it cannot be changed."""
+"""The trainer's OpenMP spin (issue 31): quieted while a pool with worker processes is stepped, left at
+libgomp's own otherwise, never touched when the user chose, and left alone where another runtime
+(Intel's, preloaded) serves torch."""
 import ctypes.util
 import json
 import os
