@@ -16,7 +16,12 @@ Layout: the envs are split into contiguous ranges, one per pool (pool ``k`` owns
 ``pool.env_range(k)``); each pool lives in a Ray actor pinned to its node
 (``NodeAffinitySchedulingStrategy``, hard) and steps its envs in its own pinned
 worker processes through shared memory, exactly as a local :class:`~shmpool.Pool`.
-Only whole sub-batches cross the network, as numpy arrays through Ray's object store.
+If ``cpus`` are given for a pool (or ``pools_per_node`` splits a node), its actor runs on those
+cores too.  Only whole sub-batches cross the network: by default over one TCP connection from
+the driver to each actor (:mod:`.channel`; arrays as raw bytes, a call costs a round trip and
+the bytes), else (``transport="ray"``, or a connection that could not be opened) as ordinary Ray
+actor calls through Ray's object store, several milliseconds each.  Ray places, describes,
+restarts and kills the actors either way.
 
 Sync ``step``/``reset`` send each pool its slice of the actions and concatenate
 the answers in env order: the results are the local pool's for the same seeds
@@ -25,7 +30,7 @@ the answers in env order: the results are the local pool's for the same seeds
 Async (EnvPool semantics at sub-batch granularity): each pool's local ``Pool``
 has ``batch_size = sub_batch_sizes[k]`` (by default pool ``k``'s share of
 ``batch_size``, proportional to its envs).  ``recv()`` keeps at most one
-``recv`` outstanding per pool, waits (``ray.wait``) for whichever sub-batches
+``recv`` outstanding per pool, waits for whichever sub-batches
 finish first and concatenates them until it has ``batch_size`` rows; rows of a
 sub-batch beyond ``batch_size`` are kept (they are finished) and returned first
 by the next ``recv``.  So ``recv`` returns exactly ``batch_size`` envs, the
@@ -37,7 +42,7 @@ that every pool has fewer in flight than its sub-batch) ``recv`` raises
 ``recv`` returned (EnvPool's loop) never gets there with the default sizes
 when ``batch_size * n_k / num_envs`` is an integer for every pool.  A ``send``
 that gives a pool a whole sub-batch carries that pool's next ``recv`` in the
-same actor call (one Ray round trip); an actor runs one call at a time, so
+same actor call (one round trip); an actor runs one call at a time, so
 envs sent to a pool whose ``recv`` is outstanding start once it returns.
 
 Faults: an actor (or its node) dying raises :class:`RemotePoolDiedError` (a
@@ -57,7 +62,8 @@ Rooms (one job each): :mod:`.api` (the public class, one :class:`~shmpool.state.
 every entry), :mod:`.actor` (the Ray actor hosting a local Pool per node), :mod:`.batches` (batch
 assembly, pure numpy), :mod:`.ledger` (async bookkeeping, pure numpy), :mod:`.placement` (nodes,
 pools per node, env ranges, cores), :mod:`.fleet` (starting, rebuilding and stopping the actors),
-:mod:`.faults` (bounded waits and how a pool's answer is classified), :mod:`.action_check`.
+:mod:`.channel` (the direct connection to an actor, Ray-free), :mod:`.faults` (bounded waits and how a
+pool's answer is classified), :mod:`.action_check`.
 :mod:`.batches`, :mod:`.ledger` and :mod:`.placement` import without Ray.
 """
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ..errors import ShmpoolError
 from ..pool import Pool
 from .batches import Rows
+from .channel import ChannelServer
 from .placement import numa_cpu_groups, slot_cpus
+
+# What the driver's direct connection may call: every call that touches the pool (describe stays a Ray call,
+# since the connection's address is part of its answer).
+CHANNEL_CALLS = frozenset({"reset", "step", "async_reset", "send", "recv", "send_recv", "per_env", "close"})
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class ActorInfo:
     hostname: str
     num_workers: int
     cpus: list[int]
+    cores: list[int]                  # every core the local pool's processes (the actor included) may use
+    channel: tuple[str, int] | None   # where the actor listens for the driver's connection (None: Ray calls only)
 
 
 @dataclass(frozen=True)
@@ -64,11 +72,13 @@ class RemoteError(Exception):
 
 
 def _portable(method: Callable) -> Callable:
-    """Actor method wrapper: shmpool's errors leave the actor as :class:`RemoteError`."""
+    """Actor method wrapper: one pool call at a time (Ray's thread and the connection's thread), and
+    shmpool's errors leave the actor as :class:`RemoteError`."""
     @functools.wraps(method)
     def wrapper(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return method(self, *args, **kwargs)
+            with self.lock:
+                return method(self, *args, **kwargs)
         except ShmpoolError as exc:
             attrs = dict(vars(exc))
             try:
@@ -80,17 +90,32 @@ def _portable(method: Callable) -> Callable:
 
 
 class PoolActor:
-    """Runs one local :class:`Pool` on its node; every method answers with plain numpy data."""
+    """Runs one local :class:`Pool` on its node; every method answers with plain numpy data.
+
+    ``token``: when given, the actor also serves :data:`CHANNEL_CALLS` to the driver that presents it on a
+    direct connection (:mod:`.channel`)."""
 
     def __init__(self, fns_blob: bytes, seed: int | None, batch_size: int, slot: int, per_node: int | str,
-                 pool_kwargs: dict) -> None:
+                 pool_kwargs: dict, token: bytes | None = None) -> None:
+        self.lock = threading.RLock()
         fns = cloudpickle.loads(fns_blob)
         kwargs = dict(pool_kwargs)
         if "cpus" not in kwargs:
             cpus = slot_cpus(slot, per_node)
             if cpus is not None:
                 kwargs["cpus"] = cpus
+        if kwargs.get("cpus"):
+            # The actor is its pool's parent: it lives on the pool's cores (its NUMA node's, its share of the
+            # node's), so the pool's wait policy counts the cores it really has instead of spinning on a
+            # core another pool's workers need.
+            os.sched_setaffinity(0, kwargs["cpus"])
         self.pool = Pool(fns, batch_size=batch_size, seed=seed, copy=False, **kwargs)
+        self.server = (None if token is None else
+                       ChannelServer(ray.util.get_node_ip_address(), token, self.serve, CHANNEL_CALLS))
+
+    def serve(self, method: str, args: tuple) -> Any:
+        """A call that came over the direct connection."""
+        return getattr(self, method)(*args)
 
     def describe(self) -> ActorInfo:
         p = self.pool
@@ -98,7 +123,8 @@ class PoolActor:
                          metadata=p.metadata, render_mode=p.render_mode, spec=p.spec,
                          autoreset_mode=p.autoreset_mode, pid=os.getpid(),
                          node_id=ray.get_runtime_context().get_node_id(), hostname=os.uname().nodename,
-                         num_workers=p.num_workers, cpus=p.worker_cpus)
+                         num_workers=p.num_workers, cpus=p.worker_cpus, cores=sorted(os.sched_getaffinity(0)),
+                         channel=None if self.server is None else self.server.address)
 
     @_portable
     def reset(self, seeds: list, options: Any) -> Resets:
@@ -123,9 +149,10 @@ class PoolActor:
         return Rows(infos.pop("env_id").astype(np.int64), obs, rew, term, trunc, infos)
 
     def send_recv(self, actions: Any, env_ids: np.ndarray) -> Rows:
-        """``send`` then ``recv`` in one actor call (one Ray round trip)."""
-        self.send(actions, env_ids)
-        return self.recv()
+        """``send`` then ``recv`` in one actor call (one round trip)."""
+        with self.lock:
+            self.send(actions, env_ids)
+            return self.recv()
 
     @_portable
     def per_env(self, op: str, name: str, env_ids: list[int], args: tuple, kwargs: dict) -> tuple:
@@ -141,6 +168,8 @@ class PoolActor:
 
     @_portable
     def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
         self.pool.close()
 
 
@@ -148,11 +177,11 @@ RemotePoolActor = ray.remote(PoolActor)
 
 
 def start_actor(options: dict, node_id: str, fns_blob: Any, seed: int | None, batch_size: int, slot: int,
-                per_node: int | str, pool_kwargs: dict) -> Any:
+                per_node: int | str, pool_kwargs: dict, token: bytes | None) -> Any:
     """A new :class:`PoolActor` pinned to ``node_id`` (unless ``options`` schedule it otherwise)."""
     opts = dict(options)
     opts.setdefault("scheduling_strategy", NodeAffinitySchedulingStrategy(node_id, soft=False))
-    return RemotePoolActor.options(**opts).remote(fns_blob, seed, batch_size, slot, per_node, pool_kwargs)
+    return RemotePoolActor.options(**opts).remote(fns_blob, seed, batch_size, slot, per_node, pool_kwargs, token)
 
 
 def pools_on_nodes(pools_per_node: int | str, nodes: Iterable[str], timeout: float | None) -> list[int]:

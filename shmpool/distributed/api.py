@@ -40,6 +40,7 @@ from .faults import (
     gather,
     node_gone,
     outcome_of,
+    wait_done,
 )
 from .fleet import Fleet
 from .ledger import Ledger
@@ -65,6 +66,7 @@ def _entry(method: Callable) -> Callable:
     return wrapper
 
 
+TRANSPORTS = ("direct", "ray")
 RAY_GONE = ("Ray was shut down (ray.shutdown()) while this RayPool was open: its actors went with it and the "
             "pool is closed; close a RayPool before ray.shutdown(), or build a new one after ray.init()")
 
@@ -92,6 +94,12 @@ class RayPool(LifecycleFacts):
     parameters (``num_workers``, ``wait_policy``, ``start_method``, ``autoreset_mode``...)
     go to every local pool.
 
+    ``transport``: ``"direct"`` (default): each actor's pool calls (reset, step, send/recv, call...)
+    go over one TCP connection from this process to the actor, opened at start-up on the address Ray
+    uses for the node and guarded by a random token; arrays travel as raw bytes.  A connection
+    that cannot be opened (a driver outside the cluster's network) leaves that pool on Ray calls,
+    with a RuntimeWarning.  ``"ray"``: every call is an ordinary Ray actor call (several ms each).
+
     Shapes and dtypes are the local pool's: observations ``(n, *obs_shape)`` in the
     space's dtype (dicts/tuples of such arrays for Dict/Tuple spaces), rewards
     ``(n,)`` float64, terminated/truncated ``(n,)`` bool, infos in gymnasium's vector
@@ -116,6 +124,7 @@ class RayPool(LifecycleFacts):
         actor_options: dict | None = None,
         per_pool_kwargs: Sequence[dict] | None = None,
         address: str | None = None,
+        transport: str = "direct",
         **kwargs: Any,
     ) -> None:
         self._life = Lifecycle()
@@ -131,6 +140,8 @@ class RayPool(LifecycleFacts):
         seed = check_seed(seed)
         if pools_per_node != "numa":
             pools_per_node = check_count("pools_per_node", pools_per_node)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         # A dead worker inside a node is first the local pool's business: it follows the same policy.
         pool_kwargs["on_worker_error"] = on_worker_error
 
@@ -154,7 +165,8 @@ class RayPool(LifecycleFacts):
         self._fleet = Fleet(place, fns, seed,
                             [{**pool_kwargs, **(per_pool_kwargs[k] if per_pool_kwargs else {})}
                              for k in range(place.num_pools)],
-                            {"num_cpus": 0, "max_restarts": 0, **(actor_options or {})}, startup_timeout)
+                            {"num_cpus": 0, "max_restarts": 0, **(actor_options or {})}, startup_timeout,
+                            direct=transport == "direct")
         infos = self._fleet.start()
         first = infos[0]
         for k, d in enumerate(infos[1:], 1):
@@ -189,9 +201,12 @@ class RayPool(LifecycleFacts):
 
     @property
     def nodes(self) -> list[dict]:
-        """Per pool: ``node_id``, ``hostname``, actor ``pid``, ``num_workers``, worker ``cpus``, ``envs`` (range)."""
+        """Per pool: ``node_id``, ``hostname``, actor ``pid``, ``num_workers``, worker ``cpus``, ``cores`` (all the
+        pool's processes may use: its share of the node), ``envs`` (range), ``transport`` (``"direct"``: its calls go
+        over the direct connection; ``"ray"``: through Ray)."""
         return [{"node_id": d.node_id, "hostname": d.hostname, "pid": d.pid, "num_workers": d.num_workers,
-                 "cpus": d.cpus, "envs": self.env_range(k)} for k, d in enumerate(self._fleet.infos)]
+                 "cpus": d.cpus, "cores": d.cores, "envs": self.env_range(k), "transport": self._fleet.transport(k)}
+                for k, d in enumerate(self._fleet.infos)]
 
     @property
     def restarts(self) -> int:
@@ -237,8 +252,7 @@ class RayPool(LifecycleFacts):
             per_pool = [{**options, "reset_mask": mask[r.start:r.stop]} for r in ranges]
         self._forget_async()
         self._ledger.sync_autoreset.clear()
-        refs = [actor.reset.remote(seeds[r.start:r.stop], per_pool[k])
-                for k, (actor, r) in enumerate(zip(self._fleet.actors, ranges))]
+        refs = [self._fleet.call(k, "reset", seeds[r.start:r.stop], per_pool[k]) for k, r in enumerate(ranges)]
         outcomes = self._wait(refs, list(range(self.num_pools)), "reset")
         answers: list[Resets] = self._recovery.settle(outcomes, "reset", restart=True, seeds=seeds, options=per_pool)
         self._life.ready()
@@ -266,8 +280,9 @@ class RayPool(LifecycleFacts):
         self._forget_async()
         auto = self._ledger.sync_autoreset
         ranges = map(self.env_range, range(self.num_pools))
-        self._step_refs = [None if k in auto else actor.step.remote(take_rows(actions, slice(r.start, r.stop)))
-                           for k, (actor, r) in enumerate(zip(self._fleet.actors, ranges))]
+        self._step_refs = [None if k in auto else
+                           self._fleet.call(k, "step", take_rows(actions, slice(r.start, r.stop)))
+                           for k, r in enumerate(ranges)]
         self._life.step_posted()
 
     @_entry
@@ -295,8 +310,8 @@ class RayPool(LifecycleFacts):
         self._life.check_idle()
         self._check_sends()
         self._ledger.all_sent()
-        for k, actor in enumerate(self._fleet.actors):
-            self._ledger.sends[actor.async_reset.remote()] = k
+        for k in range(self.num_pools):
+            self._ledger.sends[self._fleet.call(k, "async_reset")] = k
         self._life.ready()
         self._life.in_flight = self.num_envs
 
@@ -313,12 +328,11 @@ class RayPool(LifecycleFacts):
             raise ValueError(f"actions have {batch_len(actions)} rows for {len(ids)} env ids")
         self._actions.check(actions, ids)
         for d in self._ledger.plan_send(ids):
-            actor = self._fleet.actors[d.pool]
             part = take_rows(actions, d.positions)
             if d.with_recv:
-                self._ledger.requests[actor.send_recv.remote(part, d.local_ids)] = d.pool
+                self._ledger.requests[self._fleet.call(d.pool, "send_recv", part, d.local_ids)] = d.pool
             else:
-                self._ledger.sends[actor.send.remote(part, d.local_ids)] = d.pool
+                self._ledger.sends[self._fleet.call(d.pool, "send", part, d.local_ids)] = d.pool
         self._life.in_flight += len(ids)
 
     @_entry
@@ -334,16 +348,16 @@ class RayPool(LifecycleFacts):
         while ledger.ready.count < B:
             self._check_sends()
             for k in ledger.to_request():
-                ledger.requests[self._fleet.actors[k].recv.remote()] = k
+                ledger.requests[self._fleet.call(k, "recv")] = k
             if not ledger.requests:
                 raise RuntimeError(
                     f"recv() cannot finish: {ledger.ready.count} rows are ready and no pool has a whole sub-batch "
                     f"in flight (in flight per pool {ledger.available}, sub-batches {self.sub_batch_sizes}); send "
                     "the envs recv() returned back, or choose sub_batch_sizes that divide what you send")
             refs = list(ledger.requests)
-            done, _ = ray.wait(refs, num_returns=1, timeout=SLICE_S)
+            done = wait_done(refs, 1, SLICE_S)
             if done and len(refs) > 1:
-                done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                done = wait_done(refs, len(refs), 0)
             for ref in done:
                 self._take(ref)
             if not done:
@@ -369,7 +383,7 @@ class RayPool(LifecycleFacts):
         sends = self._ledger.sends
         if not sends:
             return
-        done, _ = ray.wait(list(sends), num_returns=len(sends), timeout=0)
+        done = wait_done(list(sends), len(sends), 0)
         outcomes = [outcome_of(ref, sends.pop(ref)) for ref in done]
         dead = {o.pool: o for o in outcomes if o.death is not None}
         for o in dead.values():
@@ -419,8 +433,8 @@ class RayPool(LifecycleFacts):
             by_pool.setdefault(int(self._placement.owner[i]), []).append(pos)
         pools = list(by_pool)
         starts = self._placement.starts
-        refs = [self._fleet.actors[k].per_env.remote(op, name, [ids[p] - int(starts[k]) for p in by_pool[k]],
-                                                     args, kwargs) for k in pools]
+        refs = [self._fleet.call(k, "per_env", op, name, [ids[p] - int(starts[k]) for p in by_pool[k]], args, kwargs)
+                for k in pools]
         answers = self._recovery.settle(self._wait(refs, pools, op), op, restart=False)
         out: list = [None] * len(ids)
         for k, answer in zip(pools, answers):

@@ -17,8 +17,11 @@ import ray.exceptions
 from ..errors import PoolClosedError, WorkerDiedError
 from ..state import CLOSED_DURING_CALL
 from .actor import RemoteError
+from .channel import Reply
+from .channel import wait as wait_replies
 
-SLICE_S = 0.25            # longest uninterrupted ray.wait; the watch runs between slices
+SLICE_S = 0.25            # longest uninterrupted wait; the watch runs between slices
+MIXED_TURN_S = 0.002      # when Ray futures and direct replies are awaited together: each side's turn
 LIVENESS_EVERY_S = 1.0    # how often a waiting call asks the GCS which nodes are alive
 DEATH = (ray.exceptions.RayActorError,)  # ActorDiedError, ActorUnavailableError are subclasses
 
@@ -61,16 +64,43 @@ def remote_cause(exc: BaseException) -> BaseException:
 
 
 def outcome_of(ref: Any, pool: int) -> Outcome:
-    """The :class:`Outcome` of a finished future ``ref`` of pool ``pool``."""
-    try:
-        return Outcome(pool, value=ray.get(ref, timeout=0))
-    except DEATH as exc:
-        return Outcome(pool, death=exc)
-    except ray.exceptions.RayTaskError as exc:
-        cause = remote_cause(exc)
-        if isinstance(cause, WorkerDiedError):  # a worker of the local pool died; that pool closed itself
-            return Outcome(pool, death=cause)
-        return Outcome(pool, error=cause)
+    """The :class:`Outcome` of a finished future ``ref`` (a Ray future or a direct :class:`Reply`) of pool ``pool``."""
+    if isinstance(ref, Reply):
+        if ref.lost is not None:
+            return Outcome(pool, death=ref.lost)
+        if not ref.answer.failed:
+            return Outcome(pool, value=ref.answer.value)
+        cause = ref.answer.error
+        cause = cause.rebuild() if isinstance(cause, RemoteError) else cause
+    else:
+        try:
+            return Outcome(pool, value=ray.get(ref, timeout=0))
+        except DEATH as exc:
+            return Outcome(pool, death=exc)
+        except ray.exceptions.RayTaskError as exc:
+            cause = remote_cause(exc)
+    if isinstance(cause, WorkerDiedError):  # a worker of the local pool died; that pool closed itself
+        return Outcome(pool, death=cause)
+    return Outcome(pool, error=cause)
+
+
+def wait_done(futures: list, num_returns: int, timeout: float) -> list:
+    """The futures of ``futures`` (Ray futures and direct replies, in any mix) that are done, once
+    ``num_returns`` of them are or ``timeout`` s passed; like ``ray.wait``'s first list."""
+    replies = [f for f in futures if isinstance(f, Reply)]
+    refs = [f for f in futures if not isinstance(f, Reply)]
+    if not replies:
+        return ray.wait(refs, num_returns=num_returns, timeout=timeout)[0] if refs else []
+    if not refs:
+        return wait_replies(replies, num_returns, timeout)
+    # Some pools could not be reached directly (a warning said so): take turns, briefly each.
+    deadline = time.monotonic() + timeout
+    while True:
+        done = ray.wait(refs, num_returns=len(refs), timeout=0)[0]
+        turn = max(0.0, min(MIXED_TURN_S, deadline - time.monotonic()))
+        done += wait_replies(replies, max(1, num_returns - len(done)), turn)
+        if len(done) >= num_returns or time.monotonic() >= deadline:
+            return done
 
 
 def node_gone(pool: int) -> Outcome:
@@ -124,8 +154,7 @@ def gather(refs: list, pools: list[int], watch: Watch) -> list[Outcome]:
     out: list[Outcome | None] = [None] * len(refs)
     left = dict(zip(refs, range(len(refs))))
     while left:
-        done, _ = ray.wait(list(left), num_returns=len(left), timeout=SLICE_S)
-        for ref in done:
+        for ref in wait_done(list(left), len(left), SLICE_S):
             i = left.pop(ref)
             out[i] = outcome_of(ref, pools[i])
         if left:

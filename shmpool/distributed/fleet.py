@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import re
+import secrets
 import warnings
 from typing import Any
 
@@ -11,20 +12,23 @@ import cloudpickle
 import ray
 
 from .actor import ActorInfo, Resets, start_actor
-from .faults import Outcome, RemotePoolDiedError, Watch, gather
+from .channel import TOKEN_BYTES, Channel
+from .faults import Outcome, RemotePoolDiedError, Watch, gather, wait_done
 from .placement import Placement, describe_range
 
 REBUILD_TRIES = 3   # nodes tried for one rebuild before the RayPool gives up and closes
+CONNECT_TIMEOUT_S = 30.0
 
 
 class Fleet:
     """One actor per pool of ``placement``, each hosting a local Pool of that pool's envs.
 
     ``infos[k]``: what pool ``k``'s actor reported (None until it has); ``restarts`` and
-    ``restart_log`` count and describe the rebuilds."""
+    ``restart_log`` count and describe the rebuilds.  ``direct``: the pools' calls go over a direct
+    connection to each actor (:mod:`.channel`) rather than through Ray."""
 
     def __init__(self, placement: Placement, fns: list, seed: int | None, pool_kwargs: list[dict],
-                 actor_options: dict, startup_timeout: float | None) -> None:
+                 actor_options: dict, startup_timeout: float | None, direct: bool = True) -> None:
         self.placement = placement
         self.seed = seed
         self.pool_kwargs = pool_kwargs
@@ -33,6 +37,8 @@ class Fleet:
         self.blobs = [ray.put(cloudpickle.dumps(fns[r.start:r.stop]))
                       for r in map(placement.env_range, range(placement.num_pools))]
         self.actors: list = []
+        self.token = secrets.token_bytes(TOKEN_BYTES) if direct else None
+        self.channels: list[Channel | None] = [None for _ in range(placement.num_pools)]
         self.infos: list[ActorInfo | None] = [None for _ in range(placement.num_pools)]
         self.restarts = 0
         self.restart_log: list[dict] = []
@@ -44,7 +50,34 @@ class Fleet:
         start = int(self.placement.starts[k])
         return start_actor(self.actor_options, slot.node_id if node_id is None else node_id, self.blobs[k],
                            None if self.seed is None else self.seed + start, self.placement.sub_batch_sizes[k],
-                           slot.index, slot.per_node, self.pool_kwargs[k])
+                           slot.index, slot.per_node, self.pool_kwargs[k], self.token)
+
+    def connect(self, k: int) -> None:
+        """Open the direct connection to pool ``k``'s actor; one that cannot be opened leaves that pool on
+        Ray calls, with a warning (a driver outside the cluster's network, a firewall)."""
+        old, self.channels[k] = self.channels[k], None
+        if old is not None:
+            old.close()
+        address = self.infos[k].channel
+        if address is None:
+            return
+        try:
+            self.channels[k] = Channel.connect(address, self.token, CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            warnings.warn(f"pool {k}: its actor's direct connection ({address[0]}:{address[1]}) could not be "
+                          f"opened ({exc}); its calls go through Ray, which is several times slower",
+                          RuntimeWarning, stacklevel=4)
+
+    def transport(self, k: int) -> str:
+        """How pool ``k``'s calls travel: ``"direct"`` or ``"ray"``."""
+        return "ray" if self.channels[k] is None else "direct"
+
+    def call(self, k: int, method: str, *args: object) -> object:
+        """Call ``method`` of pool ``k``'s actor: a :class:`~.channel.Reply`, or a Ray future without a connection."""
+        channel = self.channels[k]
+        if channel is not None:
+            return channel.call(method, *args)
+        return getattr(self.actors[k], method).remote(*args)
 
     def start(self) -> list[ActorInfo]:
         """Start every actor and wait (bounded by ``startup_timeout``) for its report; any failure
@@ -59,6 +92,8 @@ class Fleet:
                 if o.error is not None:
                     raise o.error
                 self.infos[o.pool] = o.value
+            for k in range(P):
+                self.connect(k)
         except BaseException:
             self.kill_all()
             raise
@@ -67,17 +102,25 @@ class Fleet:
     def forget(self) -> None:
         """The user's ``ray.shutdown()`` took the actors: nothing is left to stop (a Ray call would
         start a new, empty Ray)."""
+        self.close_channels()
         self.actors = []
 
+    def close_channels(self) -> None:
+        for channel in self.channels:
+            if channel is not None:
+                channel.close()
+        self.channels = [None for _ in self.channels]
+
     def kill_all(self) -> None:
+        self.close_channels()
         for actor in self.actors:
             ray.kill(actor)
 
     def close(self, timeout: float) -> None:
         """Close every local pool (waiting up to ``timeout`` s in all), then kill the actors."""
-        refs = [actor.close.remote() for actor in self.actors]
-        if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=timeout)  # a pool that does not answer is killed anyway
+        futures = [self.call(k, "close") for k in range(len(self.actors))]
+        if futures:
+            wait_done(futures, len(futures), timeout)  # a pool that does not answer is killed anyway
         self.kill_all()
         self.actors = []
 
@@ -126,6 +169,9 @@ class Fleet:
         what = self.describe_death(k, op, exc)
         warnings.warn(f"{what}; restarting it", RuntimeWarning, stacklevel=5)
         ray.kill(self.actors[k])
+        if self.channels[k] is not None:
+            self.channels[k].close()
+            self.channels[k] = None
         old_node = self.node_of(k)
         seeds = [None] * self.placement.sizes[k] if seeds is None else seeds
         tried: list[str] = []
@@ -163,6 +209,7 @@ class Fleet:
             self.restart_log.append({"pool": k, "old_pid": old.pid if old is not None else None, "old_node": old_node,
                                      "new_pid": info.pid, "new_node": target, "op": op, "cause": repr(exc)[:300]})
             self.infos[k] = info
+            self.connect(k)
             return resets
         raise self.death_error(k, op, exc, detail=f"; restarting it failed on nodes {tried}: "
                                                   f"{failures[-1] if failures else 'no alive node'!r}") from exc

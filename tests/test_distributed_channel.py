@@ -1,0 +1,140 @@
+"""The direct connection between a RayPool's driver and its actors (shmpool.distributed.channel), on
+real sockets in this process: no Ray cluster, so each test takes milliseconds."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray")
+
+from shmpool.distributed import channel as ch  # noqa: E402
+from shmpool.distributed.batches import Rows  # noqa: E402
+
+TOKEN = b"0123456789abcdef"
+
+
+def roundtrip(message):
+    a, b = socket.socketpair()
+    with a, b:
+        ch.send_parts(a, ch.encode(message))
+        return ch.recv_message(b)
+
+
+def test_arrays_cross_as_fresh_aligned_writable_copies_of_any_layout():
+    obs = {"img": np.arange(2 * 3 * 5, dtype=np.uint8).reshape(2, 3, 5), "vec": np.ones((2, 3), np.float32)}
+    infos = {"lives": np.array([3, 2]), "_lives": np.array([True, False]), "text": np.array(["a", None], dtype=object),
+             "fn": lambda: 7, "scalar": np.float64(2.5), "strided": np.arange(10)[::3], "empty": np.zeros((0, 4)),
+             "zero_d": np.array(1.5), "pairs": np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")]),
+             "s": np.array(["xy", "z"])}
+    sent = Rows(np.arange(2), obs, np.array([0.5, -1.0]), np.array([False, True]), np.zeros(2, bool), infos)
+    got = roundtrip(ch.Answer(value=sent)).value
+    assert isinstance(got, Rows)
+    for x, y in [(got.ids, sent.ids), (got.rew, sent.rew), (got.term, sent.term), (got.obs["img"], obs["img"]),
+                 (got.obs["vec"], obs["vec"])] + [(got.infos[k], infos[k]) for k in
+                                                  ("lives", "_lives", "strided", "empty", "zero_d", "pairs", "s")]:
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+        assert x.flags.writeable and x.flags.aligned and not np.shares_memory(x, y)
+    assert got.infos["text"].tolist() == ["a", None]
+    assert got.infos["fn"]() == 7 and got.infos["scalar"] == 2.5
+
+
+def serve(handle):
+    return ch.ChannelServer("127.0.0.1", TOKEN, handle, frozenset({"echo", "fail", "unpicklable"}))
+
+
+def handler(method, args):
+    if method == "fail":
+        raise KeyError("no such env")
+    if method == "unpicklable":
+        class Local(Exception):   # a class defined in a function: pickle cannot name it
+            pass
+        err = Local("odd")
+        err.lock = threading.Lock()
+        raise err
+    return args
+
+
+def test_calls_are_answered_in_order_and_errors_come_back_typed():
+    server = serve(handler)
+    channel = ch.Channel.connect(server.address, TOKEN, 5)
+    try:
+        replies = [channel.call("echo", i, np.full(3, i)) for i in range(5)]
+        failed = channel.call("fail")
+        odd = channel.call("unpicklable")
+        refused = channel.call("close")
+        done = ch.wait(replies + [failed, odd, refused], 8, 5.0)
+        assert len(done) == 8
+        for i, r in enumerate(replies):
+            assert r.answer.value[0] == i and r.answer.value[1].tolist() == [i, i, i]
+        assert isinstance(failed.answer.error, KeyError) and "no such env" in str(failed.answer.error)
+        assert isinstance(odd.answer.error, RuntimeError) and str(odd.answer.error) == "Local: odd"
+        assert isinstance(refused.answer.error, ValueError)
+        assert str(refused.answer.error) == "'close' is not a call this actor serves"
+    finally:
+        channel.close()
+        server.close()
+
+
+def test_a_wrong_token_is_hung_up_on_and_the_driver_still_gets_in():
+    server = serve(handler)
+    try:
+        stranger = socket.create_connection(server.address, timeout=5)
+        stranger.sendall(b"x" * len(TOKEN) + b"more")
+        try:
+            hung_up = stranger.recv(1) == b""   # closed without a word
+        except ConnectionResetError:          # or reset: the bytes it sent were never read
+            hung_up = True
+        assert hung_up
+        stranger.close()
+        channel = ch.Channel.connect(server.address, TOKEN, 5)
+        reply = channel.call("echo", "hi")
+        assert ch.wait([reply], 1, 5.0) == [reply] and reply.answer.value == ("hi",)
+        channel.close()
+    finally:
+        server.close()
+
+
+def test_a_connection_that_ends_loses_every_pending_reply_and_every_later_call():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_nothing():   # reads the token and one request, then its process "dies"
+        conn, _ = listener.accept()
+        ch.recv_exact(conn, len(TOKEN))
+        ch.recv_message(conn)
+        conn.close()
+
+    thread = threading.Thread(target=answer_nothing)
+    thread.start()
+    channel = ch.Channel.connect(listener.getsockname(), TOKEN, 5)
+    first, second = channel.call("step", 1), channel.call("step", 2)
+    assert ch.wait([first, second], 2, 5.0) == [first, second]
+    thread.join()
+    assert isinstance(first.lost, ch.ChannelClosedError) and second.lost is first.lost
+    assert "ended" in str(first.lost) and first.answer is None
+    later = channel.call("step", 3)
+    assert later.done and later.lost is first.lost
+    channel.close()
+    listener.close()
+
+
+def test_wait_returns_at_its_timeout_and_at_once_with_zero():
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+    thread = threading.Thread(target=lambda: accepted.append(listener.accept()[0]))
+    thread.start()
+    channel = ch.Channel.connect(listener.getsockname(), TOKEN, 5)
+    thread.join()
+    reply = channel.call("step", 1)
+    t0 = time.monotonic()
+    assert ch.wait([reply], 1, 0) == []
+    assert time.monotonic() - t0 < 0.05
+    assert ch.wait([reply], 1, 0.2) == [] and 0.2 <= time.monotonic() - t0 < 1.0
+    assert not reply.done
+    channel.close()
+    accepted[0].close()
+    listener.close()
