@@ -16,7 +16,7 @@ from .placement import Placement
 class Dispatch:
     """One pool's part of a ``send``: ``positions`` of its envs in the caller's ids (and actions),
     their ``local_ids`` on the pool, and whether the call also asks the pool for its next sub-batch
-    (one Ray round trip instead of two)."""
+    (one round trip instead of two)."""
 
     pool: int
     positions: np.ndarray
