@@ -108,9 +108,11 @@ def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], con
     """Entry point of worker ``index`` owning envs ``start..start+len(constructors.per_env)-1``.
 
     ``parent`` is the pool process's (pid, psutil create_time, built on its main thread)."""
-    watch = _setup_process(cpu, *parent)
-    shed_sockets({conn.fileno()})   # the trainer's ports and connections are never a worker's
     try:
+        # Inside the try: a failure setting the process up reaches the parent's error with its traceback
+        # (the worker's stderr may be a progress display's, or nobody's).
+        watch = _setup_process(cpu, *parent)
+        shed_sockets({conn.fileno()})   # the trainer's ports and connections are never a worker's
         _run(conn, index, watch, constructors, start, seeds)
     except Exception as exc:
         # A bug outside env code: leave the traceback for the parent's error.
