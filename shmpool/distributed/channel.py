@@ -38,6 +38,7 @@ HEADER = struct.Struct("<IIQ")   # pickle bytes, arrays, body bytes (array sizes
 ALIGN = 16            # each array's offset in a frame's body: numpy's widest usual alignment
 TOKEN_BYTES = 16
 STALL_S = 60.0        # a frame that stops half-way for this long: the connection is treated as lost
+AUTH_S = 5.0          # a caller that has not sent its token by then is hung up on (the driver sends it at once)
 IOV_MAX = 512         # parts per sendmsg (Linux allows 1024)
 JOIN_BYTES = 64 * 1024   # a frame up to this size is joined and sent at once (cheaper than sendmsg of parts)
 # Socket buffers big enough for a whole answer: with the defaults a 221 KiB answer crossed in many
@@ -206,13 +207,14 @@ class ChannelServer:
             except OSError:   # closed
                 return
             with conn:
-                conn.settimeout(STALL_S)
+                conn.settimeout(AUTH_S)
                 try:
                     token = recv_exact(conn, len(self.token))
                 except (OSError, ChannelClosedError):
                     continue
                 if not hmac.compare_digest(bytes(token), self.token):
                     continue   # not our driver: hang up and keep listening
+                conn.settimeout(STALL_S)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._serve(conn)
             self.close()   # one driver per actor: once it hangs up, nobody else is let in
