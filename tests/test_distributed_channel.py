@@ -138,3 +138,56 @@ def test_wait_returns_at_its_timeout_and_at_once_with_zero():
     channel.close()
     accepted[0].close()
     listener.close()
+
+
+def test_an_answer_that_stops_half_way_does_not_hold_the_wait(monkeypatch):
+    """A node that freezes mid-answer: the driver blocked in the read for the whole stall timeout (60 s),
+    past its wait's slice, so neither ``step_timeout`` nor the node-liveness watch could act.  Now the
+    wait returns at its timeout with the reply pending, and the rest of the frame completes it later."""
+    monkeypatch.setattr(ch, "STALL_S", 3.0)
+    listener = socket.create_server(("127.0.0.1", 0))
+    parts = b"".join(bytes(p) for p in ch.encode(ch.Answer(value=np.arange(5000))))
+    go_on = threading.Event()
+
+    def half_then_rest():
+        conn, _ = listener.accept()
+        with conn:
+            ch.recv_exact(conn, len(TOKEN))
+            ch.recv_message(conn)
+            conn.sendall(parts[:len(parts) // 2])
+            go_on.wait(10)
+            conn.sendall(parts[len(parts) // 2:])
+
+    thread = threading.Thread(target=half_then_rest)
+    thread.start()
+    channel = ch.Channel.connect(listener.getsockname(), TOKEN, 5)
+    reply = channel.call("step", 1)
+    t0 = time.monotonic()
+    assert ch.wait([reply], 1, 0.3) == []
+    assert time.monotonic() - t0 < 1.5 and not reply.done
+    go_on.set()
+    assert ch.wait([reply], 1, 5.0) == [reply]
+    np.testing.assert_array_equal(reply.answer.value, np.arange(5000))
+    channel.close()
+    thread.join()
+    listener.close()
+
+
+def test_an_answer_this_process_cannot_rebuild_is_that_call_s_error_and_the_next_still_arrives():
+    server = serve(lambda method, args: ModuleMissing() if args == ("odd",) else args)
+    channel = ch.Channel.connect(server.address, TOKEN, 5)
+    try:
+        odd, fine = channel.call("echo", "odd"), channel.call("echo", "fine")
+        assert ch.wait([odd, fine], 2, 5.0) == [odd, fine]
+        assert isinstance(odd.answer.error, ModuleNotFoundError) and "no_such_module_here" in str(odd.answer.error)
+        assert fine.answer.value == ("fine",) and channel.lost is None
+    finally:
+        channel.close()
+        server.close()
+
+
+class ModuleMissing:
+    """Pickles as a class of a module the driver does not have (a node-only package)."""
+
+    def __reduce__(self):
+        return (__import__("importlib").import_module, ("no_such_module_here",))

@@ -161,17 +161,64 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
 def recv_message(sock: socket.socket) -> Any:
     """One frame, unpickled; its arrays share one fresh block of memory, which they own."""
     meta_len, count, body_len = HEADER.unpack(recv_exact(sock, HEADER.size))
-    body = memoryview(recv_exact(sock, body_len))
-    sizes = struct.unpack_from(f"<{count}Q", body)
+    return decode_body(recv_exact(sock, body_len), meta_len, count)
+
+
+def decode_body(body: bytearray, meta_len: int, count: int) -> Any:
+    """A frame's message from its body (array sizes, pickle, aligned arrays)."""
+    view = memoryview(body)
+    sizes = struct.unpack_from(f"<{count}Q", view)
     at = 8 * count
-    meta = body[at:at + meta_len]
+    meta = view[at:at + meta_len]
     at += meta_len
     arrays = []
     for n in sizes:
         at += _padded(at)
-        arrays.append(body[at:at + n])
+        arrays.append(view[at:at + n])
         at += n
     return _Unpickler(io.BytesIO(meta), arrays).load()
+
+
+class FrameReader:
+    """The driver's answers put together from what has arrived, never waiting for the rest: a peer that stops
+    half-way through a frame must not hold the driver past its wait's slice (its timeout, the liveness watch)."""
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.body: bytearray | None = None
+        self.got = 0
+
+    def read_available(self, sock: socket.socket) -> tuple[list, BaseException | None]:
+        """The messages completed by what ``sock`` holds now (it was seen readable), and how the connection
+        ended if it did (after those messages: an actor's last answer still counts)."""
+        out: list = []
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        try:
+            while True:
+                if self.body is None:
+                    chunk = sock.recv(HEADER.size - len(self.head))
+                    if not chunk:
+                        raise ChannelClosedError("the connection was closed by the other side")
+                    self.head += chunk
+                    if len(self.head) == HEADER.size:
+                        self.body = bytearray(HEADER.unpack(self.head)[2])
+                else:
+                    k = sock.recv_into(memoryview(self.body)[self.got:])
+                    if k == 0:
+                        raise ChannelClosedError("the connection was closed by the other side")
+                    self.got += k
+                if self.body is not None and self.got == len(self.body):
+                    meta_len, count, _ = HEADER.unpack(self.head)
+                    try:
+                        out.append(decode_body(self.body, meta_len, count))
+                    except Exception as exc:   # e.g. an info of a class this process cannot import: that
+                        out.append(Answer(error=exc))   # call's error; the frame was read whole, the stream is fine
+                    self.head, self.body, self.got = bytearray(), None, 0
+                if not poller.poll(0):   # nothing more has arrived: keep a partial frame for the next call
+                    return out, None
+        except (OSError, ChannelClosedError, EOFError) as exc:
+            return out, exc
 
 
 def _portable_answer(exc: BaseException) -> list:
@@ -259,12 +306,13 @@ class Reply:
 
 class Channel:
     """The driver's end of one actor's connection: :meth:`call` sends a request at once and returns
-    its :class:`Reply`; :meth:`read_one` settles the oldest unanswered reply (:func:`wait` calls it)."""
+    its :class:`Reply`; :meth:`read_available` settles the oldest unanswered replies (:func:`wait` calls it)."""
 
     def __init__(self, sock: socket.socket, address: tuple[str, int]) -> None:
         self.sock = sock
         self.address = address
         self.pending: collections.deque[Reply] = collections.deque()
+        self.reader = FrameReader()
         self.lost: ChannelClosedError | None = None
 
     @classmethod
@@ -298,15 +346,15 @@ class Channel:
             self._lose(self.lost)
         return reply
 
-    def read_one(self) -> None:
-        """Read one answer (the caller saw the socket readable): it settles the oldest pending reply."""
-        try:
-            answer = recv_message(self.sock)
-        except (OSError, ChannelClosedError, EOFError) as exc:
-            self._lose(exc)
-            return
-        if self.pending:
-            self.pending.popleft().answer = answer
+    def read_available(self) -> None:
+        """Read what has arrived (the caller saw the socket readable); each whole answer settles the oldest
+        pending reply, in order."""
+        answers, ended = self.reader.read_available(self.sock)
+        for answer in answers:
+            if self.pending:
+                self.pending.popleft().answer = answer
+        if ended is not None:
+            self._lose(ended)
 
     def _lose(self, exc: BaseException) -> None:
         if self.lost is None:
@@ -336,6 +384,6 @@ def wait(replies: list[Reply], num_returns: int, timeout: float) -> list[Reply]:
             poller.register(fd, select.POLLIN)
         events = poller.poll(left_ms)
         for fd, _ in events:
-            by_fd[fd].read_one()
+            by_fd[fd].read_available()
         if not events and left_ms == 0:
             return done
