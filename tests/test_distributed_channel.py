@@ -191,3 +191,21 @@ class ModuleMissing:
 
     def __reduce__(self):
         return (__import__("importlib").import_module, ("no_such_module_here",))
+
+
+def test_a_driver_idle_for_longer_than_the_stall_timeout_is_still_served(monkeypatch):
+    """The stall timeout is for a frame that stops half-way, not for the time between calls: the actor
+    used it for both, so a trainer that paused longer (an evaluation, a checkpoint) found its pools dead."""
+    monkeypatch.setattr(ch, "STALL_S", 0.3)
+    server = serve(handler)
+    channel = ch.Channel.connect(server.address, TOKEN, 5)
+    try:
+        first = channel.call("echo", 1)
+        assert ch.wait([first], 1, 5.0) == [first] and first.answer.value == (1,)
+        time.sleep(0.8)
+        later = channel.call("echo", 2)
+        assert ch.wait([later], 1, 5.0) == [later]
+        assert later.lost is None and later.answer.value == (2,)
+    finally:
+        channel.close()
+        server.close()

@@ -11,8 +11,8 @@ Each actor listens on one port of its node's address (the one Ray itself uses) a
 which must first present the RayPool's random token.  A frame is a pickle of a named message
 (:class:`Request`, :class:`Answer`) in which every contiguous array is only named (dtype, shape): its
 bytes follow the pickle as they are, sent straight from the actor's shared region and received into fresh
-memory that the returned arrays own.  Calls on one
-connection are answered in order, one at a time, by the actor's serving thread.  Nothing here needs Ray.
+memory that the returned arrays own.  Calls on one connection are answered in order, one at a time, by the
+actor's serving thread.  Nothing here needs Ray.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import numpy as np
 HEADER = struct.Struct("<IIQ")   # pickle bytes, arrays, body bytes (array sizes, pickle, aligned arrays)
 ALIGN = 16            # each array's offset in a frame's body: numpy's widest usual alignment
 TOKEN_BYTES = 16
-STALL_S = 60.0        # a frame that stops half-way for this long: the connection is treated as lost
+STALL_S = 60.0        # a frame (or a send) that stops half-way for this long: the connection is treated as lost
 AUTH_S = 5.0          # a caller that has not sent its token by then is hung up on (the driver sends it at once)
 IOV_MAX = 512         # parts per sendmsg (Linux allows 1024)
 JOIN_BYTES = 64 * 1024   # a frame up to this size is joined and sent at once (cheaper than sendmsg of parts)
@@ -268,9 +268,12 @@ class ChannelServer:
             return
 
     def _serve(self, conn: socket.socket) -> None:
+        idle = select.poll()
+        idle.register(conn.fileno(), select.POLLIN)
         while True:
             try:
-                request = recv_message(conn)
+                idle.poll()   # between calls the driver may pause as long as it likes (an evaluation, a save)
+                request = recv_message(conn)   # once a frame starts, STALL_S bounds the rest of it
             except (OSError, ChannelClosedError, EOFError):
                 return
             try:
