@@ -362,7 +362,7 @@ class Channel:
     def _lose(self, exc: BaseException) -> None:
         if self.lost is None:
             host, port = self.address
-            self.lost = ChannelClosedError(f"its connection ({host}:{port}) ended: {exc or type(exc).__name__}")
+            self.lost = ChannelClosedError(f"its connection ({host}:{port}) ended: {str(exc) or type(exc).__name__}")
             self.lost.__cause__ = exc if exc is not self.lost else None
         while self.pending:
             self.pending.popleft().lost = self.lost
