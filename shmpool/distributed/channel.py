@@ -47,10 +47,14 @@ JOIN_BYTES = 64 * 1024   # a frame up to this size is joined and sent at once (c
 BUFFER_BYTES = 4 * 2**20
 
 
-def _tune(sock: socket.socket) -> None:
-    """Set before connect/listen, so the window is negotiated with them."""
+def _tuned_socket(host: str, port: int) -> tuple[socket.socket, Any]:
+    """A TCP socket for ``host`` and its address to bind or connect; its buffers are set before either, so
+    the window is negotiated with them."""
+    family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER_BYTES)
+    return sock, where
 
 
 class ChannelClosedError(ConnectionError):
@@ -100,23 +104,24 @@ def _padded(n: int) -> int:
     return -n % ALIGN
 
 
+def _pickled(message: Any, pickler: type) -> tuple[memoryview, list[np.ndarray]]:
+    """The pickle of ``message`` with its arrays only named, and those arrays in order."""
+    arrays: list[np.ndarray] = []
+    out = io.BytesIO()
+    dumper = pickler(out, protocol=5)
+    dumper.persistent_id = functools.partial(_raw_array, arrays=arrays)
+    dumper.dump(message)
+    return out.getbuffer(), arrays
+
+
 def encode(message: Any) -> list:
     """``message`` as frame parts: header, array sizes, pickle, then each array's bytes (aligned).
 
     Arrays are not pickled: the pickle names their dtype and shape, and their memory is sent as it is."""
-    # cloudpickle for what plain pickle refuses (a lambda in an info dict), as Ray would take it
-    for pickler in (pickle.Pickler, cloudpickle.Pickler):
-        arrays: list[np.ndarray] = []
-        out = io.BytesIO()
-        dumper = pickler(out, protocol=5)
-        dumper.persistent_id = functools.partial(_raw_array, arrays=arrays)
-        try:
-            dumper.dump(message)
-            break
-        except Exception:
-            if pickler is cloudpickle.Pickler:
-                raise
-    meta = out.getbuffer()
+    try:
+        meta, arrays = _pickled(message, pickle.Pickler)
+    except Exception:   # what plain pickle refuses (a lambda in an info dict), cloudpickle takes, as Ray would
+        meta, arrays = _pickled(message, cloudpickle.Pickler)
     sizes = struct.pack(f"<{len(arrays)}Q", *(a.nbytes for a in arrays))
     parts: list = [None, sizes, meta]
     body = len(sizes) + len(meta)
@@ -238,9 +243,7 @@ class ChannelServer:
         self.token = token
         self.handle = handle
         self.methods = methods
-        family, kind, proto, _, where = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-        self.listener = socket.socket(family, kind, proto)
-        _tune(self.listener)
+        self.listener, where = _tuned_socket(host, 0)
         self.listener.bind(where)
         self.listener.listen()
         self.address: tuple[str, int] = self.listener.getsockname()[:2]
@@ -320,10 +323,8 @@ class Channel:
 
     @classmethod
     def connect(cls, address: tuple[str, int], token: bytes, timeout: float) -> Channel:
-        family, kind, proto, _, where = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
+        sock, where = _tuned_socket(*address)
         try:
-            _tune(sock)
             sock.settimeout(timeout)
             sock.connect(where)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
