@@ -262,3 +262,21 @@ def test_merge_infos_takes_keys_that_are_not_strings_and_values_that_are_all_non
     assert got["final_info"] == {1: None}
     np.testing.assert_array_equal(got["_final_info"], [True, True, True])
     np.testing.assert_array_equal(got[7], [1.5, 2.5, 0.0])
+
+
+@pytest.mark.parametrize("masks", [(np.array([True, False]), np.array([True])), (np.array([1, 0]), np.array([1]))])
+@pytest.mark.parametrize("other", [np.array([7]), np.array([0.5])])
+def test_merge_infos_of_blocks_with_the_same_keys(masks, other):
+    """Blocks alike (every key, dtype and row shape: each step of a homogeneous pool) merge as the general
+    case does: masks as bool, object columns kept, a dtype that differs between blocks promoted."""
+    a = {"lives": np.array([3, 2]), "_lives": masks[0], "tag": np.array(["a", "b"], dtype=object),
+         "xy": np.zeros((2, 2), dtype=np.float32), "other": np.array([1, 2])}
+    b = {"lives": np.array([1]), "_lives": masks[1], "tag": np.array(["c"], dtype=object),
+         "xy": np.ones((1, 2), dtype=np.float32), "other": other}
+    got = merge_infos([a, b], [2, 1])
+    assert list(got) == list(a)
+    np.testing.assert_array_equal(got["lives"], [3, 2, 1])
+    assert got["_lives"].dtype == np.bool_ and got["_lives"].tolist() == [True, False, True]
+    assert got["tag"].dtype == object and got["tag"].tolist() == ["a", "b", "c"]
+    assert got["xy"].dtype == np.float32 and got["xy"].tolist() == [[0, 0], [0, 0], [1, 1]]
+    assert got["other"].dtype == other.dtype and got["other"].tolist() == [1, 2, other[0]]

@@ -62,6 +62,25 @@ def _column(values: list, sizes: list[int]) -> np.ndarray:
         return out
 
 
+def _same_columns(parts: list[dict]) -> bool:
+    """Whether every block has the same keys, each an array of one dtype and row shape in every block (``_key``
+    masks already bool): then merging is plain concatenation, ~4x cheaper than the general path (50 µs for a
+    Pong step's two blocks here, a cost the driver pays every call)."""
+    first = parts[0]
+    if any(p.keys() != first.keys() for p in parts[1:]):
+        return False
+    for key, v in first.items():
+        if type(v) is not np.ndarray or v.ndim == 0:
+            return False
+        if isinstance(key, str) and key.startswith("_") and key[1:] in first and v.dtype != np.bool_:
+            return False
+        for p in parts[1:]:
+            w = p[key]
+            if type(w) is not np.ndarray or w.dtype != v.dtype or w.shape[1:] != v.shape[1:]:
+                return False
+    return True
+
+
 def merge_infos(parts: list[dict], sizes: list[int]) -> dict:
     """gymnasium vector infos of consecutive row blocks (``sizes[i]`` rows in ``parts[i]``) as one.
 
@@ -69,6 +88,8 @@ def merge_infos(parts: list[dict], sizes: list[int]) -> dict:
     ``_key`` mask."""
     if len(parts) == 1:
         return parts[0]
+    if _same_columns(parts):   # every step of a homogeneous pool: no filling to do, one concatenation a key
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
     keys: dict[str, None] = {}
     for p in parts:
         keys.update(dict.fromkeys(p))
