@@ -209,3 +209,42 @@ def test_a_driver_idle_for_longer_than_the_stall_timeout_is_still_served(monkeyp
     finally:
         channel.close()
         server.close()
+
+
+def test_the_actor_spins_for_the_next_call_only_while_calls_come_quickly():
+    gaps = ch.CallGaps(spin_s=0.002, keep=4)
+    assert gaps.window() == 0.0   # nothing seen yet: sleep
+    for _ in range(4):
+        gaps.record(0.001)
+    assert gaps.window() == 0.002
+    gaps.record(0.05)
+    gaps.record(0.05)   # half of the last four came late: the median is past the window
+    assert gaps.window() == 0.0
+    never = ch.CallGaps(spin_s=0.0)
+    never.record(0.0001)
+    assert never.window() == 0.0
+
+
+def test_a_driver_that_pauses_finds_the_actor_asleep_past_its_window():
+    a, b = socket.socketpair()
+    gaps = ch.CallGaps(spin_s=0.002)
+    for _ in range(8):
+        gaps.record(0.0005)   # calls have been coming quickly: it spins first
+    idle = ch.select.poll()
+    idle.register(b.fileno(), ch.select.POLLIN)
+    cpu = []
+
+    def wait() -> None:
+        start = time.thread_time()
+        ch.await_call(idle, gaps)
+        cpu.append(time.thread_time() - start)
+
+    with a, b:
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.3)
+        assert waiter.is_alive()   # nothing to read yet
+        a.sendall(b"x")
+        waiter.join(5)
+        assert not waiter.is_alive() and cpu[0] < 0.1   # a 2 ms spin, then asleep (not 300 ms of polling)
+        assert gaps.gaps[-1] >= 0.3

@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ..errors import ShmpoolError
 from ..pool import Pool
 from .batches import Rows
-from .channel import ChannelServer
+from .channel import SPIN_S, ChannelServer
 from .placement import numa_cpu_groups, slot_cpus
 
 # What the driver's direct connection may call: every call that touches the pool (describe stays a Ray call,
@@ -110,8 +110,10 @@ class PoolActor:
             # core another pool's workers need.
             os.sched_setaffinity(0, kwargs["cpus"])
         self.pool = Pool(fns, batch_size=batch_size, seed=seed, copy=False, **kwargs)
+        # wait_policy="block" asks every wait of the pool to sleep: the actor's wait for the driver's calls too
+        spin_s = 0.0 if kwargs.get("wait_policy") == "block" else SPIN_S
         self.server = (None if token is None else
-                       ChannelServer(ray.util.get_node_ip_address(), token, self.serve, CHANNEL_CALLS))
+                       ChannelServer(ray.util.get_node_ip_address(), token, self.serve, CHANNEL_CALLS, spin_s))
 
     def serve(self, method: str, args: tuple) -> Any:
         """A call that came over the direct connection."""
