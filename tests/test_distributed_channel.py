@@ -248,3 +248,27 @@ def test_a_driver_that_pauses_finds_the_actor_asleep_past_its_window():
         waiter.join(5)
         assert not waiter.is_alive() and cpu[0] < 0.1   # a 2 ms spin, then asleep (not 300 ms of polling)
         assert gaps.gaps[-1] >= 0.3
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_step_answer_of_plain_arrays_crosses_whole(nested):
+    """The usual answer (plain arrays, flat infos) is written in short; one with a nested info the long way:
+    both arrive equal, in order, as fresh writable arrays."""
+    infos = {"lives": np.array([3, 2], np.int64), "_lives": np.array([True, False]), "zero_d": np.array(1.5),
+             "empty": np.zeros((2, 0), np.float32)}
+    if nested:
+        infos["final_info"] = {"r": np.array([1.0, 0.0])}
+    sent = Rows(np.arange(2), np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4), np.array([0.5, -1.0]),
+                np.array([False, True]), np.array([True, False]), infos)
+    got = roundtrip(ch.Answer(value=sent))
+    assert type(got) is ch.Answer and not got.failed and isinstance(got.value, Rows)
+    rows = got.value
+    assert list(rows.infos) == list(infos)
+    pairs = [(rows.ids, sent.ids), (rows.obs, sent.obs), (rows.rew, sent.rew), (rows.term, sent.term),
+             (rows.trunc, sent.trunc)] + [(rows.infos[k], infos[k]) for k in ("lives", "_lives", "zero_d", "empty")]
+    for x, y in pairs:
+        assert x.dtype == y.dtype and x.shape == y.shape and x.flags.writeable
+        np.testing.assert_array_equal(x, y)
+        assert not np.shares_memory(x, y)
+    if nested:
+        np.testing.assert_array_equal(rows.infos["final_info"]["r"], [1.0, 0.0])

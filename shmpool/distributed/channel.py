@@ -35,6 +35,8 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from .batches import Rows
+
 HEADER = struct.Struct("<IIQ")   # pickle bytes, arrays, body bytes (array sizes, pickle, aligned arrays)
 ALIGN = 16            # each array's offset in a frame's body: numpy's widest usual alignment
 TOKEN_BYTES = 16
@@ -86,13 +88,47 @@ class Answer:
         return self.error is not None
 
 
+def _plain(obj: Any) -> bool:
+    """Whether ``obj`` is an array that can travel as its raw bytes: contiguous, of a plain dtype (structured and
+    object arrays are pickled whole)."""
+    return type(obj) is np.ndarray and obj.flags.c_contiguous and obj.dtype.fields is None and not obj.dtype.hasobject
+
+
 def _raw_array(obj: Any, arrays: list) -> tuple | None:
-    """A contiguous array of a plain dtype leaves the pickle as ``(dtype, shape)``; its bytes go beside it
-    (structured and object arrays are pickled whole)."""
-    if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.dtype.fields is None and not obj.dtype.hasobject:
+    """A plain array leaves the pickle as ``(dtype, shape)``; its bytes go beside it."""
+    if _plain(obj):
         arrays.append(obj)
         return obj.dtype.str, obj.shape
     return None
+
+
+@dataclass(frozen=True)
+class PlainRows:
+    """What the pickle says of a :class:`Rows` answer whose arrays are all plain and whose infos are flat (a
+    homogeneous pool's step or recv): the info keys and each array's dtype and shape, in the order ids, obs,
+    rew, term, trunc, infos.  Writing it costs ~10 µs against ~50 µs for the same answer pickled object by
+    object, on the actor's side of every call."""
+
+    keys: tuple
+    specs: tuple
+
+    def __reduce__(self) -> tuple:
+        return PlainRows, (self.keys, self.specs)
+
+    @classmethod
+    def of(cls, message: Any) -> tuple[PlainRows, list[np.ndarray]] | None:
+        """``message`` described so, and its arrays; None when it is anything else."""
+        if type(message) is not Answer or message.error is not None or type(message.value) is not Rows:
+            return None
+        rows = message.value
+        arrays = [rows.ids, rows.obs, rows.rew, rows.term, rows.trunc, *rows.infos.values()]
+        if not all(map(_plain, arrays)) or not all(type(k) is str for k in rows.infos):
+            return None
+        return cls(tuple(rows.infos), tuple((a.dtype.str, a.shape) for a in arrays)), arrays
+
+    def answer(self, views: list[memoryview]) -> Answer:
+        a = [np.frombuffer(v, dtype).reshape(shape) for v, (dtype, shape) in zip(views, self.specs)]
+        return Answer(value=Rows(a[0], a[1], a[2], a[3], a[4], dict(zip(self.keys, a[5:]))))
 
 
 class _Unpickler(pickle.Unpickler):
@@ -123,10 +159,14 @@ def encode(message: Any) -> list:
     """``message`` as frame parts: header, array sizes, pickle, then each array's bytes (aligned).
 
     Arrays are not pickled: the pickle names their dtype and shape, and their memory is sent as it is."""
-    try:
-        meta, arrays = _pickled(message, pickle.Pickler)
-    except Exception:   # what plain pickle refuses (a lambda in an info dict), cloudpickle takes, as Ray would
-        meta, arrays = _pickled(message, cloudpickle.Pickler)
+    plain = PlainRows.of(message)
+    if plain is not None:
+        meta, arrays = memoryview(pickle.dumps(plain[0], protocol=5)), plain[1]
+    else:
+        try:
+            meta, arrays = _pickled(message, pickle.Pickler)
+        except Exception:   # what plain pickle refuses (a lambda in an info dict), cloudpickle takes, as Ray would
+            meta, arrays = _pickled(message, cloudpickle.Pickler)
     sizes = struct.pack(f"<{len(arrays)}Q", *(a.nbytes for a in arrays))
     parts: list = [None, sizes, meta]
     body = len(sizes) + len(meta)
@@ -186,7 +226,8 @@ def decode_body(body: bytearray, meta_len: int, count: int) -> Any:
         at += _padded(at)
         arrays.append(view[at:at + n])
         at += n
-    return _Unpickler(io.BytesIO(meta), arrays).load()
+    message = _Unpickler(io.BytesIO(meta), arrays).load()
+    return message.answer(arrays) if type(message) is PlainRows else message
 
 
 class FrameReader:
