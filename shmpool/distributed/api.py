@@ -98,7 +98,9 @@ class RayPool(LifecycleFacts):
     go over one TCP connection from this process to the actor, opened at start-up on the address Ray
     uses for the node and guarded by a random token; arrays travel as raw bytes.  A connection
     that cannot be opened (a driver outside the cluster's network) leaves that pool on Ray calls,
-    with a RuntimeWarning.  ``"ray"``: every call is an ordinary Ray actor call (several ms each).
+    with a RuntimeWarning.  Between calls an actor polls its connection (yielding its core) for up to
+    2 ms before it sleeps, while the driver's calls have been coming that quickly; ``wait_policy="block"``
+    makes it sleep at once.  ``"ray"``: every call is an ordinary Ray actor call (several ms each).
 
     Shapes and dtypes are the local pool's: observations ``(n, *obs_shape)`` in the
     space's dtype (dicts/tuples of such arrays for Dict/Tuple spaces), rewards
