@@ -217,8 +217,8 @@ def x_axis_name(args: argparse.Namespace) -> str:
 
 
 def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict[str, Any]],
-                 skipped: list[dict[str, Any]], ray: dict[str, Any] | None) -> None:
-    """The table once, as markdown, with what its columns mean."""
+                 skipped: list[dict[str, Any]], ray: dict[str, Any] | None) -> str:
+    """The table once, as markdown, with what its columns mean (printed, and returned)."""
     lines = [report.header("shmpool latency benchmark", args, env, f"python {env['python']}, numpy {env['numpy']}, "
                            f"gymnasium {env['gymnasium']} · medians"), "",
              f"{args.task}: per trainer call (sync: `step` over all N; async: `recv` of `batch` envs + `send` back), "
@@ -235,6 +235,7 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict
         combos = ", ".join(f"N={s['num_envs']} batch={s['batch_size']}" for s in skipped)
         lines += ["", f"Skipped (batch_size > num_envs): {combos}."]
     print("\n".join(lines), flush=True)
+    return "\n".join(lines)
 
 
 DEFINITIONS = {
@@ -385,13 +386,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             cluster.close()
     results = with_overheads([cell_json(args.task, mode, system, n, b, [r for r in records if r.case == case.name])
                               for (mode, n, b, system), case in zip(((*c, s) for c in cells for s in systems), cases)])
-    write_report(args, env, results, skipped, ray)
+    text = write_report(args, env, results, skipped, ray)
     data = {"benchmark": "bench.latency", "environment": env, "config": report.config_of(args),
             "x_axis_name": x_axis_name(args), "definitions": DEFINITIONS, "ray": ray, "skipped": skipped,
             "cells": results}
     if args.json:
-        report.write_json(args.json, data)
-        err.print(f"cells written to {args.json}")
+        report.write_results(args.json, data, text, err)
     png = args.png or (str(Path(args.json).with_suffix(".png")) if args.json and getattr(args, "save", False) else None)
     if png and any("agent_latency_us" in c for c in results):
         plot({**data, "cells": [c for c in results if c["system"] == "local"]}, png)

@@ -14,13 +14,15 @@ PCTS = {"p50", "p75", "p90", "p95", "p99"}
 
 
 def test_tiny_run_writes_json_and_plots(tmp_path, capsys, no_leaks):
-    """N=2,4 × batch 1,4 (N=2 batch=4 skipped), 0.2 s a cell: the JSON has every cell, the PNG beside it."""
+    """N=2,4 × batch 1,4 (N=2 batch=4 skipped), 0.2 s a cell: the JSON has every cell, the report and PNG beside it."""
     path, png = tmp_path / "latency.json", tmp_path / "latency.png"
     rc = latency.main(["--quick", "--num-envs", "2,4", "--batch-size", "1,4", "--json", str(path), "--png", str(png)])
     stdout = capsys.readouterr().out
     assert rc == 0
     assert "| sync | 2 | 2 |" in stdout and "| async | 4 | 4 |" in stdout
     assert "Skipped (batch_size > num_envs): N=2 batch=4." in stdout
+    report = path.with_suffix(".md").read_text()   # the report beside the JSON, as --json promises
+    assert report.startswith("## shmpool latency benchmark") and report.strip() in stdout
     data = json.loads(path.read_text())
     assert data["benchmark"] == "bench.latency"
     assert {"date", "cpu_model", "sched_getaffinity", "gymnasium"} <= set(data["environment"])
