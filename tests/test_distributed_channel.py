@@ -272,3 +272,16 @@ def test_a_step_answer_of_plain_arrays_crosses_whole(nested):
         assert not np.shares_memory(x, y)
     if nested:
         np.testing.assert_array_equal(rows.infos["final_info"]["r"], [1.0, 0.0])
+
+
+def test_a_request_the_actor_cannot_read_is_that_call_s_error_and_the_connection_stays():
+    server = serve(handler)
+    channel = ch.Channel.connect(server.address, TOKEN, 5)
+    try:
+        odd, fine = channel.call("echo", ModuleMissing()), channel.call("echo", "fine")
+        assert ch.wait([odd, fine], 2, 5.0) == [odd, fine]
+        assert isinstance(odd.answer.error, ModuleNotFoundError) and "no_such_module_here" in str(odd.answer.error)
+        assert fine.answer.value == ("fine",) and channel.lost is None
+    finally:
+        channel.close()
+        server.close()

@@ -208,10 +208,15 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
+def recv_frame(sock: socket.socket) -> tuple[bytearray, int, int]:
+    """One whole frame: its body, pickle length and array count (:func:`decode_body` makes the message)."""
+    meta_len, count, body_len = HEADER.unpack(recv_exact(sock, HEADER.size))
+    return recv_exact(sock, body_len), meta_len, count
+
+
 def recv_message(sock: socket.socket) -> Any:
     """One frame, unpickled; its arrays share one fresh block of memory, which they own."""
-    meta_len, count, body_len = HEADER.unpack(recv_exact(sock, HEADER.size))
-    return decode_body(recv_exact(sock, body_len), meta_len, count)
+    return decode_body(*recv_frame(sock))
 
 
 def decode_body(body: bytearray, meta_len: int, count: int) -> Any:
@@ -358,10 +363,11 @@ class ChannelServer:
         while True:
             try:
                 await_call(idle, gaps)   # the driver may pause between calls as long as it likes (an evaluation)
-                request = recv_message(conn)   # once a frame starts, STALL_S bounds the rest of it
+                frame = recv_frame(conn)   # once a frame starts, STALL_S bounds the rest of it
             except (OSError, ChannelClosedError, EOFError):
                 return
-            try:
+            try:   # a request this process cannot unpickle (a driver-only class) is that call's error
+                request = decode_body(*frame)
                 if not isinstance(request, Request) or request.method not in self.methods:
                     raise ValueError(f"{getattr(request, 'method', request)!r} is not a call this actor serves")
                 parts = encode(Answer(value=self.handle(request.method, request.args)))
