@@ -234,8 +234,8 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict
     if skipped:
         combos = ", ".join(f"N={s['num_envs']} batch={s['batch_size']}" for s in skipped)
         lines += ["", f"Skipped (batch_size > num_envs): {combos}."]
-    print("\n".join(lines), flush=True)
-    return "\n".join(lines)
+    print(text := "\n".join(lines), flush=True)
+    return text
 
 
 DEFINITIONS = {

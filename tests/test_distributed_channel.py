@@ -173,11 +173,19 @@ def test_an_answer_that_stops_half_way_does_not_hold_the_wait(monkeypatch):
     listener.close()
 
 
-def test_an_answer_this_process_cannot_rebuild_is_that_call_s_error_and_the_next_still_arrives():
-    server = serve(lambda method, args: ModuleMissing() if args == ("odd",) else args)
+@pytest.mark.parametrize("side", ["answer", "request"])
+def test_a_message_the_other_end_cannot_rebuild_is_that_call_s_error_and_the_next_still_arrives(side):
+    """An answer holding a node-only class (the driver cannot unpickle it), or a request holding a driver-only
+    one (the actor cannot): that call's error, and the connection goes on serving."""
+    if side == "answer":
+        server = serve(lambda method, args: ModuleMissing() if args == ("odd",) else args)
+        odd_arg = "odd"
+    else:
+        server = serve(handler)
+        odd_arg = ModuleMissing()
     channel = ch.Channel.connect(server.address, TOKEN, 5)
     try:
-        odd, fine = channel.call("echo", "odd"), channel.call("echo", "fine")
+        odd, fine = channel.call("echo", odd_arg), channel.call("echo", "fine")
         assert ch.wait([odd, fine], 2, 5.0) == [odd, fine]
         assert isinstance(odd.answer.error, ModuleNotFoundError) and "no_such_module_here" in str(odd.answer.error)
         assert fine.answer.value == ("fine",) and channel.lost is None
@@ -272,16 +280,3 @@ def test_a_step_answer_of_plain_arrays_crosses_whole(nested):
         assert not np.shares_memory(x, y)
     if nested:
         np.testing.assert_array_equal(rows.infos["final_info"]["r"], [1.0, 0.0])
-
-
-def test_a_request_the_actor_cannot_read_is_that_call_s_error_and_the_connection_stays():
-    server = serve(handler)
-    channel = ch.Channel.connect(server.address, TOKEN, 5)
-    try:
-        odd, fine = channel.call("echo", ModuleMissing()), channel.call("echo", "fine")
-        assert ch.wait([odd, fine], 2, 5.0) == [odd, fine]
-        assert isinstance(odd.answer.error, ModuleNotFoundError) and "no_such_module_here" in str(odd.answer.error)
-        assert fine.answer.value == ("fine",) and channel.lost is None
-    finally:
-        channel.close()
-        server.close()
