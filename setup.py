@@ -1,6 +1,7 @@
 """Builds the Cython extensions: the wire (shmpool._core), what spinning costs (shmpool._spin),
 async evenness (shmpool._lead),
-the EnvPool face's elapsed-step counts (shmpool._elapsed) and the Atari frame kernel
+the EnvPool face's elapsed-step counts (shmpool._elapsed), a shard's result writes
+(shmpool.workers._rows) and the Atari frame kernel
 (shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
 import numpy
 from Cython.Build import cythonize
@@ -27,6 +28,13 @@ extensions = [
     Extension(
         "shmpool._elapsed",
         ["shmpool/_elapsed.pyx"],
+        include_dirs=[numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=["-O2"],
+    ),
+    Extension(
+        "shmpool.workers._rows",
+        ["workers/_rows.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O2"],

@@ -1,10 +1,12 @@
 """Logic that needs no worker: cpu lists, shard sizes, layout, info columns, the wire."""
+import math
 import mmap
 import multiprocessing as mp
 
 import numpy as np
 import pytest
 from gymnasium import spaces
+from shmpool.workers._rows import ResultRows
 
 from shmpool import Pool, _core, _spin, parse_cpu_list
 from shmpool import layout as L
@@ -264,3 +266,62 @@ def test_elapsed_steps_count_episodes_and_refuse_wrong_arrays(same_step, expect)
         clock.advance(ids, np.array([False, True]), np.array([False]))
     with pytest.raises(IndexError, match="env id 2 is out of range for 2 envs"):
         clock.advance(np.array([2], dtype=np.int32), np.array([False]), np.array([False]))
+
+
+# --- a shard's result writes in C (workers/_rows.pyx) against numpy's own stores ---------------
+
+
+def _rows(strict, obs_rows):
+    cols = np.zeros(3, np.float64), np.zeros(3, np.bool_), np.zeros(3, np.bool_)
+    return (*cols, ResultRows(*cols, obs_rows, strict))
+
+
+@pytest.mark.parametrize("reward", [1.5, 2, True, np.float32(0.1), np.float64(-3.25), np.int8(-4), np.array(7.5),
+                                    2**70])
+@pytest.mark.parametrize("flags", [(True, False), (np.True_, np.False_), (1, 0), ([0], ()), ("", "x")])
+def test_result_rows_store_what_numpy_stores(reward, flags):
+    reward_col, term, trunc, rows = _rows(True, None)
+    assert rows.put_status(1, reward, *flags) is True
+    want = np.zeros(3, np.float64), np.zeros(3, np.bool_), np.zeros(3, np.bool_)
+    want[0][1], want[1][1], want[2][1] = reward, bool(flags[0]), bool(flags[1])
+    for got, ref in zip((reward_col, term, trunc), want):
+        assert got.tolist() == ref.tolist() and got.dtype == ref.dtype
+
+
+def test_result_rows_refuse_what_the_python_check_refused():
+    reward_col, _, _, rows = _rows(True, None)
+    for bad in (float("nan"), float("inf"), np.float32("-inf")):
+        assert rows.put_status(0, bad, False, False) is False
+    assert reward_col.tolist() == [0.0, 0.0, 0.0]   # nothing stored
+    for bad in ("1.5", None, 1j):
+        with pytest.raises(TypeError) as want:
+            math.isfinite(bad)
+        with pytest.raises(TypeError) as got:
+            rows.put_status(0, bad, False, False)
+        assert str(got.value) == str(want.value)
+    with pytest.raises(IndexError, match="env 3 is not in this region of 3 envs"):
+        rows.put_status(3, 1.0, False, False)
+    # strict=False: what numpy converts is stored as numpy converts it
+    reward_col, _, _, lenient = _rows(False, None)
+    assert lenient.put_status(2, "1.5", False, False) is True and lenient.put_status(1, float("nan"), 0, 0) is True
+    assert reward_col[2] == 1.5 and math.isnan(reward_col[1])
+
+
+def test_result_rows_copy_only_an_exact_row_and_leave_the_rest_to_numpy():
+    obs = np.zeros((3, 2, 2), np.float32)
+    rows = _rows(True, obs)[3]
+    row = np.arange(4, dtype=np.float32).reshape(2, 2)
+    assert rows.put_obs(2, row) is True
+    assert obs[2].tolist() == row.tolist() and not obs[:2].any()
+    for other in (row.astype(np.float64), row.reshape(4), row.T, row.astype(">f4"), row.tolist(), None, np.float32(1),
+                  np.ma.masked_array(row)):
+        assert rows.put_obs(0, other) is False
+    assert not obs[:2].any()
+    with pytest.raises(IndexError):
+        rows.put_obs(-1, row)
+    # Observations that are not one plain leaf: every row goes to the Python writers.
+    for no_fast_path in (None, np.zeros((3, 2), dtype=object), np.zeros((3, 2), np.float32)[:, ::-1]):
+        assert _rows(True, no_fast_path)[3].put_obs(0, np.zeros(2, np.float32)) is False
+    scalar = np.zeros(3, np.int64)   # a () space: rows of one value
+    assert _rows(True, scalar)[3].put_obs(1, np.array(9)) is True and scalar.tolist() == [0, 9, 0]
+

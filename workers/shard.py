@@ -1,8 +1,6 @@
 """A worker's envs and how one result is written into shared memory."""
 from __future__ import annotations
 
-from math import isfinite
-
 import numpy as np
 
 from shmpool import layout as L
@@ -11,6 +9,8 @@ from shmpool.autoreset_modes import NEXT_STEP, SAME_STEP
 from shmpool.infos import IN_SLOT, InfoWriter, column_dtype, unbatch_info
 from shmpool.pickled import PickledLeaves
 from shmpool.spacetree import MissingItems, SpaceTree, tree_of
+
+from ._rows import ResultRows
 
 
 class ResultError(Exception):
@@ -148,6 +148,10 @@ class Shard:
                 return assemble_action([a[i] for a in acts])
             self.action = action
         self._pickled_leaves(obs_space, act_space, writers)
+        # The common case of a result in C; ``write_obs`` stays the definition of the rest.
+        one_leaf = len(views.obs) == 1 and obs_tree.is_leaf and self.obs_pickled is None
+        self.rows = ResultRows(views.reward, views.terminated, views.truncated,
+                               views.obs[0] if one_leaf else None, strict)
 
     def _pickled_leaves(self, obs_space, act_space, writers) -> None:
         """Leaves that cannot live in shared memory (``shmpool.pickled``): their
@@ -199,11 +203,8 @@ class Shard:
             v.truncated[i] = False
         else:
             obs, reward, terminated, truncated, info = env.step(self.action(i))
-            if self.strict and not isfinite(reward):
+            if not self.rows.put_status(i, reward, terminated, truncated):
                 raise ResultError(f"reward is {reward}: rewards must be finite")
-            v.reward[i] = reward
-            v.terminated[i] = terminated
-            v.truncated[i] = truncated
             if terminated or truncated:
                 if self.next_step:
                     self.autoreset[j] = True
@@ -215,7 +216,7 @@ class Shard:
                         final = {"final_obs": obs.copy() if obs is self.bound[j] else obs, "final_info": info}
                     obs, info = env.reset()
                     info = {**final, **info}
-        if obs is not self.bound[j]:
+        if obs is not self.bound[j] and not self.rows.put_obs(i, obs):
             if obs is None:
                 raise ResultError(_NONE_OBS)
             self.write_obs(i, obs)

@@ -1,0 +1,9 @@
+"""Type stubs for a shard's result writes (see _rows.pyx)."""
+import numpy as np
+import numpy.typing as npt
+
+class ResultRows:
+    def __init__(self, reward: npt.NDArray[np.float64], terminated: npt.NDArray[np.bool_],
+                 truncated: npt.NDArray[np.bool_], obs_rows: np.ndarray | None, strict: bool) -> None: ...
+    def put_status(self, i: int, reward: object, terminated: object, truncated: object) -> bool: ...
+    def put_obs(self, i: int, obs: object) -> bool: ...
