@@ -677,3 +677,24 @@ def first_outside(const int64_t[::1] values, int64_t lo, int64_t hi):
         if values[i] < lo or values[i] >= hi:
             return i
     return -1
+
+
+def mask_summary(const uint64_t[::1] masks, Py_ssize_t limit):
+    """``(union, intersection, reporting)`` of a batch's info masks: their OR and AND, and ``(position,
+    mask)`` of each nonzero one in order (None past ``limit`` of them); one C loop, not three numpy calls."""
+    cdef Py_ssize_t i, n = masks.shape[0], count = 0
+    cdef uint64_t union = 0, common = <uint64_t>-1 if n else 0, m
+    for i in range(n):
+        m = masks[i]
+        union |= m
+        common &= m
+        if m:
+            count += 1
+    if count > limit:
+        return union, common, None
+    reporting = []
+    if count:
+        for i in range(n):
+            if masks[i]:
+                reporting.append((i, masks[i]))
+    return union, common, reporting

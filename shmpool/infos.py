@@ -47,6 +47,7 @@ FINAL_OBS_COLUMN = "_final_obs"     # bool column: this result's final observati
 FINAL_INFO_COLUMN = "_final_info"   # first part of the names of final-info columns
 NESTED_INFO_COLUMN = "_info"        # first part of the names of columns inside an env's own nested dicts
 SEP = "\x1f"                         # joins the parts of a nested column's name
+_FEW_ROWS = 4   # at most this many envs reporting infos: ``InfoReader.read`` copies their rows one by one
 # Own keys whose dicts always go aside: gymnasium's SAME_STEP names (their columns are the final-info ones).
 _NOT_NESTED = ("final_info", "final_obs")
 
@@ -332,9 +333,7 @@ class InfoReader:
     def read(self, env_ids: np.ndarray | None) -> dict:
         """Infos of ``env_ids`` (all envs in order when None) from shared memory."""
         masks = self._views.info_mask if env_ids is None else self._views.info_mask.take(env_ids)
-        if not len(masks):
-            return {}
-        bits = int(np.bitwise_or.reduce(masks))
+        bits, common, reporting = _core.mask_summary(masks, _FEW_ROWS)
         if not bits:
             return {}
         if bits == self._final_obs_bit:
@@ -342,7 +341,7 @@ class InfoReader:
             infos: dict = {}
             self._final_obs(infos, masks.astype(bool), env_ids)
             return infos
-        if bits == int(np.bitwise_and.reduce(masks)):
+        if bits == common:
             # The common case (every env set the same keys): nothing to mask or zero.
             plain = self._plain.get(bits, False)
             if plain is False:
@@ -358,13 +357,28 @@ class InfoReader:
             return self._read_in_env_order(bits, masks, env_ids)
         infos = {}
         ended = None
+        # Usually a few envs report (their episodes ended): building each column's batch from
+        # those rows costs a third of masking all of them, column by column.
+        if reporting is not None and env_ids is not None:
+            reporting = [(pos, m, int(env_ids[pos])) for pos, m in reporting]
+        elif reporting is not None:
+            reporting = [(pos, m, pos) for pos, m in reporting]
         for name, column, path, bit, zero in plan:
-            present = (masks & bit) != 0
+            if reporting is not None:
+                present = np.zeros(len(masks), dtype=bool)
+                # Zero where absent, as gymnasium's batch: a new array, never a view of the column.
+                values = np.zeros(len(masks), dtype=column.dtype)
+                src, b = column.values, column.bit
+                for pos, m, env in reporting:
+                    if m & b:
+                        present[pos] = True
+                        values[pos] = src[env]
+            else:
+                present = (masks & bit) != 0
+                values = np.where(present, column.values if env_ids is None else column.values[env_ids], zero)
             if path == ():
                 ended = present
                 continue
-            # Zero where absent, as gymnasium's batch: one new array, never a view of the column.
-            values = np.where(present, column.values if env_ids is None else column.values[env_ids], zero)
             if path is None:
                 infos[name] = values
                 infos["_" + name] = present

@@ -325,3 +325,17 @@ def test_result_rows_copy_only_an_exact_row_and_leave_the_rest_to_numpy():
     scalar = np.zeros(3, np.int64)   # a () space: rows of one value
     assert _rows(True, scalar)[3].put_obs(1, np.array(9)) is True and scalar.tolist() == [0, 9, 0]
 
+
+@pytest.mark.parametrize("masks,limit,want", [
+    ([], 4, (0, 0, [])),
+    ([0, 0], 4, (0, 0, [])),
+    ([0, 5, 0, 3], 4, (7, 0, [(1, 5), (3, 3)])),
+    ([6, 2, 2**63 + 2], 2, (2**63 + 6, 2, None)),   # more reporting than the limit: no list
+    ([6, 2, 2**63 + 2], 3, (2**63 + 6, 2, [(0, 6), (1, 2), (2, 2**63 + 2)])),
+])
+def test_mask_summary_is_numpys_reductions(masks, limit, want):
+    arr = np.array(masks, dtype=np.uint64)
+    got = _core.mask_summary(arr, limit)
+    assert got == want
+    if len(arr):
+        assert got[:2] == (int(np.bitwise_or.reduce(arr)), int(np.bitwise_and.reduce(arr)))
