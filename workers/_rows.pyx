@@ -12,7 +12,7 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.math cimport isfinite
-from libc.string cimport memcpy
+from libc.string cimport memmove
 
 cnp.import_array()
 
@@ -106,5 +106,5 @@ cdef class ResultRows:
             if cnp.PyArray_DIM(a, k) != self.obs_dims[k]:
                 return False
         self._env(i)
-        memcpy(self.obs + i * self.row_bytes, cnp.PyArray_DATA(a), self.row_bytes)
+        memmove(self.obs + i * self.row_bytes, cnp.PyArray_DATA(a), self.row_bytes)   # it may be a view of its own row
         return True
