@@ -278,14 +278,23 @@ def _rows(strict, obs_rows):
 
 @pytest.mark.parametrize("reward", [1.5, 2, True, np.float32(0.1), np.float64(-3.25), np.int8(-4), np.array(7.5),
                                     2**70])
-@pytest.mark.parametrize("flags", [(True, False), (np.True_, np.False_), (1, 0), ([0], ()), ("", "x")])
+@pytest.mark.parametrize("flags", [(True, False), (np.True_, np.False_), (1, 0), ([0], np.array([True])),
+                                   (2.5, ""), (None, np.array([[0]]))])
 def test_result_rows_store_what_numpy_stores(reward, flags):
     reward_col, term, trunc, rows = _rows(True, None)
     assert rows.put_status(1, reward, *flags) is True
     want = np.zeros(3, np.float64), np.zeros(3, np.bool_), np.zeros(3, np.bool_)
-    want[0][1], want[1][1], want[2][1] = reward, bool(flags[0]), bool(flags[1])
+    want[0][1], want[1][1], want[2][1] = reward, *flags   # numpy's own stores
     for got, ref in zip((reward_col, term, trunc), want):
         assert got.tolist() == ref.tolist() and got.dtype == ref.dtype
+
+
+def test_result_rows_raise_numpys_error_for_a_flag_numpy_cannot_store():
+    with pytest.raises(ValueError) as want:
+        np.zeros(3, np.bool_)[1] = np.array([1, 2])
+    with pytest.raises(ValueError) as got:
+        _rows(True, None)[3].put_status(1, 1.0, False, np.array([1, 2]))
+    assert str(got.value) == str(want.value)
 
 
 def test_result_rows_refuse_what_the_python_check_refused():

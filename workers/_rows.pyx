@@ -17,6 +17,18 @@ from libc.string cimport memmove
 cnp.import_array()
 
 
+cdef object NP_TRUE = np.True_, NP_FALSE = np.False_
+
+
+cdef inline int _plain_flag(object value):
+    """1 or 0 for a bool (python's or numpy's), -1 for anything else: numpy converts that itself."""
+    if value is True or value is NP_TRUE:
+        return 1
+    if value is False or value is NP_FALSE:
+        return 0
+    return -1
+
+
 cdef bint _plain_dtype(int typenum):
     return typenum == cnp.NPY_BOOL or cnp.PyTypeNum_ISINTEGER(typenum) or cnp.PyTypeNum_ISFLOAT(typenum) \
         or cnp.PyTypeNum_ISCOMPLEX(typenum)
@@ -44,7 +56,7 @@ cdef class ResultRows:
     cdef cnp.npy_intp obs_dims[64]   # NPY_MAXDIMS is 64 since numpy 2
 
     def __init__(self, cnp.ndarray reward, cnp.ndarray terminated, cnp.ndarray truncated, obs_rows, bint strict):
-        n = reward.shape[0]
+        n = reward.shape[0] if reward.ndim == 1 else -1   # shape[0] of a 0-d array would read past its shape
         for name, col, typenum in (("reward", reward, cnp.NPY_FLOAT64), ("terminated", terminated, cnp.NPY_BOOL),
                                    ("truncated", truncated, cnp.NPY_BOOL)):
             if (cnp.PyArray_TYPE(col) != typenum or cnp.PyArray_NDIM(col) != 1 or col.shape[0] != n
@@ -78,6 +90,7 @@ cdef class ResultRows:
 
     def put_status(self, Py_ssize_t i, reward, terminated, truncated) -> bool:
         cdef double r
+        cdef int flag
         self._env(i)
         try:
             r = reward
@@ -89,8 +102,16 @@ cdef class ResultRows:
         if self.strict and not isfinite(r):
             return False
         self.reward[i] = r
-        self.terminated[i] = bool(terminated)
-        self.truncated[i] = bool(truncated)
+        flag = _plain_flag(terminated)
+        if flag < 0:
+            self.terminated_col[i] = terminated   # numpy's conversion, as before (a 1-element array...)
+        else:
+            self.terminated[i] = flag
+        flag = _plain_flag(truncated)
+        if flag < 0:
+            self.truncated_col[i] = truncated
+        else:
+            self.truncated[i] = flag
         return True
 
     def put_obs(self, Py_ssize_t i, obs) -> bool:
