@@ -7,6 +7,18 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+
+def numpy_extension(name: str, source: str, include: list[str] | None = None, args: list[str] | None = None):
+    """An extension on numpy's C API (its headers, without the deprecated API)."""
+    return Extension(
+        name,
+        [source],
+        include_dirs=[*(include or []), numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=args or ["-O2"],
+    )
+
+
 extensions = [
     Extension(
         "shmpool._core",
@@ -25,28 +37,11 @@ extensions = [
         ["shmpool/_lead.pyx"],
         extra_compile_args=["-O2"],
     ),
-    Extension(
-        "shmpool._elapsed",
-        ["shmpool/_elapsed.pyx"],
-        include_dirs=[numpy.get_include()],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-        extra_compile_args=["-O2"],
-    ),
-    Extension(
-        "shmpool.workers._rows",
-        ["workers/_rows.pyx"],
-        include_dirs=[numpy.get_include()],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-        extra_compile_args=["-O2"],
-    ),
-    Extension(
-        "shmpool.workers.recipes._frames",
-        ["workers/recipes/_frames.pyx"],
-        include_dirs=["workers/recipes", numpy.get_include()],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-        # No fused multiply-add: the kernel must round where OpenCV rounds (see _area.h).
-        extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"],
-    ),
+    numpy_extension("shmpool._elapsed", "shmpool/_elapsed.pyx"),
+    numpy_extension("shmpool.workers._rows", "workers/_rows.pyx"),
+    # No fused multiply-add: the kernel must round where OpenCV rounds (see _area.h).
+    numpy_extension("shmpool.workers.recipes._frames", "workers/recipes/_frames.pyx", include=["workers/recipes"],
+                    args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}))

@@ -359,26 +359,19 @@ class InfoReader:
         ended = None
         # Usually a few envs report (their episodes ended): building each column's batch from
         # those rows costs a third of masking all of them, column by column.
-        if reporting is not None and env_ids is not None:
-            reporting = [(pos, m, int(env_ids[pos])) for pos, m in reporting]
-        elif reporting is not None:
-            reporting = [(pos, m, pos) for pos, m in reporting]
+        if reporting is not None:
+            reporting = [(pos, m, pos if env_ids is None else int(env_ids[pos])) for pos, m in reporting]
         for name, column, path, bit, zero in plan:
             if reporting is not None:
-                present = np.zeros(len(masks), dtype=bool)
-                # Zero where absent, as gymnasium's batch: a new array, never a view of the column.
-                values = np.zeros(len(masks), dtype=column.dtype)
-                src, b = column.values, column.bit
-                for pos, m, env in reporting:
-                    if m & b:
-                        present[pos] = True
-                        values[pos] = src[env]
+                present, values = _from_rows(column, reporting, len(masks))
             else:
-                present = (masks & bit) != 0
-                values = np.where(present, column.values if env_ids is None else column.values[env_ids], zero)
+                present, values = (masks & bit) != 0, None
             if path == ():
                 ended = present
                 continue
+            if values is None:
+                # Zero where absent, as gymnasium's batch: one new array, never a view of the column.
+                values = np.where(present, column.values if env_ids is None else column.values[env_ids], zero)
             if path is None:
                 infos[name] = values
                 infos["_" + name] = present
@@ -498,6 +491,19 @@ class InfoReader:
                 path = None
             hit = self._cols[col] = (name, _Column(col, kind, self._views), path)
         return hit
+
+
+def _from_rows(column: _Column, reporting: list[tuple[int, int, int]], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A column's batch of ``n`` (its present mask and its values, zero where absent) from the
+    ``(position, mask, env id)`` of the few envs that reported infos."""
+    present = np.zeros(n, dtype=bool)
+    values = np.zeros(n, dtype=column.dtype)
+    src, bit = column.values, column.bit
+    for pos, mask, env in reporting:
+        if mask & bit:
+            present[pos] = True
+            values[pos] = src[env]
+    return present, values
 
 
 def _put_nested(infos: dict, path: tuple, values: np.ndarray, present: np.ndarray) -> None:

@@ -42,13 +42,13 @@ cdef class ResultRows:
     False without storing anything when ``strict`` and the reward is not finite.
     ``put_obs(i, obs)`` copies ``obs`` into row ``i`` and returns True when it is an ndarray of
     exactly the row's dtype and shape; otherwise it copies nothing and returns False."""
-    cdef cnp.ndarray reward_col, terminated_col, truncated_col, obs_rows
+    cdef cnp.ndarray reward_col, terminated_col, truncated_col
+    cdef cnp.ndarray obs_rows   # None: no row takes the C copy
     cdef double* reward
     cdef cnp.npy_bool* terminated
     cdef cnp.npy_bool* truncated
     cdef Py_ssize_t num_envs
     cdef bint strict
-    cdef bint has_obs
     cdef char* obs
     cdef Py_ssize_t row_bytes
     cdef int obs_type
@@ -68,7 +68,6 @@ cdef class ResultRows:
         self.truncated = <cnp.npy_bool*>cnp.PyArray_DATA(truncated)
         self.num_envs = n
         self.strict = strict
-        self.has_obs = False
         if obs_rows is not None:
             rows = <cnp.ndarray?>obs_rows
             if (1 <= rows.ndim <= 65 and rows.shape[0] == n and cnp.PyArray_IS_C_CONTIGUOUS(rows)
@@ -81,7 +80,6 @@ cdef class ResultRows:
                 self.obs_ndim = rows.ndim - 1
                 for k in range(self.obs_ndim):
                     self.obs_dims[k] = rows.shape[k + 1]
-                self.has_obs = True
 
     cdef inline Py_ssize_t _env(self, Py_ssize_t i) except -1:
         if i < 0 or i >= self.num_envs:
@@ -117,7 +115,7 @@ cdef class ResultRows:
     def put_obs(self, Py_ssize_t i, obs) -> bool:
         cdef cnp.ndarray a
         cdef int k
-        if not self.has_obs or type(obs) is not np.ndarray:
+        if self.obs_rows is None or type(obs) is not np.ndarray:
             return False
         a = <cnp.ndarray>obs
         if (cnp.PyArray_TYPE(a) != self.obs_type or cnp.PyArray_NDIM(a) != self.obs_ndim

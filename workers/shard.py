@@ -216,11 +216,16 @@ class Shard:
                         final = {"final_obs": obs.copy() if obs is self.bound[j] else obs, "final_info": info}
                     obs, info = env.reset()
                     info = {**final, **info}
+        self._put_obs(i, j, obs)
+        return info
+
+    def _put_obs(self, i: int, j: int, obs) -> None:
+        """Env ``i``'s (local ``j``) observation into its rows: nothing when the env built it there
+        (``bind_obs``), the C copy when it is an exact row, else the Python writers."""
         if obs is not self.bound[j] and not self.rows.put_obs(i, obs):
             if obs is None:
                 raise ResultError(_NONE_OBS)
             self.write_obs(i, obs)
-        return info
 
     def reset(self, i: int, seed=None, options=None):
         j = i - self.start
@@ -233,10 +238,7 @@ class Shard:
         v.reward[i] = 0.0
         v.terminated[i] = False
         v.truncated[i] = False
-        if obs is not self.bound[j]:
-            if obs is None:
-                raise ResultError(_NONE_OBS)
-            self.write_obs(i, obs)
+        self._put_obs(i, j, obs)
         return info
 
 
