@@ -280,3 +280,75 @@ def test_a_step_answer_of_plain_arrays_crosses_whole(nested):
         assert not np.shares_memory(x, y)
     if nested:
         np.testing.assert_array_equal(rows.infos["final_info"]["r"], [1.0, 0.0])
+
+
+def _same(x, y):
+    assert type(x) is np.ndarray and x.dtype == y.dtype and x.shape == y.shape
+    assert x.flags.writeable and x.flags.aligned and x.flags.c_contiguous and not np.shares_memory(x, y)
+    np.testing.assert_array_equal(x, y)
+
+
+def test_a_call_of_plain_arrays_is_sent_in_short_and_every_step_carries_its_own_values():
+    """A step's request (every argument a plain array) crosses as its arrays behind a pickle of their layout,
+    which both ends keep per layout: the tenth call of one layout still carries its own values, and a call
+    whose shapes or dtypes change gets its own layout.  (A layout names dtypes by identity: numpy's own
+    numeric ones are made once, a byte-swapped or string dtype afresh for each array, so each of those is a
+    layout of its own.)"""
+    layouts = ch.Layouts()
+    for step in range(10):
+        for args in [(np.full(8, step, np.int64),), (np.full((3, 2), step / 3, np.float32), np.arange(3) + step),
+                     (np.full(5, step, ">i4"), np.array(step * 0.5), np.zeros((0, 4), np.uint8),
+                      np.array([str(step), "xy"]))]:
+            parts = layouts.frame(ch.Request("send", args))
+            assert parts is not None
+            got = roundtrip(ch.Request("send", args))
+            assert type(got) is ch.Request and got.method == "send" and len(got.args) == len(args)
+            for x, y in zip(got.args, args):
+                _same(x, y)
+    assert len(layouts.sent) == 2 + 10
+    assert layouts.frame(ch.Request("reset", ([0, 1], None))) is None   # not arrays: pickled whole
+    assert layouts.frame(ch.Request("step", (np.arange(6)[::2],))) is None   # not contiguous
+    assert layouts.frame(ch.Request("step", (np.array([None]),))) is None   # objects
+
+
+def test_a_layout_names_dtypes_that_stay_alive_so_a_new_dtype_never_reads_as_an_old_one():
+    """The layout key names a dtype by identity: were the dtype let go, a new one could take its address and
+    be sent under the old one's pickle.  Non-native dtypes are made afresh each time, so this churns them."""
+    layouts = ch.Layouts(limit=1000)
+    a, b = socket.socketpair()
+    with a, b:
+        b.settimeout(5)   # a frame misread would otherwise wait for bytes that never come
+        for i in range(300):
+            x = np.arange(4).astype(np.dtype(">i4" if i % 2 else ">f8"))
+            ch.send_parts(a, layouts.frame(ch.Request("step", (x,))))
+            body, meta_len, count = ch.recv_frame(b)
+            got = ch.decode_body(body, meta_len, count)
+            _same(got.args[0], x)
+            del x
+
+
+def test_a_frame_whose_length_disagrees_with_its_layout_is_refused():
+    parts = ch.encode(ch.Request("step", (np.arange(4, dtype=np.int64),)))
+    a, b = socket.socketpair()
+    with a, b:
+        ch.send_parts(a, parts)
+        body, meta_len, count = ch.recv_frame(b)
+    ch.decode_body(bytearray(body), meta_len, count)   # known from here on
+    with pytest.raises(ValueError, match="shorter than its arrays' layout"):
+        ch.decode_body(body[:-1], meta_len, count)
+    with pytest.raises(ValueError, match=r"longer than its arrays' layout \(\d+ bytes\)"):
+        ch.decode_body(body + bytearray(16), meta_len, count)
+
+
+def test_the_layout_maps_stay_bounded_and_right_past_their_limit():
+    layouts = ch.Layouts(limit=4)
+    a, b = socket.socketpair()
+    with a, b:
+        for n in range(1, 12):
+            x = np.arange(n, dtype=np.float64)
+            ch.send_parts(a, layouts.frame(ch.Answer(value=Rows(np.arange(n), x, x, x > 2, x > 5, {"k": -x}))))
+            got = ch.decode_body(*ch.recv_frame(b)).value
+            _same(got.obs, x)
+            _same(got.infos["k"], -x)
+            assert len(layouts.sent) <= 4
+    assert len(ch.LAYOUTS.received) <= ch.LAYOUTS.limit
