@@ -280,3 +280,76 @@ def test_merge_infos_of_blocks_with_the_same_keys(masks, other):
     assert got["tag"].dtype == object and got["tag"].tolist() == ["a", "b", "c"]
     assert got["xy"].dtype == np.float32 and got["xy"].tolist() == [[0, 0], [0, 0], [1, 1]]
     assert got["other"].dtype == other.dtype and got["other"].tolist() == [1, 2, other[0]]
+
+
+_ACCEPTED = [np.array([True, False]), np.arange(3, dtype=np.int8), np.arange(2, dtype=np.uint64),
+             np.ones((2, 3), np.float16), np.array([1 + 2j]), np.array(["ab", "c"]), np.array([b"xy"]),
+             np.array(["2026-11-26"], dtype="datetime64[s]"), np.zeros((0, 3)), np.arange(24.0).reshape(2, 3, 4)]
+
+
+@pytest.mark.parametrize("column", _ACCEPTED, ids=lambda a: f"{a.dtype}{a.shape}")
+def test_concat_rows_gives_numpy_s_concatenation(column):
+    from shmpool.distributed._frames import concat_rows
+    other = column[::-1].copy() if len(column) else column.copy()
+    got = concat_rows([[column, np.arange(2)], [other, np.arange(3)]])
+    want = [np.concatenate([column, other]), np.arange(2).tolist() + np.arange(3).tolist()]
+    assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1].tolist() == want[1]
+    assert all(a.flags.c_contiguous and a.flags.owndata and a.flags.writeable for a in got)
+    assert not np.shares_memory(got[0], column)
+
+
+_DECLINED = {
+    "objects": (np.array(["a"], dtype=object), np.array(["b"], dtype=object)),
+    "byte-swapped": (np.arange(2, dtype=">i4"), np.arange(2, dtype=">i4")),
+    "strided": (np.arange(6)[::2], np.arange(3)),
+    "0-d": (np.array(1.0), np.array(2.0)),
+    "row shapes": (np.zeros((2, 3)), np.zeros((2, 4))),
+    "dtypes": (np.zeros(2, np.int32), np.zeros(2, np.int64)),
+    "string sizes": (np.array(["a"]), np.array(["bc"])),
+    "fields": (np.zeros(2, dtype=[("a", "<i4")]), np.zeros(2, dtype=[("a", "<i4")])),
+    "a list": ([1, 2], np.arange(2)),
+    "a subclass": (np.ma.masked_array([1, 2]), np.ma.masked_array([3])),
+}
+
+
+@pytest.mark.parametrize("case", list(_DECLINED))
+def test_concat_rows_declines_what_it_cannot_copy_as_numpy_would(case):
+    from shmpool.distributed._frames import concat_rows
+    a, b = _DECLINED[case]
+    assert concat_rows([[np.arange(2), a], [np.arange(2), b]]) is None
+    assert concat_rows([[np.arange(2)], [np.arange(2), np.arange(2)]]) is None   # blocks of other widths
+
+
+def _plain_rows(n, seed, mask_dtype=bool):
+    rng = np.random.default_rng(seed)
+    infos = {"lives": rng.integers(0, 5, n), "_lives": (rng.random(n) < 0.5).astype(mask_dtype),
+             "xy": rng.random((n, 2)).astype(np.float32)}
+    return Rows(rng.integers(0, 9, n), rng.integers(0, 255, (n, 2, 3), dtype=np.uint8), rng.random(n),
+                rng.random(n) < 0.3, rng.random(n) < 0.3, infos)
+
+
+@pytest.mark.parametrize("mask_dtype", [bool, np.int64])
+def test_joining_plain_blocks_in_c_gives_what_the_general_join_gives(mask_dtype):
+    """Blocks of plain arrays (every sync step, most recv calls) join in one C pass, to the same batch as
+    numpy's concatenations and merge_infos give; masks that are not bool take the general path (made bool)."""
+    from shmpool.distributed import batches
+    parts = [_plain_rows(n, seed, mask_dtype) for seed, n in enumerate([3, 1, 4])]
+    batch = Rows.join(parts)
+    assert (batches._join_plain(parts) is not None) == (mask_dtype is bool)
+    for got, want in [(batch.ids, np.concatenate([p.ids for p in parts])), (batch.obs, concat([p.obs for p in parts])),
+                      (batch.rew, np.concatenate([p.rew for p in parts])),
+                      (batch.term, np.concatenate([p.term for p in parts])),
+                      (batch.trunc, np.concatenate([p.trunc for p in parts]))]:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    want_infos = merge_infos([p.infos for p in parts], [3, 1, 4])
+    assert list(batch.infos) == list(want_infos)
+    for key, want in want_infos.items():
+        assert batch.infos[key].dtype == want.dtype
+        np.testing.assert_array_equal(batch.infos[key], want)
+    assert batch.infos["_lives"].dtype == np.bool_
+    parts[1].infos["extra"] = np.ones(1)   # keys that differ between blocks: the general path fills them
+    assert batches._join_plain(parts) is None
+    assert Rows.join(parts).infos["extra"].tolist() == [0, 0, 0, 1, 0, 0, 0, 0]

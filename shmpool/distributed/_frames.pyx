@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The arrays of a direct connection's frames, in C: what every step pays on both ends.
+"""The arrays of a direct connection's frames, and the driver's join of the pools' rows, in C: what every
+step pays on both ends.
 
 A step's request and answer are a few plain arrays (a Pong answer: 12 of them).  In Python,
 checking them, naming their layout and making byte views to send cost ~1 µs an array on the
@@ -13,6 +14,7 @@ import numpy as np
 cimport numpy as cnp
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
+from libc.string cimport memcpy
 
 cnp.import_array()
 
@@ -111,4 +113,63 @@ def arrays_at(object body, Py_ssize_t start, tuple layout):
         at += n
     if at != size:
         raise ValueError(f"a frame of {size} bytes is longer than its arrays' layout ({at} bytes)")
+    return out
+
+
+cdef extern from "numpy/arrayobject.h":
+    bint PyArray_EquivTypes(cnp.dtype, cnp.dtype)
+    bint PyArray_ISNOTSWAPPED(cnp.ndarray)
+
+
+def concat_rows(list blocks):
+    """Blocks of rows joined column by column: ``blocks[b][c]`` is block ``b``'s array of column ``c``, and the
+    result's column ``c`` is those arrays one after the other along axis 0, as ``np.concatenate`` would give.
+
+    Only for columns of plain arrays (see ``_plain``), native byte order, at least one dimension, one dtype and
+    one row shape in every block; None when any column is otherwise (``np.concatenate`` takes those).  Joining
+    two blocks of a Pong answer this way costs the copies and little else, against ~2 µs a column in numpy's
+    own call and ~15 µs of checks around them."""
+    cdef list first = blocks[0], out = []
+    cdef Py_ssize_t c, b, i, rows, nblocks = len(blocks)
+    cdef cnp.ndarray a, f, joined
+    cdef cnp.npy_intp dims[64]
+    cdef int ndim
+    cdef char* at
+    for b in range(1, nblocks):
+        if len(<list>blocks[b]) != len(first):
+            return None
+    for c in range(len(first)):
+        if not _plain(first[c]):
+            return None
+        f = <cnp.ndarray>first[c]
+        ndim = cnp.PyArray_NDIM(f)
+        if ndim == 0 or not PyArray_ISNOTSWAPPED(f):
+            return None
+        rows = 0
+        for b in range(nblocks):
+            obj = (<list>blocks[b])[c]
+            if not _plain(obj):
+                return None
+            a = <cnp.ndarray>obj
+            if cnp.PyArray_NDIM(a) != ndim or not PyArray_ISNOTSWAPPED(a):
+                return None
+            if cnp.PyArray_DESCR(a) != cnp.PyArray_DESCR(f) and not PyArray_EquivTypes(
+                    <cnp.dtype><PyObject*>cnp.PyArray_DESCR(a), <cnp.dtype><PyObject*>cnp.PyArray_DESCR(f)):
+                return None
+            for i in range(1, ndim):
+                if cnp.PyArray_DIM(a, i) != cnp.PyArray_DIM(f, i):
+                    return None
+            rows += cnp.PyArray_DIM(a, 0)
+        dims[0] = rows
+        for i in range(1, ndim):
+            dims[i] = cnp.PyArray_DIM(f, i)
+        dtype = <cnp.dtype><PyObject*>cnp.PyArray_DESCR(f)
+        Py_INCREF(dtype)   # PyArray_NewFromDescr steals it
+        joined = PyArray_NewFromDescr(&PyArray_Type, dtype, ndim, dims, NULL, NULL, 0, None)
+        at = <char*>cnp.PyArray_DATA(joined)
+        for b in range(nblocks):
+            a = <cnp.ndarray>(<list>blocks[b])[c]
+            memcpy(at, cnp.PyArray_DATA(a), cnp.PyArray_NBYTES(a))
+            at += cnp.PyArray_NBYTES(a)
+        out.append(joined)
     return out

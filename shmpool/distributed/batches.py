@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ._frames import concat_rows
+
 RESTARTED = "worker_restarted"   # the info key that flags a row answered by a rebuilt pool
 
 
@@ -120,6 +122,25 @@ def mark_restarted(infos: dict, size: int, rows: Any) -> dict:
     return infos
 
 
+def _join_plain(parts: list[Rows]) -> Rows | None:
+    """``parts`` joined in one C pass when every column is a plain array alike in every part and the infos have
+    the same keys (what :func:`merge_infos` joins by plain concatenation, ``_key`` masks bool); else None.  The
+    driver joins the pools' blocks on every sync step and most ``recv`` calls: ~64 µs for two Pong blocks of
+    4 rows in numpy's calls, most of it around the copies."""
+    first = parts[0].infos
+    if any(p.infos.keys() != first.keys() for p in parts[1:]):
+        return None
+    keys = list(first)
+    for key in keys:
+        if isinstance(key, str) and key.startswith("_") and key[1:] in first and \
+                getattr(first[key], "dtype", None) != np.bool_:
+            return None
+    cols = concat_rows([[p.ids, p.obs, p.rew, p.term, p.trunc, *(p.infos[k] for k in keys)] for p in parts])
+    if cols is None:
+        return None
+    return Rows(cols[0], cols[1], cols[2], cols[3], cols[4], dict(zip(keys, cols[5:])))
+
+
 @dataclass
 class Rows:
     """Finished rows of some envs: ``ids`` ``(n,)`` int64 (local to a pool on a node, global in the
@@ -170,6 +191,9 @@ class Rows:
         """Blocks of rows one after the other, as one block."""
         if len(parts) == 1:
             return parts[0]
+        plain = _join_plain(parts)
+        if plain is not None:
+            return plain
         return Rows(np.concatenate([p.ids for p in parts]), concat([p.obs for p in parts]),
                     np.concatenate([p.rew for p in parts]), np.concatenate([p.term for p in parts]),
                     np.concatenate([p.trunc for p in parts]), merge_infos([p.infos for p in parts],
