@@ -196,6 +196,7 @@ class Layouts:
         return self.received.get(meta)
 
     def learn(self, meta: bytes, form: Any) -> tuple[Any, tuple]:
+        """Remember that pickle ``meta`` reads as the short form ``form``; its layout with the dtypes made."""
         if len(self.received) >= self.limit:
             self.received.clear()
         known = self.received[meta] = form, tuple((np.dtype(d), tuple(s)) for d, s in form.specs)
