@@ -40,6 +40,12 @@ cdef inline bint _plain(object a):
     return cnp.PyArray_IS_C_CONTIGUOUS(arr) and not cnp.PyDataType_HASFIELDS(d) and not PyDataType_REFCHK(d)
 
 
+def is_plain(obj) -> bool:
+    """Whether ``obj`` can travel as its raw bytes: an ndarray of exactly that type, C-contiguous, whose dtype has
+    no fields and holds no objects (structured and object arrays are pickled whole)."""
+    return _plain(obj)
+
+
 def plain_layout(list arrays):
     """A key for the arrays' dtypes and shapes when every one is plain (see ``_plain``), else None.
 

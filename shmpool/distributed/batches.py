@@ -64,17 +64,24 @@ def _column(values: list, sizes: list[int]) -> np.ndarray:
         return out
 
 
+def _same_keys_bool_masks(parts: list[dict]) -> bool:
+    """Whether every block has the same keys, and the first block's ``_key`` masks are bool arrays: the keys'
+    part of what a plain concatenation of the blocks needs (:func:`_same_columns`, :func:`_join_plain`)."""
+    first = parts[0]
+    if any(p.keys() != first.keys() for p in parts[1:]):
+        return False
+    return not any(isinstance(key, str) and key.startswith("_") and key[1:] in first
+                   and getattr(v, "dtype", None) != np.bool_ for key, v in first.items())
+
+
 def _same_columns(parts: list[dict]) -> bool:
     """Whether every block has the same keys, each an array of one dtype and row shape in every block (``_key``
     masks already bool): then merging is plain concatenation, ~4x cheaper than the general path (50 µs for a
     Pong step's two blocks here, a cost the driver pays every call)."""
-    first = parts[0]
-    if any(p.keys() != first.keys() for p in parts[1:]):
+    if not _same_keys_bool_masks(parts):
         return False
-    for key, v in first.items():
+    for key, v in parts[0].items():
         if type(v) is not np.ndarray or v.ndim == 0:
-            return False
-        if isinstance(key, str) and key.startswith("_") and key[1:] in first and v.dtype != np.bool_:
             return False
         for p in parts[1:]:
             w = p[key]
@@ -127,14 +134,9 @@ def _join_plain(parts: list[Rows]) -> Rows | None:
     the same keys (what :func:`merge_infos` joins by plain concatenation, ``_key`` masks bool); else None.  The
     driver joins the pools' blocks on every sync step and most ``recv`` calls: ~64 µs for two Pong blocks of
     4 rows in numpy's calls, most of it around the copies."""
-    first = parts[0].infos
-    if any(p.infos.keys() != first.keys() for p in parts[1:]):
+    if not _same_keys_bool_masks([p.infos for p in parts]):
         return None
-    keys = list(first)
-    for key in keys:
-        if isinstance(key, str) and key.startswith("_") and key[1:] in first and \
-                getattr(first[key], "dtype", None) != np.bool_:
-            return None
+    keys = list(parts[0].infos)
     cols = concat_rows([[p.ids, p.obs, p.rew, p.term, p.trunc, *(p.infos[k] for k in keys)] for p in parts])
     if cols is None:
         return None

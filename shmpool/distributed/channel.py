@@ -37,7 +37,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from ._frames import arrays_at, frame_parts, plain_layout
+from ._frames import arrays_at, frame_parts, is_plain, plain_layout
 from .batches import Rows
 
 HEADER = struct.Struct("<IIQ")   # pickle bytes, arrays, body bytes (array sizes, pickle, aligned arrays)
@@ -91,15 +91,9 @@ class Answer:
         return self.error is not None
 
 
-def _plain(obj: Any) -> bool:
-    """Whether ``obj`` is an array that can travel as its raw bytes: contiguous, of a plain dtype (structured and
-    object arrays are pickled whole)."""
-    return type(obj) is np.ndarray and obj.flags.c_contiguous and obj.dtype.fields is None and not obj.dtype.hasobject
-
-
 def _raw_array(obj: Any, arrays: list) -> tuple | None:
-    """A plain array leaves the pickle as ``(dtype, shape)``; its bytes go beside it."""
-    if _plain(obj):
+    """A plain array (``is_plain``) leaves the pickle as ``(dtype, shape)``; its bytes go beside it."""
+    if is_plain(obj):
         arrays.append(obj)
         return obj.dtype.str, obj.shape
     return None
@@ -204,17 +198,21 @@ class Layouts:
 
 
 def _fixed_parts(form: Any, arrays: list[np.ndarray]) -> tuple[bytes, tuple, tuple]:
-    """A short form's frame prefix (header, array sizes, pickle), the zero bytes before each array, and the
-    arrays' dtypes (kept alive, since the layout key names them by identity)."""
-    meta = pickle.dumps(form, protocol=5)
+    """A short form's frame prefix and pads (:func:`_frame_prefix`), and the arrays' dtypes (kept alive, since the
+    layout key names them by identity)."""
+    return *_frame_prefix(pickle.dumps(form, protocol=5), arrays), tuple(a.dtype for a in arrays)
+
+
+def _frame_prefix(meta: bytes | memoryview, arrays: list[np.ndarray]) -> tuple[bytes, tuple]:
+    """A frame's bytes before its arrays (header, array sizes, the pickle ``meta``) and the zero bytes before
+    each array, which starts at a multiple of ALIGN in the body."""
     sizes = struct.pack(f"<{len(arrays)}Q", *(a.nbytes for a in arrays))
     body = len(sizes) + len(meta)
     pads = []
     for a in arrays:
         pads.append(_padded(body))
         body += pads[-1] + a.nbytes
-    prefix = HEADER.pack(len(meta), len(arrays), body) + sizes + meta
-    return prefix, tuple(pads), tuple(a.dtype for a in arrays)
+    return HEADER.pack(len(meta), len(arrays), body) + sizes + bytes(meta), tuple(pads)
 
 
 LAYOUTS = Layouts()
@@ -256,17 +254,7 @@ def encode(message: Any) -> list:
         meta, arrays = _pickled(message, pickle.Pickler)
     except Exception:   # what plain pickle refuses (a lambda in an info dict), cloudpickle takes, as Ray would
         meta, arrays = _pickled(message, cloudpickle.Pickler)
-    sizes = struct.pack(f"<{len(arrays)}Q", *(a.nbytes for a in arrays))
-    parts: list = [None, sizes, meta]
-    body = len(sizes) + len(meta)
-    for a in arrays:
-        pad = _padded(body)
-        if pad:
-            parts.append(bytes(pad))
-        parts.append(a.reshape(-1).view(np.uint8))
-        body += pad + a.nbytes
-    parts[0] = HEADER.pack(len(meta), len(arrays), body)
-    return parts
+    return frame_parts(*_frame_prefix(meta, arrays), arrays)
 
 
 def send_parts(sock: socket.socket, parts: Iterable[Any]) -> None:
