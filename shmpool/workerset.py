@@ -9,6 +9,7 @@ decides nothing about restarts — a dead worker is reported to the caller's
 from __future__ import annotations
 
 import collections
+import gc
 import multiprocessing.process as mp_process
 import os
 import signal
@@ -124,11 +125,18 @@ class WorkerSet:
         try:
             proc = self.ctx.Process(target=loop.main, args=(child_end, *self._args[k]),
                                     name=f"shmpool-worker-{k}", daemon=True)
+            # Collection off across the fork, so a forked child starts with it off: nothing of the
+            # trainer's is collected there before ``loop.main`` sets the trainer's objects aside.
+            collecting = gc.isenabled()
+            gc.disable()
             try:
                 proc.start()
             except BaseException:
                 parent_end.close()
                 raise
+            finally:
+                if collecting:
+                    gc.enable()
             self.procs[k], self.conns[k], self.pids[k] = proc, parent_end, proc.pid
         finally:
             child_end.close()

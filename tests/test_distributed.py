@@ -116,6 +116,22 @@ def per_env_async_log(pool, num_envs: int, recvs: int) -> dict[int, list]:
 # --- correctness ----------------------------------------------------------------------------
 
 
+def test_a_local_pool_forked_beside_ray_never_collects_the_driver_s_ray_objects(cluster):
+    """A zero-copy array from Ray's object store, garbage in the driver when a local pool forks its
+    worker: collected in the worker, its release went out on the driver's store connection, and Ray
+    ended the worker (code 1, no words; or, before the worker let go of the driver's sockets, wrote
+    into the driver's own stream, which later crashed the driver's gRPC thread)."""
+    from test_silent_data import CollectingEnv, _Marker, garbage_at_next_fork
+    held = _Marker(os.devnull)
+    held.array = ray.get(ray.put(np.zeros(2**18)))   # 2 MiB: stored in shared memory, read without a copy
+    assert not held.array.flags.writeable             # (the view of Ray's store, not a copy)
+    garbage_at_next_fork(held)
+    del held
+    with shmpool.Pool([CollectingEnv] * 2, num_workers=1, parent_shard=False, start_method="fork") as pool:
+        pool.reset(seed=0)
+        assert pool.step(np.zeros(2, np.int64))[0].tolist() == [[1.0], [1.0]]
+
+
 @pytest.mark.parametrize("transport", ["direct", "ray"])
 def test_sync_trajectories_match_local_pool(cluster, transport):
     """Same seeds, same actions: RayPool over 3 nodes and one local Pool give identical arrays, whether the

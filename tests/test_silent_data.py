@@ -442,6 +442,60 @@ def test_a_forked_worker_holds_none_of_the_trainer_s_sockets(no_leaks):
         pool.close()
 
 
+class _Marker:
+    """A reference cycle whose finalizer writes down the process that ran it.  Ray's zero-copy arrays
+    are such objects: their release goes through the trainer's connection to its object store, and a
+    forked worker that collected one exited with code 1 and no words."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.me = self
+
+    def __del__(self):
+        import os
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+class _HeldUntilFork:
+    held: list = []
+    hooked = False
+
+
+def garbage_at_next_fork(obj) -> None:
+    """Hold ``obj`` until the next fork of this process, then drop it there: a cycle is garbage at the
+    very moment the child is made, too young for any collection of the parent's to have run."""
+    if not _HeldUntilFork.hooked:   # once per process: a fork hook cannot be removed
+        import os
+        os.register_at_fork(before=_HeldUntilFork.held.clear)
+        _HeldUntilFork.hooked = True
+    _HeldUntilFork.held.append(obj)
+
+
+class CollectingEnv(ScriptEnv):
+    """An env whose constructor runs a full collection (as some do, to free a previous model's memory)."""
+
+    def __init__(self):
+        import gc
+        gc.collect()
+        super().__init__()
+
+
+def test_a_forked_worker_never_collects_the_trainer_s_garbage(tmp_path, no_leaks):
+    import gc
+    import os
+    path = tmp_path / "finalized_by"
+    garbage_at_next_fork(_Marker(str(path)))
+    pool = shmpool.Pool([CollectingEnv] * 2, num_workers=1, parent_shard=False, start_method="fork")
+    try:
+        pool.reset(seed=0)
+        assert pool.step(np.zeros(2, np.int64))[0].tolist() == [[1.0], [1.0]]
+    finally:
+        pool.close()
+    gc.collect()
+    assert path.read_text().split() == [str(os.getpid())]   # once, here: never in the worker
+
+
 class HangEnv(ScriptEnv):
     def __init__(self, hang_in: str = ""):
         import time

@@ -9,11 +9,27 @@ worker's own pipe to the pool is kept (a logging handler of the trainer's that w
 syslog's or a SocketHandler, reaches nothing from a worker).  Regular files and pipes are left alone: an env may log
 through a handler the trainer configured, as under ``AsyncVectorEnv``; ``start_method="forkserver"``
 inherits nothing at all.  Other pools' regions: ``shmpool.memory.drop_inherited_regions``.
+
+A forked worker also starts with every Python object of the trainer's, its unreachable reference
+cycles among them; their finalizers are the trainer's to run (``set_aside_trainer_objects``).
 """
 from __future__ import annotations
 
+import gc
 import os
 import stat
+
+
+def set_aside_trainer_objects() -> None:
+    """Keep the trainer's objects out of this process's garbage collection, then turn it on.
+
+    Collected here, a cycle's finalizer acts on the trainer's resources from the wrong process: Ray's
+    zero-copy arrays release through the trainer's object-store socket and Ray exits the process
+    when that fails (code 1, no words); a buffered file would be flushed twice.  Frozen, they are
+    never collected here.  The pool forks with collection off (``WorkerSet.spawn``), so nothing is
+    collected before this runs."""
+    gc.freeze()
+    gc.enable()
 
 
 def shed_sockets(keep: set[int], fd_dir: str = "/proc/self/fd") -> int:

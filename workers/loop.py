@@ -23,7 +23,7 @@ from shmpool.errors import PoolResourceError
 from shmpool.memory import drop_inherited_regions, receive_region
 
 from .inbox import PickledActionInbox
-from .inherited import shed_sockets
+from .inherited import set_aside_trainer_objects, shed_sockets
 from .shard import BatchShard, Shard
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -108,6 +108,7 @@ def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], con
     """Entry point of worker ``index`` owning envs ``start..start+len(constructors.per_env)-1``.
 
     ``parent`` is the pool process's (pid, psutil create_time, built on its main thread)."""
+    set_aside_trainer_objects()   # first: before anything here can trigger a collection
     try:
         # Inside the try: a failure setting the process up reaches the parent's error with its traceback
         # (the worker's stderr may be a progress display's, or nobody's).
