@@ -9,6 +9,7 @@ decides nothing about restarts — a dead worker is reported to the caller's
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import multiprocessing.process as mp_process
 import os
@@ -65,6 +66,32 @@ def kill_processes(procs: list, owner_pid: int) -> None:
                 proc.join(timeout=2.0)
         except Exception:
             pass
+
+
+_COLLECTION_SWITCH = threading.Lock()
+
+
+def _fresh_switch() -> None:   # a child forked while another thread held the switch starts with it free
+    global _COLLECTION_SWITCH
+    _COLLECTION_SWITCH = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_switch)
+
+
+@contextlib.contextmanager
+def collection_paused():
+    """Garbage collection off in this process for the block, as it was after.  Around a fork, so the
+    child starts with it off: nothing of the trainer's is collected there before ``loop.main`` sets
+    the trainer's objects aside.  Locked, so pools started from two threads at once cannot leave it off."""
+    with _COLLECTION_SWITCH:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if collecting:
+                gc.enable()
 
 
 class WorkerSet:
@@ -125,18 +152,12 @@ class WorkerSet:
         try:
             proc = self.ctx.Process(target=loop.main, args=(child_end, *self._args[k]),
                                     name=f"shmpool-worker-{k}", daemon=True)
-            # Collection off across the fork, so a forked child starts with it off: nothing of the
-            # trainer's is collected there before ``loop.main`` sets the trainer's objects aside.
-            collecting = gc.isenabled()
-            gc.disable()
             try:
-                proc.start()
+                with collection_paused():
+                    proc.start()
             except BaseException:
                 parent_end.close()
                 raise
-            finally:
-                if collecting:
-                    gc.enable()
             self.procs[k], self.conns[k], self.pids[k] = proc, parent_end, proc.pid
         finally:
             child_end.close()

@@ -496,6 +496,25 @@ def test_a_forked_worker_never_collects_the_trainer_s_garbage(tmp_path, no_leaks
     assert path.read_text().split() == [str(os.getpid())]   # once, here: never in the worker
 
 
+def test_collection_is_paused_for_a_fork_and_left_as_it_was():
+    import gc
+
+    from shmpool.workerset import collection_paused
+    was = gc.isenabled()
+    try:
+        for before in (True, False):
+            (gc.enable if before else gc.disable)()
+            with collection_paused():
+                assert not gc.isenabled()
+            assert gc.isenabled() is before
+        gc.enable()
+        with pytest.raises(KeyError), collection_paused():
+            raise KeyError("the block failed")
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 class HangEnv(ScriptEnv):
     def __init__(self, hang_in: str = ""):
         import time
