@@ -442,7 +442,7 @@ def test_a_forked_worker_holds_none_of_the_trainer_s_sockets(no_leaks):
         pool.close()
 
 
-class _Marker:
+class FinalizerMarker:
     """A reference cycle whose finalizer writes down the process that ran it.  Ray's zero-copy arrays
     are such objects: their release goes through the trainer's connection to its object store, and a
     forked worker that collected one exited with code 1 and no words."""
@@ -485,7 +485,7 @@ def test_a_forked_worker_never_collects_the_trainer_s_garbage(tmp_path, no_leaks
     import gc
     import os
     path = tmp_path / "finalized_by"
-    garbage_at_next_fork(_Marker(str(path)))
+    garbage_at_next_fork(FinalizerMarker(str(path)))
     pool = shmpool.Pool([CollectingEnv] * 2, num_workers=1, parent_shard=False, start_method="fork")
     try:
         pool.reset(seed=0)
