@@ -2,6 +2,8 @@
 real sockets in this process: no Ray cluster, so each test takes milliseconds."""
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import threading
 import time
@@ -12,6 +14,7 @@ import pytest
 pytest.importorskip("ray")
 
 from shmpool.distributed import channel as ch  # noqa: E402
+from shmpool.distributed._inbox import readable  # noqa: E402
 from shmpool.distributed.batches import Rows  # noqa: E402
 
 TOKEN = b"0123456789abcdef"
@@ -352,3 +355,93 @@ def test_the_layout_maps_stay_bounded_and_right_past_their_limit():
             _same(got.infos["k"], -x)
             assert len(layouts.sent) <= 4
     assert len(ch.LAYOUTS.received) <= ch.LAYOUTS.limit
+
+
+def frame_bytes(message) -> bytes:
+    return b"".join(bytes(p) for p in ch.encode(message))
+
+
+def test_the_driver_reads_frames_in_any_pieces_and_an_end_after_a_whole_frame_still_delivers_it():
+    """The driver's reads (C, ``FrameReader``) take whatever has arrived: a header or body cut anywhere waits
+    for its rest without blocking, two frames in one read both come out, and a connection that ends right
+    after a frame delivers that frame before its end."""
+    first = Rows(np.arange(3), np.arange(3 * 7, dtype=np.uint8).reshape(3, 7), np.array([0.5, 1.5, 2.5]),
+                 np.array([False, True, False]), np.zeros(3, bool), {"lives": np.array([3, 2, 1])})
+    second = ch.Answer(value={"odd": [1, "two", (3.0,)]})   # no short form: pickled whole
+    stream = frame_bytes(ch.Answer(value=first)) + frame_bytes(second)
+    a, b = socket.socketpair()
+    b.setblocking(False)
+    reader, got = ch.FrameReader(), []
+    with a, b:
+        for at in range(0, len(stream), 7):
+            a.sendall(stream[at:at + 7])
+            out, ended = reader.read_available(b)
+            assert ended is None
+            got += out
+        assert len(got) == 2
+        np.testing.assert_array_equal(got[0].value.obs, first.obs)
+        np.testing.assert_array_equal(got[0].value.infos["lives"], first.infos["lives"])
+        assert got[1].value == {"odd": [1, "two", (3.0,)]}
+        a.sendall(stream)   # both frames at once, then the end
+        a.close()
+        out, ended = reader.read_available(b)
+    assert [type(m.value) for m in out] == [Rows, dict]
+    assert isinstance(ended, ch.ChannelClosedError) and "closed by the other side" in str(ended)
+
+
+def test_an_answer_s_memory_is_read_into_again_only_once_nothing_holds_its_arrays():
+    """The driver reads a body into the last one's memory when every array made from it is gone (its join
+    copied them out); arrays a caller still holds are never written over."""
+    a, b = socket.socketpair()
+    b.setblocking(False)
+    reader = ch.FrameReader()
+
+    def answer(fill: int) -> np.ndarray:
+        a.sendall(frame_bytes(ch.Answer(value=np.full((4, 84, 84), fill, np.uint8))))
+        (message,), ended = reader.read_available(b)
+        assert ended is None
+        return message.value
+
+    with a, b:
+        kept = answer(1)
+        second = answer(2)
+        assert not np.shares_memory(kept, second)
+        np.testing.assert_array_equal(kept, 1)   # held: the second answer went to fresh memory
+        address = second.__array_interface__["data"][0]
+        del second
+        third = answer(3)   # nothing held the second's memory: the third is read into it
+        assert third.__array_interface__["data"][0] == address
+        np.testing.assert_array_equal(third, 3)
+        np.testing.assert_array_equal(kept, 1)
+
+
+def test_a_failed_read_is_reported_with_its_errno():
+    """A read the system refuses (here: the descriptor is a pipe, not a socket) ends the connection with that
+    error; nothing is made up from it."""
+    r, w = os.pipe()
+
+    class NotASocket:
+        def fileno(self) -> int:
+            return r
+
+    try:
+        os.write(w, frame_bytes(ch.Answer(value=7)))
+        out, ended = ch.FrameReader().read_available(NotASocket())
+    finally:
+        os.close(r)
+        os.close(w)
+    assert out == [] and isinstance(ended, OSError) and ended.errno == errno.ENOTSOCK
+
+
+def test_the_wait_for_several_connections_names_those_with_something_to_read():
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    with a, b, c, d:
+        fds = [b.fileno(), d.fileno()]
+        t0 = time.monotonic()
+        assert readable(fds, 50) == []
+        assert time.monotonic() - t0 >= 0.04
+        c.sendall(b"x")
+        assert readable(fds, 1000) == [d.fileno()]
+        a.close()   # an ended connection counts as readable: its read says how it ended
+        assert readable(fds, 0) == fds

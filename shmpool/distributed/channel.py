@@ -10,11 +10,11 @@ calls.
 Each actor listens on one port of its node's address (the one Ray itself uses) and serves one driver,
 which must first present the RayPool's random token.  A frame is a pickle of a named message
 (:class:`Request`, :class:`Answer`) in which every contiguous array is only named (dtype, shape): its
-bytes follow the pickle as they are, sent straight from the actor's shared region and received into fresh
-memory that the returned arrays own.  Every step's request and answer (plain arrays, flat infos) go in short
-form: a pickle of their layout alone, written and read once per layout (:class:`Layouts`), the arrays'
-views made in C (``_frames``).  Calls on one connection are answered in order, one at a time, by the
-actor's serving thread.  Nothing here needs Ray.
+bytes follow the pickle as they are, sent straight from the actor's shared region and received into memory
+that the returned arrays own (the last answer's, once nothing holds its arrays: ``_inbox``).  Every step's
+request and answer (plain arrays, flat infos) go in short form: a pickle of their layout alone, written and
+read once per layout (:class:`Layouts`), the arrays' views made in C (``_frames``).  Calls on one connection
+are answered in order, one at a time, by the actor's serving thread.  Nothing here needs Ray.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ import cloudpickle
 import numpy as np
 
 from ._frames import arrays_at, frame_parts, is_plain, plain_layout
+from ._inbox import ENDED_BY_PEER, FrameInbox, readable
 from .batches import Rows
 
 HEADER = struct.Struct("<IIQ")   # pickle bytes, arrays, body bytes (array sizes, pickle, aligned arrays)
@@ -321,44 +322,27 @@ def decode_body(body: bytearray, meta_len: int, count: int) -> Any:
 
 class FrameReader:
     """The driver's answers put together from what has arrived, never waiting for the rest: a peer that stops
-    half-way through a frame must not hold the driver past its wait's slice (its timeout, the liveness watch)."""
+    half-way through a frame must not hold the driver past its wait's slice (its timeout, the liveness watch).
+    The reads are C's (:class:`~._inbox.FrameInbox`)."""
 
     def __init__(self) -> None:
-        self.head = bytearray()
-        self.body: bytearray | None = None
-        self.got = 0
+        self.inbox = FrameInbox()
 
     def read_available(self, sock: socket.socket) -> tuple[list, BaseException | None]:
         """The messages completed by what ``sock`` holds now (it was seen readable), and how the connection
         ended if it did (after those messages: an actor's last answer still counts)."""
+        frames, status = self.inbox.read(sock.fileno())
         out: list = []
-        poller = select.poll()
-        poller.register(sock.fileno(), select.POLLIN)
-        try:
-            while True:
-                if self.body is None:
-                    chunk = sock.recv(HEADER.size - len(self.head))
-                    if not chunk:
-                        raise ChannelClosedError("the connection was closed by the other side")
-                    self.head += chunk
-                    if len(self.head) == HEADER.size:
-                        self.body = bytearray(HEADER.unpack(self.head)[2])
-                else:
-                    k = sock.recv_into(memoryview(self.body)[self.got:])
-                    if k == 0:
-                        raise ChannelClosedError("the connection was closed by the other side")
-                    self.got += k
-                if self.body is not None and self.got == len(self.body):
-                    meta_len, count, _ = HEADER.unpack(self.head)
-                    try:
-                        out.append(decode_body(self.body, meta_len, count))
-                    except Exception as exc:   # e.g. an info of a class this process cannot import: that
-                        out.append(Answer(error=exc))   # call's error; the frame was read whole, the stream is fine
-                    self.head, self.body, self.got = bytearray(), None, 0
-                if not poller.poll(0):   # nothing more has arrived: keep a partial frame for the next call
-                    return out, None
-        except (OSError, ChannelClosedError, EOFError) as exc:
-            return out, exc
+        for body, meta_len, count in frames:
+            try:
+                out.append(decode_body(body, meta_len, count))
+            except Exception as exc:   # e.g. an info of a class this process cannot import: that
+                out.append(Answer(error=exc))   # call's error; the frame was read whole, the stream is fine
+        if status == ENDED_BY_PEER:
+            return out, ChannelClosedError("the connection was closed by the other side")
+        if status:
+            return out, OSError(status, os.strerror(status))
+        return out, None
 
 
 class CallGaps:
@@ -555,11 +539,8 @@ def wait(replies: list[Reply], num_returns: int, timeout: float) -> list[Reply]:
             return done
         left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
         by_fd = {r.channel.fileno(): r.channel for r in replies if not r.done}
-        poller = select.poll()
-        for fd in by_fd:
-            poller.register(fd, select.POLLIN)
-        events = poller.poll(left_ms)
-        for fd, _ in events:
+        ready = readable(list(by_fd), left_ms)
+        for fd in ready:
             by_fd[fd].read_available()
-        if not events and left_ms == 0:
+        if not ready and left_ms == 0:
             return done
