@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import threading
 import time
@@ -445,3 +446,26 @@ def test_the_wait_for_several_connections_names_those_with_something_to_read():
         assert readable(fds, 1000) == [d.fileno()]
         a.close()   # an ended connection counts as readable: its read says how it ended
         assert readable(fds, 0) == fds
+
+
+def test_a_signal_during_the_wait_is_handled_at_once_not_at_the_wait_s_end():
+    """Ctrl-C while the driver waits for answers that do not come: the handler's exception is raised when the
+    signal arrives (here SIGALRM, whose handler raises), not when the wait's slice ends."""
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted
+
+    a, b = socket.socketpair()
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        with a, b:
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            t0 = time.monotonic()
+            with pytest.raises(Interrupted):
+                readable([b.fileno()], 5000)
+            assert time.monotonic() - t0 < 2.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -12,6 +12,7 @@ need no zeroing).  The frame's format is channel.py's.
 import numpy as np
 
 cimport numpy as cnp
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport Py_REFCNT
 from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport uint8_t, uint64_t
@@ -120,7 +121,8 @@ cdef class FrameInbox:
 
 def readable(list fds, int timeout_ms):
     """The fds of ``fds`` with something to read (or whose connection ended), once one has or ``timeout_ms``
-    passed (0: at once, -1: no limit); the wait releases the GIL."""
+    passed (0: at once, -1: no limit), or a signal came (then none, after its handler ran: what the handler
+    raises is raised here); the wait releases the GIL."""
     cdef Py_ssize_t n = len(fds), i
     if n > MAX_FDS:
         raise ValueError(f"{n} connections in one wait (at most {MAX_FDS})")
@@ -130,12 +132,14 @@ def readable(list fds, int timeout_ms):
         polled[i].fd = fds[i]
         polled[i].events = POLLIN
         polled[i].revents = 0
-    while True:
-        with nogil:
-            ready = poll(polled, n, timeout_ms)
-            err = errno
-        if ready >= 0:
-            break
+    with nogil:
+        ready = poll(polled, n, timeout_ms)
+        err = errno
+    if ready < 0:
         if err != EINTR:
             raise OSError(err, "poll failed")
+        # A signal came: its Python handler runs now (Ctrl-C raises here, not after the timeout), and the
+        # caller, which loops until its deadline, sees an early return with nothing ready.
+        PyErr_CheckSignals()
+        return []
     return [polled[i].fd for i in range(n) if polled[i].revents]
