@@ -414,6 +414,7 @@ def test_an_answer_s_memory_is_read_into_again_only_once_nothing_holds_its_array
         assert third.__array_interface__["data"][0] == address
         np.testing.assert_array_equal(third, 3)
         np.testing.assert_array_equal(kept, 1)
+        assert third.flags.writeable and kept.flags.writeable   # the caller owns them, as before
 
 
 def test_a_failed_read_is_reported_with_its_errno():

@@ -3,11 +3,12 @@
 arrived, never waiting for the rest, and the wait for any of several sockets.
 
 In Python, every answer cost a poll object, two ``recv`` calls through the socket module, a header
-parse, a zeroed ``bytearray`` of the body and a poll to see whether more had come: ~60 µs of a
-two-pool Pong step on a quiet machine, twice that beside busy actors.  Here the reads stop at the
-first ``EAGAIN`` instead of polling, and the body's memory is reused once nothing holds it (the
-driver's join copies every column out of a multi-pool answer, so the same pages come back hot and
-need no zeroing).  The frame's format is channel.py's.
+parse, a zeroed ``bytearray`` of the body and a poll to see whether more had come.  Here the reads
+stop at the first ``EAGAIN`` instead of polling, and the body's memory is reused once nothing holds
+it (the driver's join copies every column out of a multi-pool answer, so the same pages come back hot
+and need no zeroing).  Measured in alternated blocks inside one RayPool of two pools: 17–21 µs less
+driver CPU a call with empty envs, 31–72 µs with Pong (bench/results/LOG.md, 2026-11-27 "later").
+The frame's format is channel.py's.
 """
 import numpy as np
 

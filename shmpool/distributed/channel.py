@@ -298,7 +298,7 @@ def recv_message(sock: socket.socket) -> Any:
     return decode_body(*recv_frame(sock))
 
 
-def decode_body(body: bytearray, meta_len: int, count: int) -> Any:
+def decode_body(body: bytearray | np.ndarray, meta_len: int, count: int) -> Any:
     """A frame's message from its body (array sizes, pickle, aligned arrays)."""
     view = memoryview(body)
     at = 8 * count
