@@ -96,17 +96,14 @@ cdef class FrameInbox:
                         self.got = 0
                     else:
                         continue
-            else:
+            else:   # a body still short of its length (a complete one, even empty, was handed out below)
                 at = <char*>cnp.PyArray_DATA(self.body) + self.got
                 want = cnp.PyArray_DIM(self.body, 0) - self.got
-                if want:
-                    with nogil:
-                        k = recv(fd, at, want, MSG_DONTWAIT)
-                        err = errno
-                    if k > 0:
-                        self.got += k
-                else:
-                    k = 1   # an empty body is complete at once
+                with nogil:
+                    k = recv(fd, at, want, MSG_DONTWAIT)
+                    err = errno
+                if k > 0:
+                    self.got += k
             if k == 0:
                 return frames, ENDED_BY_PEER
             if k < 0:
