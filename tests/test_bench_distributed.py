@@ -29,6 +29,8 @@ def test_quick_ray_run_writes_every_cell(tmp_path, capsys):
         assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
         if c["system"] == "ray":
             assert "p50" in c["overhead_us"] and c["throughput_ratio"] > 0
+            # one repetition: the paired difference is that repetition's, which is the medians' difference
+            assert c["overhead_us"]["paired_p50"] == c["overhead_us"]["p50"]
             assert c["pool"]["pools"] == 2
         else:
             assert c["pool"]["num_workers"] == 2
