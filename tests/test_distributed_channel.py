@@ -16,7 +16,7 @@ pytest.importorskip("ray")
 
 from shmpool.distributed import channel as ch  # noqa: E402
 from shmpool.distributed._inbox import readable  # noqa: E402
-from shmpool.distributed.batches import Rows  # noqa: E402
+from shmpool.distributed.batches import FramedRows, Rows  # noqa: E402
 
 TOKEN = b"0123456789abcdef"
 
@@ -386,7 +386,7 @@ def test_the_driver_reads_frames_in_any_pieces_and_an_end_after_a_whole_frame_st
         a.sendall(stream)   # both frames at once, then the end
         a.close()
         out, ended = reader.read_available(b)
-    assert [type(m.value) for m in out] == [Rows, dict]
+    assert len(out) == 2 and isinstance(out[0].value, Rows) and type(out[1].value) is dict
     assert isinstance(ended, ch.ChannelClosedError) and "closed by the other side" in str(ended)
 
 
@@ -470,3 +470,70 @@ def test_a_signal_during_the_wait_is_handled_at_once_not_at_the_wait_s_end():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _step_rows(n, seed, mask_dtype=bool, obs_dtype=np.uint8):
+    rng = np.random.default_rng(seed)
+    lives = rng.integers(0, 5, n)
+    return Rows(np.arange(n), rng.integers(0, 255, (n, 3, 4)).astype(obs_dtype), rng.normal(size=n),
+                rng.random(n) > 0.5, rng.random(n) > 0.5,
+                {"lives": lives, "_lives": (lives > 1).astype(mask_dtype), "frame": rng.normal(size=(n, 2))})
+
+
+def _received(rows):
+    return roundtrip(ch.Answer(value=rows)).value
+
+
+def _expected_join(blocks):
+    """What the join must give: numpy's concatenation of each column, masks made bool (merge_infos)."""
+    infos = {k: np.concatenate([b.infos[k] for b in blocks]) for k in blocks[0].infos}
+    infos["_lives"] = infos["_lives"].astype(bool)
+    return [np.concatenate([getattr(b, f) for b in blocks]) for f in ("ids", "obs", "rew", "term", "trunc")], infos
+
+
+@pytest.mark.parametrize("sizes", [(3, 5), (4, 4, 1)])
+def test_a_step_s_answers_are_joined_straight_from_their_frames_as_numpy_would_join_them(sizes):
+    blocks = [_step_rows(n, seed) for seed, n in enumerate(sizes)]
+    parts = [_received(b) for b in blocks]
+    joined = Rows.join(parts)
+    assert all(p.unread for p in parts)   # the join read the frames, not arrays made from them
+    cols, infos = _expected_join(blocks)
+    for got, want in zip((joined.ids, joined.obs, joined.rew, joined.term, joined.trunc), cols):
+        _same(got, want)
+    assert joined.infos.keys() == infos.keys()
+    for k in infos:
+        _same(joined.infos[k], infos[k])
+    assert not any(np.shares_memory(joined.obs, p.obs) for p in parts)   # the batch owns its memory
+    a = parts[0].obs   # rows read after the join are the frame's own, unchanged
+    _same(a, blocks[0].obs)
+
+
+@pytest.mark.parametrize("case", ["obs dtype differs", "mask not bool", "one part read"])
+def test_answers_the_frames_cannot_join_are_joined_from_their_arrays_with_the_same_result(case):
+    mask = np.int64 if case == "mask not bool" else bool
+    blocks = [_step_rows(3, 0, mask_dtype=mask),
+              _step_rows(2, 1, mask_dtype=mask, obs_dtype=np.int16 if case == "obs dtype differs" else np.uint8)]
+    parts = [_received(b) for b in blocks]
+    if case == "one part read":
+        parts[1].obs   # noqa: B018 — reading one field makes the part's arrays
+    else:
+        assert FramedRows.join_unread(parts) is None
+    joined = Rows.join(parts)
+    cols, infos = _expected_join(blocks)
+    _same(joined.obs, cols[1])
+    _same(joined.rew, cols[2])
+    _same(joined.infos["_lives"], infos["_lives"])
+    _same(joined.infos["lives"], infos["lives"])
+
+
+def test_a_framed_answer_reads_like_the_rows_that_were_sent():
+    sent = _step_rows(3, 7)
+    got = _received(sent)
+    assert got.unread and len(got) == 3 and not got.unread
+    for f in ("ids", "obs", "rew", "term", "trunc"):
+        _same(getattr(got, f), getattr(sent, f))
+    assert list(got.infos) == list(sent.infos)
+    shifted = got.shifted(10)
+    _same(shifted.ids, sent.ids + 10)
+    with pytest.raises(AttributeError):
+        got.no_such_field   # noqa: B018

@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from ._frames import concat_rows
+from ._frames import arrays_at, concat_rows, join_frames
 
 RESTARTED = "worker_restarted"   # the info key that flags a row answered by a rebuilt pool
+FIELDS = ("ids", "obs", "rew", "term", "trunc")   # a Rows' arrays, in a frame's order (its infos follow)
 
 
 def concat(parts: list) -> Any:
@@ -193,7 +194,7 @@ class Rows:
         """Blocks of rows one after the other, as one block."""
         if len(parts) == 1:
             return parts[0]
-        plain = _join_plain(parts)
+        plain = FramedRows.join_unread(parts) or _join_plain(parts)
         if plain is not None:
             return plain
         return Rows(np.concatenate([p.ids for p in parts]), concat([p.obs for p in parts]),
@@ -210,6 +211,51 @@ class Rows:
         infos = dict(self.infos)
         infos["env_id"] = self.ids.astype(np.int32)
         return self.obs, self.rew, self.term, self.trunc, infos
+
+
+class FramedRows(Rows):
+    """Rows still in the frame they arrived in (``body``: its bytes, ``start``: where its arrays begin, ``layout``:
+    their ``(dtype, shape)`` in the order ids, obs, rew, term, trunc, then ``keys``' infos, as
+    :func:`~._frames.arrays_at` takes them).  Its arrays are made, as views of the frame, the first time any is
+    read; until then :meth:`join_unread` joins such rows by copying from their frames alone.  That is a sync step's
+    join: making each answer's arrays and ``Rows`` first cost the driver 35–50 µs of CPU a Pong call beside two
+    busy workers (issue 34, alternated blocks in one RayPool)."""
+
+    def __init__(self, body: np.ndarray, start: int, layout: tuple, keys: tuple) -> None:
+        # Rows.__init__ is not called: the fields are set by __getattr__ when first read.
+        self.frame = (body, start, layout)
+        self.keys = keys
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for what the instance lacks: the fields, until the first read of one makes them all.
+        if name not in FIELDS and name != "infos":
+            raise AttributeError(name)
+        a = arrays_at(*self.frame)
+        self.ids, self.obs, self.rew, self.term, self.trunc = a[:5]
+        self.infos = dict(zip(self.keys, a[5:]))
+        return getattr(self, name)
+
+    @property
+    def unread(self) -> bool:
+        """Whether no array has been made (nor a field set) yet: then the frame is all there is."""
+        return "ids" not in self.__dict__
+
+    @staticmethod
+    def join_unread(parts: list[Rows]) -> Rows | None:
+        """``parts`` joined from their frames when each is an unread :class:`FramedRows` with the same info keys,
+        the same dtypes and row shapes, and bool ``_key`` masks (what :func:`merge_infos` joins by plain
+        concatenation); else None."""
+        first = parts[0]
+        if not all(type(p) is FramedRows and p.unread and p.keys == first.keys for p in parts):
+            return None
+        keys, layout = first.keys, first.frame[2]
+        # a "_key" mask of another dtype is made bool by merge_infos' general path
+        if any(key.startswith("_") and key[1:] in keys and layout[5 + i][0] != np.bool_ for i, key in enumerate(keys)):
+            return None
+        cols = join_frames([p.frame for p in parts])
+        if cols is None:
+            return None
+        return Rows(cols[0], cols[1], cols[2], cols[3], cols[4], dict(zip(keys, cols[5:])))
 
 
 class ReadyRows:

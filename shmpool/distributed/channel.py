@@ -39,7 +39,7 @@ import numpy as np
 
 from ._frames import arrays_at, frame_parts, is_plain, plain_layout
 from ._inbox import ENDED_BY_PEER, FrameInbox, readable
-from .batches import Rows
+from .batches import FramedRows, Rows
 
 HEADER = struct.Struct("<IIQ")   # pickle bytes, arrays, body bytes (array sizes, pickle, aligned arrays)
 ALIGN = 16            # each array's offset in a frame's body: numpy's widest usual alignment
@@ -124,8 +124,9 @@ class PlainRows:
             return None
         return tuple(rows.infos), [rows.ids, rows.obs, rows.rew, rows.term, rows.trunc, *rows.infos.values()]
 
-    def rebuild(self, a: list[np.ndarray]) -> Answer:
-        return Answer(value=Rows(a[0], a[1], a[2], a[3], a[4], dict(zip(self.keys, a[5:]))))
+    def from_frame(self, body: np.ndarray, start: int, layout: tuple) -> Answer:
+        """The answer, its rows left in the frame until read (:class:`~.batches.FramedRows`)."""
+        return Answer(value=FramedRows(body, start, layout, self.keys))
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,8 @@ class PlainCall:
             return None
         return message.method, list(message.args)
 
-    def rebuild(self, a: list[np.ndarray]) -> Request:
-        return Request(self.method, tuple(a))
+    def from_frame(self, body: np.ndarray, start: int, layout: tuple) -> Request:
+        return Request(self.method, tuple(arrays_at(body, start, layout)))
 
 
 SHORT_FORMS = (PlainRows, PlainCall)
@@ -186,15 +187,20 @@ class Layouts:
             fixed = self.sent[key] = _fixed_parts(form(name, tuple((a.dtype.str, a.shape) for a in arrays)), arrays)
         return frame_parts(fixed[0], fixed[1], arrays)
 
-    def known(self, meta: bytes) -> tuple[Any, tuple] | None:
-        """The short form a frame's pickle ``meta`` was read as before, and its arrays' layout."""
+    def known(self, meta: bytes) -> tuple[Any, tuple, int] | None:
+        """The short form a frame's pickle ``meta`` was read as before, its arrays' layout and its body's length."""
         return self.received.get(meta)
 
-    def learn(self, meta: bytes, form: Any) -> tuple[Any, tuple]:
-        """Remember that pickle ``meta`` reads as the short form ``form``; its layout with the dtypes made."""
+    def learn(self, meta: bytes, form: Any) -> tuple[Any, tuple, int]:
+        """Remember that pickle ``meta`` reads as the short form ``form``; its layout with the dtypes made, and
+        the length of a body of that layout (array sizes, ``meta``, the aligned arrays)."""
         if len(self.received) >= self.limit:
             self.received.clear()
-        known = self.received[meta] = form, tuple((np.dtype(d), tuple(s)) for d, s in form.specs)
+        layout = tuple((np.dtype(d), tuple(s)) for d, s in form.specs)
+        size = 8 * len(layout) + len(meta)
+        for dtype, shape in layout:
+            size += _padded(size) + dtype.itemsize * math.prod(shape)
+        known = self.received[meta] = form, layout, size
         return known
 
 
@@ -316,8 +322,13 @@ def decode_body(body: bytearray | np.ndarray, meta_len: int, count: int) -> Any:
         if type(message) not in SHORT_FORMS:
             return message
         known = LAYOUTS.learn(meta, message)
-    form, layout = known
-    return form.rebuild(arrays_at(body, at + meta_len, layout))
+    form, layout, size = known
+    if len(body) != size:   # checked here, so that rows read later from the frame cannot fail
+        raise ValueError(f"a frame of {len(body)} bytes is {'shorter' if len(body) < size else 'longer'} than its "
+                         f"arrays' layout ({size} bytes)")
+    if type(body) is not np.ndarray:
+        body = np.frombuffer(body, np.uint8)
+    return form.from_frame(body, at + meta_len, layout)
 
 
 class FrameReader:
