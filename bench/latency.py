@@ -100,10 +100,10 @@ def cell_json(task: str, mode: str, system: str, n: int, b: int, records: list[R
         observer = {k: median(lambda r, k=k: r.info["observer_latency_us"][k])
                     for k in ok[0].info.get("observer_latency_us", {})}
         calls = sum(r.sample.count for r in ok)
-        out["rep_p50_us"] = {r.rep: r.sample.latency_us["p50"] for r in ok}
         out.update(pool=info, calls=calls, env_steps=calls * b, seconds=sum(r.sample.seconds for r in ok),
                    throughput=median(lambda r: r.sample.rate * b),
                    mean_us_per_call=median(lambda r: r.sample.us_per_unit),
+                   rep_p50_us={r.rep: r.sample.latency_us["p50"] for r in ok},
                    agent_latency_us=reported(agent), agent_throughput=throughput_percentiles(agent, b),
                    observer_latency_us=reported(observer), observer_throughput=throughput_percentiles(observer, 1),
                    driver_cpu_us_per_call=median(lambda r: r.info["driver_cpu_us_per_call"]),
@@ -119,17 +119,15 @@ def cell_json(task: str, mode: str, system: str, n: int, b: int, records: list[R
 
 def with_overheads(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add ``overhead_us`` (Ray p50/p95 − local p50/p95 of the same cell, and ``paired_p50``: the median over
-    repetitions of Ray's p50 − local's p50 in that repetition) and ``throughput_ratio`` to the Ray cells."""
+    repetitions of Ray's p50 − local's p50 in that repetition, which cancels the host's drift between repetitions)
+    and ``throughput_ratio`` to the Ray cells."""
     local = {(c["mode"], c["num_envs"], c["batch_size"]): c for c in cells if c["system"] == "local"}
     for c in cells:
         twin = local.get((c["mode"], c["num_envs"], c["batch_size"]))
         if c["system"] == "ray" and twin and "agent_latency_us" in c and "agent_latency_us" in twin:
             c["overhead_us"] = {q: c["agent_latency_us"][q] - twin["agent_latency_us"][q] for q in ("p50", "p95")}
-            # Each repetition's Ray block ran right after the local one: their difference cancels the host's drift
-            # between repetitions, which moves the medians' difference by hundreds of µs on a shared VM.
             pairs = [p50 - twin["rep_p50_us"][rep] for rep, p50 in c["rep_p50_us"].items() if rep in twin["rep_p50_us"]]
-            if pairs:
-                c["overhead_us"]["paired_p50"] = float(np.median(pairs))
+            c["overhead_us"]["paired_p50"] = float(np.median(pairs)) if pairs else None
             c["throughput_ratio"] = c["throughput"] / twin["throughput"]
     return cells
 
@@ -212,9 +210,9 @@ def table_rows(cells: Sequence[dict[str, Any]], ray: bool) -> list[list[str]]:
                     report.fmt_rate(c["throughput"])]
         if ray:
             over, ratio = c.get("overhead_us", {}), c.get("throughput_ratio")
-            row += [c["system"], report.fmt_us(c["driver_cpu_us_per_call"]) if "driver_cpu_us_per_call" in c else "—",
-                    *("—" if over.get(q) is None else report.fmt_us(over[q]) for q in ("p50", "paired_p50")),
-                    "—" if ratio is None else f"{ratio:.2f}"]
+            row += [c["system"], *("—" if v is None else report.fmt_us(v) for v in (
+                c.get("driver_cpu_us_per_call"), over.get("p50"), over.get("paired_p50"))),
+                "—" if ratio is None else f"{ratio:.2f}"]
         rows.append(row)
     return rows
 
@@ -237,8 +235,8 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict
                   f"start-up {ray['startup_s']:.1f} s; Ray's floor, one actor call (`ray.get(actor.echo.remote(x))`, "
                   "p50 / p95 µs): " + "; ".join(f"{k} {report.fmt_us(v['p50'])} / {report.fmt_us(v['p95'])}"
                                                 for k, v in ray["round_trip_us"].items())
-                  + ". Driver CPU = this process's CPU per call (all threads); overhead = Ray p50 − local p50; "
-                  "paired overhead = median over repetitions of Ray p50 − local p50 in the same repetition."]
+                  + ". Driver CPU = this process's CPU per call (all threads); overhead = Ray p50 − local p50; paired: "
+                  "the median over repetitions of Ray p50 − local p50 in the same repetition."]
     lines += ["", report.markdown_table(HEADER + (RAY_HEADER if ray else ()), table_rows(cells, bool(ray)))]
     if skipped:
         combos = ", ".join(f"N={s['num_envs']} batch={s['batch_size']}" for s in skipped)
@@ -253,8 +251,7 @@ DEFINITIONS = {
     "observer_latency_us": "one env step, from the trainer sending its action to the recv returning it",
     "observer_throughput": "steps/s of one env, 1 / observer latency",
     "throughput": "env steps / elapsed over the whole cell",
-    "overhead_us": "RayPool's agent latency minus the local Pool's, same cell (--ray); paired_p50: the median over "
-                   "repetitions of that difference within each repetition",
+    "overhead_us": "RayPool's agent latency minus the local Pool's, same cell (--ray); paired_p50: by repetition",
 }
 
 
@@ -265,7 +262,6 @@ PLOTTED = ("p50", "p75", "p90", "p95", "p99")
 
 def series(cells: Sequence[dict[str, Any]], x: str) -> dict[str, list[dict[str, Any]]]:
     """Cells grouped into lines along ``x``, each sorted by ``x``; cells without a measurement are left out.
-
     Sync cells always have batch = N, so they make one series whatever the x axis."""
     other = "batch_size" if x == "num_envs" else "num_envs"
     short = "N" if other == "num_envs" else "batch"
@@ -301,20 +297,16 @@ def plot(data: dict[str, Any], path: str) -> None:
         env = [c.get("observer_latency_us", {}).get("p50") for c in pts]
         if all(v is not None for v in env):
             ax.plot(xs, env, "-.", color="0.55", lw=1.3, label="env step p50")
-        ax.set_yscale("log")
+        ax.set(yscale="log", xlabel=x, ylabel="latency, µs (log)", title=label)
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs_all)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel(x)
-        ax.set_ylabel("latency, µs (log)")
         ax.grid(True, which="major", alpha=0.3)
-        ax.set_title(label)
         tp = ax.twinx()
         tp.plot(xs, [c["throughput"] for c in pts], "s-", color="black", lw=2.4, ms=6, label="env steps/s")
-        tp.set_ylim(0, 1.15 * top)
+        tp.set(ylim=(0, 1.15 * top), ylabel="throughput, env steps/s")
         tp.yaxis.set_major_formatter(FuncFormatter(lambda v, _: report.fmt_rate(v)))
-        tp.set_ylabel("throughput, env steps/s")
         handles, labels = (a + b for a, b in zip(ax.get_legend_handles_labels(), tp.get_legend_handles_labels()))
     for ax in list(axes.flat)[len(groups):]:
         ax.set_visible(False)
@@ -337,8 +329,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", help="comma list of async batch sizes; those > N are skipped (default 1,8,32)")
     p.add_argument("--modes", default="sync,async", help="comma list of sync, async (default both)")
     p.add_argument("--wait-policy", help="the pool's wait_policy (default: the pool's automatic choice)")
-    p.add_argument("--png", metavar="PATH", help="plot latency percentiles and throughput along the swept value here "
-                                                 "(with --save: beside the tracked JSON)")
+    p.add_argument("--png", metavar="PATH", help="plot percentiles and throughput here (--save: beside the JSON)")
     p.add_argument("--ray", type=int, metavar="NODES", help="also through RayPool on a local Ray cluster of NODES "
                                                             "nodes, beside a local Pool on the same cores")
     p.add_argument("--store-mb", type=int, default=80, help="--ray: object store per node, MB (default 80)")
@@ -352,8 +343,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                        else ([1, 8] if quick else list(DEFAULT_BATCH_SIZES)))
     args.modes = cli.choice_list(p, "--modes", args.modes, MODES)
     if not plan_cells(args.num_envs, args.batch_size, args.modes)[0]:
-        p.error(f"nothing to run: every --batch-size {args.batch_size} is larger than every "
-                f"--num-envs {args.num_envs}")
+        p.error(f"nothing to run: every --batch-size {args.batch_size} is larger than every --num-envs {args.num_envs}")
     try:
         env = env_spec(args.task)
         (gym.make(env) if isinstance(env, str) else env()).close()
