@@ -491,7 +491,7 @@ def _expected_join(blocks):
     return [np.concatenate([getattr(b, f) for b in blocks]) for f in ("ids", "obs", "rew", "term", "trunc")], infos
 
 
-@pytest.mark.parametrize("sizes", [(3, 5), (4, 4, 1)])
+@pytest.mark.parametrize("sizes", [(3, 5), (4, 4, 1), (0, 0)])
 def test_a_step_s_answers_are_joined_straight_from_their_frames_as_numpy_would_join_them(sizes):
     blocks = [_step_rows(n, seed) for seed, n in enumerate(sizes)]
     parts = [_received(b) for b in blocks]

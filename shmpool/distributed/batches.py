@@ -194,7 +194,9 @@ class Rows:
         """Blocks of rows one after the other, as one block."""
         if len(parts) == 1:
             return parts[0]
-        plain = FramedRows.join_unread(parts) or _join_plain(parts)
+        plain = FramedRows.join_unread(parts)
+        if plain is None:
+            plain = _join_plain(parts)
         if plain is not None:
             return plain
         return Rows(np.concatenate([p.ids for p in parts]), concat([p.obs for p in parts]),
