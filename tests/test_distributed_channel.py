@@ -508,7 +508,7 @@ def test_a_step_s_answers_are_joined_straight_from_their_frames_as_numpy_would_j
     _same(a, blocks[0].obs)
 
 
-@pytest.mark.parametrize("case", ["obs dtype differs", "mask not bool", "one part read"])
+@pytest.mark.parametrize("case", ["obs dtype differs", "mask not bool", "one part read", "one part's field replaced"])
 def test_answers_the_frames_cannot_join_are_joined_from_their_arrays_with_the_same_result(case):
     mask = np.int64 if case == "mask not bool" else bool
     blocks = [_step_rows(3, 0, mask_dtype=mask),
@@ -517,6 +517,9 @@ def test_answers_the_frames_cannot_join_are_joined_from_their_arrays_with_the_sa
     if case == "one part read":
         parts[1].obs   # noqa: B018 — reading one field makes the part's arrays
     else:
+        if case == "one part's field replaced":   # set before any read: the frame no longer says what the rows are
+            blocks[1].rew = blocks[1].rew * 2
+            parts[1].rew = blocks[1].rew.copy()
         assert FramedRows.join_unread(parts) is None
     joined = Rows.join(parts)
     cols, infos = _expected_join(blocks)

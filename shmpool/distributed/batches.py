@@ -17,6 +17,7 @@ from ._frames import arrays_at, concat_rows, join_frames
 
 RESTARTED = "worker_restarted"   # the info key that flags a row answered by a rebuilt pool
 FIELDS = ("ids", "obs", "rew", "term", "trunc")   # a Rows' arrays, in a frame's order (its infos follow)
+ROW_ATTRIBUTES = frozenset((*FIELDS, "infos"))
 
 
 def concat(parts: list) -> Any:
@@ -230,17 +231,17 @@ class FramedRows(Rows):
 
     def __getattr__(self, name: str) -> Any:
         # Only called for what the instance lacks: the fields, until the first read of one makes them all.
-        if name not in FIELDS and name != "infos":
+        if name not in ROW_ATTRIBUTES:
             raise AttributeError(name)
         a = arrays_at(*self.frame)
-        self.ids, self.obs, self.rew, self.term, self.trunc = a[:5]
-        self.infos = dict(zip(self.keys, a[5:]))
-        return getattr(self, name)
+        for key, value in (*zip(FIELDS, a[:5]), ("infos", dict(zip(self.keys, a[5:])))):
+            self.__dict__.setdefault(key, value)   # a field set before this read keeps its value
+        return self.__dict__[name]
 
     @property
     def unread(self) -> bool:
-        """Whether no array has been made (nor a field set) yet: then the frame is all there is."""
-        return "ids" not in self.__dict__
+        """Whether no field has been read or set yet: then the frame is all there is."""
+        return self.__dict__.keys().isdisjoint(ROW_ATTRIBUTES)
 
     @staticmethod
     def join_unread(parts: list[Rows]) -> Rows | None:
