@@ -87,38 +87,66 @@ def frame_parts(bytes prefix, tuple pads, list arrays):
     return parts
 
 
+cdef Py_ssize_t _spans(Py_ssize_t start, tuple layout, list out) except -1:
+    """Where the arrays of ``layout`` (``(dtype, shape)`` pairs) lie when laid from ``start``, each at the next
+    16-aligned offset: ``(offset, bytes)`` of each appended to ``out`` (unless None).  Returns the offset past the
+    last one: the length of a body of that layout."""
+    cdef Py_ssize_t at = start, n
+    cdef cnp.dtype dtype
+    cdef tuple shape
+    for dtype, shape in layout:
+        if len(shape) > 64:   # NPY_MAXDIMS is 64 since numpy 2
+            raise ValueError(f"an array of {len(shape)} dimensions")
+        n = dtype.itemsize
+        for d in shape:
+            if d < 0:
+                raise ValueError(f"an array of shape {shape}")
+            n *= <Py_ssize_t>d
+        at += (ALIGN - at % ALIGN) % ALIGN
+        if out is not None:
+            out.append((at, n))
+        at += n
+    return at
+
+
+def layout_end(Py_ssize_t start, tuple layout) -> int:
+    """The length of a body whose arrays (``layout``: ``(dtype, shape)`` pairs) are laid from ``start``, each at the
+    next 16-aligned offset."""
+    return _spans(start, layout, None)
+
+
+cpdef check_length(Py_ssize_t size, Py_ssize_t expected):
+    """ValueError unless a frame's body of ``size`` bytes is as long as its layout says (``expected``)."""
+    if size != expected:
+        raise ValueError(f"a frame of {size} bytes is {'shorter' if size < expected else 'longer'} than its "
+                         f"arrays' layout ({expected} bytes)")
+
+
 def arrays_at(object body, Py_ssize_t start, tuple layout):
     """The arrays of ``layout`` (``(dtype, shape)`` pairs) laid in ``body`` from ``start``, each at the next
     16-aligned offset: writable arrays over ``body``'s memory, which they keep alive.  ValueError
     when ``body`` is not exactly that long."""
     cdef cnp.ndarray flat = np.frombuffer(body, np.uint8)   # holds an export: ``body`` cannot be resized
     cdef char* data = <char*>cnp.PyArray_DATA(flat)
-    cdef Py_ssize_t size = cnp.PyArray_DIM(flat, 0), at = start, n
-    cdef cnp.npy_intp dims[64]   # NPY_MAXDIMS is 64 since numpy 2
+    cdef list spans = []
+    check_length(cnp.PyArray_DIM(flat, 0), _spans(start, layout, spans))
+    cdef cnp.npy_intp dims[64]
     cdef cnp.dtype dtype
     cdef tuple shape
     cdef int ndim, i
+    cdef Py_ssize_t k
     cdef list out = []
     cdef cnp.ndarray arr
-    for dtype, shape in layout:
+    for k in range(len(layout)):
+        dtype, shape = layout[k]
         ndim = len(shape)
-        if ndim > 64:
-            raise ValueError(f"an array of {ndim} dimensions")
-        n = dtype.itemsize
         for i in range(ndim):
             dims[i] = shape[i]
-            n *= dims[i]
-        at += (ALIGN - at % ALIGN) % ALIGN
-        if n < 0 or at + n > size:
-            raise ValueError(f"a frame of {size} bytes is shorter than its arrays' layout")
         Py_INCREF(dtype)   # PyArray_NewFromDescr steals it
-        arr = PyArray_NewFromDescr(&PyArray_Type, dtype, ndim, dims, NULL, data + at,
+        arr = PyArray_NewFromDescr(&PyArray_Type, dtype, ndim, dims, NULL, data + <Py_ssize_t>spans[k][0],
                                    cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_WRITEABLE, None)
         cnp.set_array_base(arr, flat)
         out.append(arr)
-        at += n
-    if at != size:
-        raise ValueError(f"a frame of {size} bytes is longer than its arrays' layout ({at} bytes)")
     return out
 
 
@@ -191,37 +219,27 @@ def join_frames(list frames):
     ValueError when a body is not exactly as long as its layout says.  Beside two busy workers, making two Pong
     answers' 24 arrays and their ``Rows`` before joining them cost the driver 35–50 µs more (issue 34)."""
     cdef tuple first = frames[0][2]
-    cdef Py_ssize_t nf = len(frames), ncol = len(first), f, c, i, at, n, size, rows
+    cdef Py_ssize_t nf = len(frames), ncol = len(first), f, c, i, at, n, rows
     cdef cnp.ndarray body, joined
     cdef cnp.dtype dtype, fdtype
     cdef tuple shape, fshape, layout
     cdef int ndim
     cdef cnp.npy_intp dims[64]
     cdef char* to
-    cdef list offsets = [], out = []
-    for f in range(nf):   # first every frame's column offsets, with every check, before anything is allocated
+    cdef list spans = [], out = []   # spans[f * ncol + c]: where frame f's c-th array lies in its body
+    for f in range(nf):   # every check first, before anything is allocated
         body, at, layout = frames[f]
         if len(layout) != ncol:
             return None
-        size = cnp.PyArray_DIM(body, 0)
         for c in range(ncol):
             dtype, shape = layout[c]
             fdtype, fshape = first[c]
             ndim = len(shape)
-            if ndim == 0 or ndim > 64 or ndim != len(fshape) or shape[1:] != fshape[1:]:
+            if ndim == 0 or ndim != len(fshape) or shape[1:] != fshape[1:]:
                 return None
             if dtype is not fdtype and not PyArray_EquivTypes(dtype, fdtype):
                 return None
-            n = dtype.itemsize
-            for i in range(ndim):
-                n *= <Py_ssize_t>shape[i]
-            at += (ALIGN - at % ALIGN) % ALIGN
-            if n < 0 or at + n > size:
-                raise ValueError(f"a frame of {size} bytes is shorter than its arrays' layout")
-            offsets.append((at, n))
-            at += n
-        if at != size:
-            raise ValueError(f"a frame of {size} bytes is longer than its arrays' layout ({at} bytes)")
+        check_length(cnp.PyArray_DIM(body, 0), _spans(at, layout, spans))
     for c in range(ncol):
         fdtype, fshape = first[c]
         ndim = len(fshape)
@@ -236,7 +254,7 @@ def join_frames(list frames):
         to = <char*>cnp.PyArray_DATA(joined)
         for f in range(nf):
             body = <cnp.ndarray>(<tuple>frames[f])[0]
-            at, n = offsets[f * ncol + c]
+            at, n = spans[f * ncol + c]
             memcpy(to, <char*>cnp.PyArray_DATA(body) + at, n)
             to += n
         out.append(joined)

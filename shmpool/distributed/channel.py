@@ -37,7 +37,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from ._frames import arrays_at, frame_parts, is_plain, plain_layout
+from ._frames import arrays_at, check_length, frame_parts, is_plain, layout_end, plain_layout
 from ._inbox import ENDED_BY_PEER, FrameInbox, readable
 from .batches import FramedRows, Rows
 
@@ -197,10 +197,7 @@ class Layouts:
         if len(self.received) >= self.limit:
             self.received.clear()
         layout = tuple((np.dtype(d), tuple(s)) for d, s in form.specs)
-        size = 8 * len(layout) + len(meta)
-        for dtype, shape in layout:
-            size += _padded(size) + dtype.itemsize * math.prod(shape)
-        known = self.received[meta] = form, layout, size
+        known = self.received[meta] = form, layout, layout_end(8 * len(layout) + len(meta), layout)
         return known
 
 
@@ -323,9 +320,7 @@ def decode_body(body: bytearray | np.ndarray, meta_len: int, count: int) -> Any:
             return message
         known = LAYOUTS.learn(meta, message)
     form, layout, size = known
-    if len(body) != size:   # checked here, so that rows read later from the frame cannot fail
-        raise ValueError(f"a frame of {len(body)} bytes is {'shorter' if len(body) < size else 'longer'} than its "
-                         f"arrays' layout ({size} bytes)")
+    check_length(len(body), size)   # here, so that rows read later from the frame cannot fail
     if type(body) is not np.ndarray:
         body = np.frombuffer(body, np.uint8)
     return form.from_frame(body, at + meta_len, layout)
