@@ -132,13 +132,14 @@ def test_a_local_pool_forked_beside_ray_never_collects_the_driver_s_ray_objects(
         assert pool.step(np.zeros(2, np.int64))[0].tolist() == [[1.0], [1.0]]
 
 
-@pytest.mark.parametrize("transport", ["direct", "ray"])
-def test_sync_trajectories_match_local_pool(cluster, transport):
+@pytest.mark.parametrize("transport, parent_shard", [("direct", False), ("direct", True), ("ray", False)])
+def test_sync_trajectories_match_local_pool(cluster, transport, parent_shard):
     """Same seeds, same actions: RayPool over 3 nodes and one local Pool give identical arrays, whether the
-    calls go over the direct connections or through Ray."""
+    calls go over the direct connections (the answers joined from their frames) or through Ray, and whether each
+    node's envs step in its worker or partly in its actor (``parent_shard``)."""
     n = 10  # 4 + 3 + 3: uneven ranges
     rng = np.random.default_rng(0)
-    with (RayPool(TASK, n, seed=123, num_workers=1, transport=transport) as rp,
+    with (RayPool(TASK, n, seed=123, num_workers=1, parent_shard=parent_shard, transport=transport) as rp,
           shmpool.Pool(TASK, n, seed=123, num_workers=1) as lp):
         assert [d["transport"] for d in rp.nodes] == [transport] * 3
         assert rp.num_envs == n and rp.batch_size == n and rp.num_pools == 3
