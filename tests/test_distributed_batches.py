@@ -184,6 +184,26 @@ def test_send_asks_for_a_sub_batch_only_when_a_whole_one_is_in_flight():
         led.check_idle(np.array([6, 4]))
 
 
+def test_a_ledger_is_idle_only_when_forget_has_nothing_to_drop():
+    led = ledger()
+    assert led.idle
+    led.plan_send(np.array([0]))
+    assert not led.idle
+    led.forget()
+    assert led.idle
+    led.all_sent()
+    led.received(1, rows_of([3]))
+    assert not led.idle
+    led.forget()
+    led.sends["f"] = 0
+    assert not led.idle
+    led.forget()
+    led.held[2][9] = rows_of([1])
+    assert not led.idle
+    led.forget()
+    assert led.idle
+
+
 def test_received_rows_come_back_global_and_leave_flight():
     led = ledger()
     led.all_sent()

@@ -540,3 +540,33 @@ def test_a_framed_answer_reads_like_the_rows_that_were_sent():
     _same(shifted.ids, sent.ids + 10)
     with pytest.raises(AttributeError):
         got.no_such_field   # noqa: B018
+
+
+@pytest.mark.parametrize("actions", [
+    np.array([0, 5, 2, 1, 3, 4, 1], dtype=np.int64),                        # Discrete
+    np.arange(7 * 3, dtype=np.float32).reshape(7, 3) / 7,                   # Box
+    np.arange(7 * 6, dtype=np.float32).reshape(7, 6)[:, ::2],               # not contiguous
+    np.arange(7 * 2, dtype=np.int32).reshape(2, 7).T,                       # transposed
+], ids=["discrete", "box", "strided", "transposed"])
+def test_step_frames_are_the_bytes_encode_makes_of_each_pool_s_rows(actions):
+    rows = [slice(0, 3), slice(3, 3), slice(3, 7)]
+    frames = ch.StepFrames(rows)
+    for batch in (actions, actions + 1, actions):   # the heads are reused for the same layout
+        got = frames.frames(batch)
+        want = [b"".join(bytes(p) for p in ch.encode(ch.Request("step", (np.ascontiguousarray(batch[r]),))))
+                for r in rows]
+        assert got == want
+        a, b = socket.socketpair()
+        with a, b:
+            ch.send_parts(a, [got[2]])
+            request = ch.recv_message(b)
+        assert request.method == "step" and np.array_equal(request.args[0], batch[rows[2]])
+        assert request.args[0].dtype == batch.dtype
+
+
+def test_step_frames_decline_what_is_not_a_plain_array():
+    frames = ch.StepFrames([slice(0, 2)])
+    assert frames.frames([1, 2]) is None
+    assert frames.frames(np.array([{}, {}], dtype=object)) is None
+    assert frames.frames(np.zeros(2, dtype=[("a", "<i4")])) is None
+    assert frames.frames(np.array([1, 2])) is not None   # and a plain one after them still frames

@@ -75,6 +75,16 @@ def test_a_pool_that_never_answers_ends_the_wait_at_step_timeout(monkeypatch):
     assert 0.5 <= time.monotonic() - t0 < 1.5
 
 
+def test_a_watch_counts_its_limits_from_the_start_it_is_given():
+    """RayPool's sync step waits one slice before it builds its watch: the limits still count from the call."""
+    late = faults.Watch("step", 1.0, None, lambda k: f"n{k}", lambda ks: "", start=time.monotonic() - 2.0)
+    with pytest.raises(TimeoutError, match=r"step did not finish within 1.0 s"):
+        late.after_slice([0])
+    fresh = faults.Watch("step", 1.0, None, lambda k: f"n{k}", lambda ks: "")
+    fresh.last_liveness = time.monotonic()   # no GCS here: only the limits are checked
+    assert fresh.after_slice([0]) == []
+
+
 def test_the_callers_timeout_leaves_the_call_pending(monkeypatch):
     fake = ScriptedRay({"a": None}, {}, {"n0"})
     monkeypatch.setattr(faults, "ray", fake)

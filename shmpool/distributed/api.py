@@ -3,6 +3,7 @@ then drives the actors (:mod:`.fleet`), the bookkeeping (:mod:`.ledger`) and the
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +33,8 @@ from ..state import Lifecycle, LifecycleFacts
 from .action_check import ActionCheck
 from .actor import Resets, pools_on_nodes
 from .batches import Rows, batch_len, concat, merge_infos, take_rows
+from .channel import Reply, StepFrames
+from .channel import wait as wait_replies
 from .faults import (
     SLICE_S,
     Outcome,
@@ -186,6 +189,8 @@ class RayPool(LifecycleFacts):
         self._ledger = Ledger(place, next_step=self.autoreset_mode == NEXT_STEP)
         shut_down = weakref.WeakMethod(self._shut_down)   # no cycle: a forgotten RayPool is freed (and closed) at once
         self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
+        self._pool_rows = [slice(r.start, r.stop) for r in map(place.env_range, range(place.num_pools))]
+        self._step_frames = StepFrames(self._pool_rows)
         self._step_refs: list | None = None   # the pending step_async(): one future per pool (None: answered here)
         self._close_timeout = 10.0             # seconds the local pools get to close before their actors are killed
         self._life = Lifecycle()               # NEEDS_RESET
@@ -269,22 +274,35 @@ class RayPool(LifecycleFacts):
         if env_ids is not None:
             self.send(actions, env_ids)
             return self.recv()
-        self.step_async(actions)
-        return self.step_wait()
+        return self._sync_step(actions)
+
+    @_entry
+    def _sync_step(self, actions: Any):
+        # step_async and step_wait under one entry: beside busy workers every Python call of the driver is paid
+        # cold, and a sync step is the call RayPool makes most (issue 34)
+        self._post_step(actions)
+        return self._collect_step(None)
 
     @_entry
     def step_async(self, actions: Any) -> None:
         """Send every pool its slice of ``actions``; ``step_wait()`` returns the results."""
+        self._post_step(actions)
+
+    def _post_step(self, actions: Any) -> None:
         self._life.check_step_async()
         if batch_len(actions) != self.num_envs:
             raise ValueError(f"actions have {batch_len(actions)} rows, the pool has {self.num_envs} envs")
         self._actions.check(actions)
         self._forget_async()
         auto = self._ledger.sync_autoreset
-        ranges = map(self.env_range, range(self.num_pools))
-        self._step_refs = [None if k in auto else
-                           self._fleet.call(k, "step", take_rows(actions, slice(r.start, r.stop)))
-                           for k, r in enumerate(ranges)]
+        channels = self._fleet.channels
+        frames = None if auto or None in channels else self._step_frames.frames(actions)
+        if frames is not None:   # every pool reached directly, the actions a plain array: the common step
+            self._step_refs = [channel.send_frame((frame,)) for channel, frame in zip(channels, frames)]
+        else:
+            call = self._fleet.call
+            self._step_refs = [None if k in auto else call(k, "step", take_rows(actions, rows))
+                               for k, rows in enumerate(self._pool_rows)]
         self._life.step_posted()
 
     @_entry
@@ -292,10 +310,23 @@ class RayPool(LifecycleFacts):
         """Results of the pending ``step_async()``, in env order (see :meth:`step`).
 
         ``timeout``: seconds to wait; on TimeoutError the step stays pending."""
+        return self._collect_step(timeout)
+
+    def _collect_step(self, timeout: float | None):
         self._life.check_step_wait()
         refs = self._step_refs
+        start = time.monotonic()
+        if timeout is None and all(type(ref) is Reply for ref in refs):
+            # Every pool answers directly: one wait slice, then the answers as they are when all are values.  Anything
+            # else (a lost connection, an error, a pool not done within the slice) takes the watched path below,
+            # whose limits count from ``start``.
+            wait_replies(refs, len(refs), SLICE_S)
+            if all(ref.done and ref.lost is None and ref.answer.error is None for ref in refs):
+                self._step_refs = None
+                self._life.step_done()
+                return Rows.join([ref.answer.value for ref in refs]).as_step()
         pools = [k for k, ref in enumerate(refs) if ref is not None]
-        outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout)
+        outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout, start=start)
         self._step_refs = None
         self._life.step_done()
         answers = dict(zip(pools, self._recovery.settle(outcomes, "step", restart=True)))
@@ -397,6 +428,8 @@ class RayPool(LifecycleFacts):
 
     def _forget_async(self) -> None:
         """Before a sync call: surface what earlier sends raised, then drop the async state."""
+        if self._ledger.idle and not self._life.in_flight:
+            return
         self._check_sends()
         self._ledger.forget()
         self._life.in_flight = 0
@@ -446,10 +479,10 @@ class RayPool(LifecycleFacts):
 
     # --- waiting and faults ----------------------------------------------------------------------
 
-    def _watch(self, op: str, timeout: float | None = None) -> Watch:
+    def _watch(self, op: str, timeout: float | None = None, start: float | None = None) -> Watch:
         life = self._life
         return Watch(op, timeout, self.step_timeout, self._fleet.node_of, self._fleet.describe_pools,
-                     cancelled=lambda: life.close_requested)
+                     cancelled=lambda: life.close_requested, start=start)
 
     def _after_slice(self, watch: Watch, waiting_on: list[int]) -> list[int]:
         """``watch.after_slice``; a passed ``step_timeout`` closes the pool first."""
@@ -459,10 +492,12 @@ class RayPool(LifecycleFacts):
             self._abort()
             raise
 
-    def _wait(self, refs: list, pools: list[int], op: str, timeout: float | None = None) -> list[Outcome]:
-        """Every answer of one call (``pools[i]`` for ``refs[i]``), waited for in watched slices."""
+    def _wait(self, refs: list, pools: list[int], op: str, timeout: float | None = None,
+              start: float | None = None) -> list[Outcome]:
+        """Every answer of one call (``pools[i]`` for ``refs[i]``), waited for in watched slices (its limits counted
+        from ``start``, monotonic seconds, when the wait began before)."""
         try:
-            return gather(refs, pools, self._watch(op, timeout))
+            return gather(refs, pools, self._watch(op, timeout, start))
         except StepTimeoutError:
             self._abort()
             raise

@@ -66,14 +66,20 @@ def _column(values: list, sizes: list[int]) -> np.ndarray:
         return out
 
 
+def masks_are_bool(keys: Any, dtypes: Any) -> bool:
+    """Whether every ``_key`` mask among ``keys`` (whose values have ``dtypes``, None for a non-array) is bool: what
+    joining blocks by plain concatenation needs (:func:`merge_infos` makes other masks bool)."""
+    return not any(isinstance(key, str) and key.startswith("_") and key[1:] in keys and dtype != np.bool_
+                   for key, dtype in zip(keys, dtypes))
+
+
 def _same_keys_bool_masks(parts: list[dict]) -> bool:
     """Whether every block has the same keys, and the first block's ``_key`` masks are bool arrays: the keys'
     part of what a plain concatenation of the blocks needs (:func:`_same_columns`, :func:`_join_plain`)."""
     first = parts[0]
     if any(p.keys() != first.keys() for p in parts[1:]):
         return False
-    return not any(isinstance(key, str) and key.startswith("_") and key[1:] in first
-                   and getattr(v, "dtype", None) != np.bool_ for key, v in first.items())
+    return masks_are_bool(first, [getattr(v, "dtype", None) for v in first.values()])
 
 
 def _same_columns(parts: list[dict]) -> bool:
@@ -219,15 +225,17 @@ class Rows:
 class FramedRows(Rows):
     """Rows still in the frame they arrived in (``body``: its bytes, ``start``: where its arrays begin, ``layout``:
     their ``(dtype, shape)`` in the order ids, obs, rew, term, trunc, then ``keys``' infos, as
-    :func:`~._frames.arrays_at` takes them).  Its arrays are made, as views of the frame, the first time any is
+    :func:`~._frames.arrays_at` takes them; ``bool_masks``: :func:`masks_are_bool` of that layout, known once per
+    layout by the caller).  Its arrays are made, as views of the frame, the first time any is
     read; until then :meth:`join_unread` joins such rows by copying from their frames alone.  That is a sync step's
     join: making each answer's arrays and ``Rows`` first cost the driver 35–50 µs of CPU a Pong call beside two
     busy workers (issue 34, alternated blocks in one RayPool)."""
 
-    def __init__(self, body: np.ndarray, start: int, layout: tuple, keys: tuple) -> None:
+    def __init__(self, body: np.ndarray, start: int, layout: tuple, keys: tuple, bool_masks: bool) -> None:
         # Rows.__init__ is not called: the fields are set by __getattr__ when first read.
         self.frame = (body, start, layout)
         self.keys = keys
+        self.bool_masks = bool_masks
 
     def __getattr__(self, name: str) -> Any:
         # Only called for what the instance lacks: the fields, until the first read of one makes them all.
@@ -249,12 +257,12 @@ class FramedRows(Rows):
         the same dtypes and row shapes, and bool ``_key`` masks (what :func:`merge_infos` joins by plain
         concatenation); else None."""
         first = parts[0]
-        if not all(type(p) is FramedRows and p.unread and p.keys == first.keys for p in parts):
+        for p in parts:   # a loop, not all() over a generator: every Python call here is paid cold (issue 34)
+            if type(p) is not FramedRows or not p.unread or p.keys != first.keys:
+                return None
+        if not first.bool_masks:   # a "_key" mask of another dtype is made bool by merge_infos' general path
             return None
-        keys, layout = first.keys, first.frame[2]
-        # a "_key" mask of another dtype is made bool by merge_infos' general path
-        if any(key.startswith("_") and key[1:] in keys and layout[5 + i][0] != np.bool_ for i, key in enumerate(keys)):
-            return None
+        keys = first.keys
         cols = join_frames([p.frame for p in parts])
         if cols is None:
             return None

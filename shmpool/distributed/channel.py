@@ -39,7 +39,7 @@ import numpy as np
 
 from ._frames import arrays_at, check_length, frame_parts, is_plain, layout_end, plain_layout
 from ._inbox import ENDED_BY_PEER, FrameInbox, readable
-from .batches import FramedRows, Rows
+from .batches import FramedRows, Rows, masks_are_bool
 
 HEADER = struct.Struct("<IIQ")   # pickle bytes, arrays, body bytes (array sizes, pickle, aligned arrays)
 ALIGN = 16            # each array's offset in a frame's body: numpy's widest usual alignment
@@ -124,9 +124,13 @@ class PlainRows:
             return None
         return tuple(rows.infos), [rows.ids, rows.obs, rows.rew, rows.term, rows.trunc, *rows.infos.values()]
 
+    @functools.cached_property
+    def bool_masks(self) -> bool:
+        return masks_are_bool(self.keys, [np.dtype(d) for d, _ in self.specs[5:]])
+
     def from_frame(self, body: np.ndarray, start: int, layout: tuple) -> Answer:
         """The answer, its rows left in the frame until read (:class:`~.batches.FramedRows`)."""
-        return Answer(value=FramedRows(body, start, layout, self.keys))
+        return Answer(value=FramedRows(body, start, layout, self.keys, self.bool_masks))
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,7 @@ class PlainCall:
 
 
 SHORT_FORMS = (PlainRows, PlainCall)
+SHORT_FORM_OF = {Answer: PlainRows, Request: PlainCall}   # the one short form a message of each type may take
 
 
 class Layouts:
@@ -169,11 +174,9 @@ class Layouts:
 
     def frame(self, message: Any) -> list | None:
         """The parts of ``message``'s frame in short form; None when it has none (then it is pickled whole)."""
-        for form in SHORT_FORMS:
-            split = form.split(message)
-            if split is not None:
-                break
-        else:
+        form = SHORT_FORM_OF.get(type(message))
+        split = None if form is None else form.split(message)
+        if split is None:
             return None
         name, arrays = split
         layout = plain_layout(arrays)
@@ -458,18 +461,18 @@ class ChannelServer:
 
 class Reply:
     """A call's answer to come: ``done`` once it is read; then ``answer`` (an :class:`Answer`) or, when
-    the connection ended first, ``lost`` (a :class:`ChannelClosedError`)."""
+    the connection ended first, ``lost`` (a :class:`ChannelClosedError`).  Settled once, by its channel."""
 
-    __slots__ = ("channel", "answer", "lost")
+    __slots__ = ("channel", "answer", "lost", "done")
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.answer: Answer | None = None
         self.lost: ChannelClosedError | None = None
+        self.done = False   # an attribute, not a property: the wait loop reads it several times a call
 
-    @property
-    def done(self) -> bool:
-        return self.answer is not None or self.lost is not None
+    def settle(self, answer: Answer | None = None, lost: ChannelClosedError | None = None) -> None:
+        self.answer, self.lost, self.done = answer, lost, True
 
 
 class Channel:
@@ -501,11 +504,16 @@ class Channel:
         return self.sock.fileno()
 
     def call(self, method: str, *args: Any) -> Reply:
+        return self.send_frame(encode(Request(method, args)))
+
+    def send_frame(self, parts: Iterable[Any]) -> Reply:
+        """Send a request already framed (:func:`encode`'s parts, or a :class:`StepFrames` frame) at once; its
+        :class:`Reply`."""
         reply = Reply(self)
         self.pending.append(reply)
         if self.lost is None:
             try:
-                send_parts(self.sock, encode(Request(method, args)))
+                send_parts(self.sock, parts)
             except OSError as exc:
                 self._lose(exc)
         else:
@@ -518,7 +526,7 @@ class Channel:
         answers, ended = self.reader.read_available(self.sock)
         for answer in answers:
             if self.pending:
-                self.pending.popleft().answer = answer
+                self.pending.popleft().settle(answer=answer)
         if ended is not None:
             self._lose(ended)
 
@@ -528,11 +536,44 @@ class Channel:
             self.lost = ChannelClosedError(f"its connection ({host}:{port}) ended: {str(exc) or type(exc).__name__}")
             self.lost.__cause__ = exc if exc is not self.lost else None
         while self.pending:
-            self.pending.popleft().lost = self.lost
+            self.pending.popleft().settle(lost=self.lost)
 
     def close(self) -> None:
         self.sock.close()
         self._lose(ChannelClosedError("closed by this side"))
+
+
+class StepFrames:
+    """Each pool's ``step`` request for a batch of actions, framed from a head kept per action layout: the bytes
+    :func:`encode` puts before a pool's actions, then the actions' own bytes.  ``rows[k]``: pool ``k``'s rows of
+    the batch.  Beside busy workers, encoding every request anew (``Request``, its short form, its parts) was part
+    of what a sync step cost the driver (issue 34)."""
+
+    def __init__(self, rows: list[slice]) -> None:
+        self.rows = rows
+        self.key: tuple | None = None       # (dtype, shape) of the batch the heads were made for
+        self.heads: list[bytes] | None = None
+
+    def frames(self, actions: Any) -> list[bytes] | None:
+        """One frame per pool (bytes), or None when ``actions`` is not a plain array (then :func:`encode`)."""
+        if type(actions) is not np.ndarray:
+            return None
+        key = (actions.dtype, actions.shape)
+        if key != self.key:
+            self.key, self.heads = key, self._heads(actions)
+        if self.heads is None:
+            return None
+        return [head + actions[rows].tobytes() for head, rows in zip(self.heads, self.rows)]
+
+    def _heads(self, actions: np.ndarray) -> list[bytes] | None:
+        heads = []
+        for rows in self.rows:
+            part = np.ascontiguousarray(actions[rows])
+            parts = LAYOUTS.frame(Request("step", (part,)))
+            if parts is None or len(parts[-1]) != part.nbytes:
+                return None
+            heads.append(b"".join(bytes(p) for p in parts[:-1]))
+        return heads
 
 
 def wait(replies: list[Reply], num_returns: int, timeout: float) -> list[Reply]:

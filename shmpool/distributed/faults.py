@@ -113,18 +113,19 @@ class Watch:
 
     ``timeout``: the caller's own limit (TimeoutError; the call stays pending).  ``step_timeout``:
     the pool's limit (:class:`StepTimeoutError`, fatal).  ``node_of(k)``: pool ``k``'s node;
-    ``describe(pools)``: their envs, for messages; ``cancelled()``: True once the wait must stop."""
+    ``describe(pools)``: their envs, for messages; ``cancelled()``: True once the wait must stop; ``start``: when
+    the call's wait began (``time.monotonic()``; now when None), which both limits count from."""
 
     def __init__(self, op: str, timeout: float | None, step_timeout: float | None,
                  node_of: Callable[[int], str], describe: Callable[[list[int]], str],
-                 cancelled: Callable[[], bool] = lambda: False) -> None:
+                 cancelled: Callable[[], bool] = lambda: False, start: float | None = None) -> None:
         self.op = op
         self.cancelled = cancelled
         self.timeout = timeout
         self.step_timeout = step_timeout
         self.node_of = node_of
         self.describe = describe
-        self.start = time.monotonic()
+        self.start = time.monotonic() if start is None else start
         self.last_liveness = 0.0   # the first slice without an answer checks at once
 
     def after_slice(self, waiting_on: list[int]) -> list[int]:

@@ -51,6 +51,12 @@ class Ledger:
         """Pool ``k`` has an outstanding request."""
         return k in self.requests.values()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing async to forget: no env in flight, no request or send outstanding, no row ready or held."""
+        return not (self.n_flight or self.requests or self.sends or self.ready.count or self.autoreset
+                    or any(self.available) or any(self.held))
+
     def forget(self) -> None:
         """Drop the async state (before a sync call; the actors finish queued calls first, in order)."""
         P = self.placement.num_pools
