@@ -223,6 +223,24 @@ def test_a_driver_idle_for_longer_than_the_stall_timeout_is_still_served(monkeyp
         server.close()
 
 
+def test_the_actor_hangs_up_on_a_request_that_stops_half_way_after_the_stall_timeout(monkeypatch):
+    monkeypatch.setattr(ch, "STALL_S", 0.3)
+    server = serve(handler)
+    frame = b"".join(bytes(p) for p in ch.encode(ch.Request("echo", (np.arange(100),))))
+    sock = socket.create_connection(server.address)
+    try:
+        sock.sendall(TOKEN + frame + frame[:len(frame) // 2])   # one whole request, then half of one
+        sock.settimeout(5)
+        t0 = time.monotonic()
+        answer = ch.recv_message(sock)
+        assert np.array_equal(answer.value[0], np.arange(100))
+        assert sock.recv(1) == b""   # the actor hung up: nobody else may connect, the driver sees its pool gone
+        assert 0.25 <= time.monotonic() - t0 < 2.0
+    finally:
+        sock.close()
+        server.close()
+
+
 def test_the_actor_spins_for_the_next_call_only_while_calls_come_quickly():
     gaps = ch.CallGaps(spin_s=0.002, keep=4)
     assert gaps.window() == 0.0   # nothing seen yet: sleep

@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The driver's end of a direct connection, reading in C: whole frames taken off a socket from what has
-arrived, never waiting for the rest, and the wait for any of several sockets.
+"""Reading a direct connection in C, at both ends: whole frames taken off a socket from what has arrived,
+never waiting for the rest (the driver's answers, the actor's requests), and the driver's wait for any of
+several sockets.
 
 In Python, every answer cost a poll object, two ``recv`` calls through the socket module, a header
 parse, a zeroed ``bytearray`` of the body and a poll to see whether more had come.  Here the reads
@@ -74,6 +75,11 @@ cdef class FrameInbox:
         if spare is not None and Py_REFCNT(spare) == 2 and cnp.PyArray_DIM(spare, 0) == n:
             return spare   # 2: this attribute and the local name; nothing outside holds it
         return cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT8, 0)
+
+    @property
+    def partial(self) -> bool:
+        """Whether part of a frame has been read and the rest has not come yet."""
+        return self.head_got > 0 or self.body is not None
 
     def read(self, int fd):
         """``(frames, status)``: the frames completed from what ``fd`` holds now, in order, and how reading

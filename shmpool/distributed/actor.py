@@ -112,12 +112,15 @@ class PoolActor:
         self.pool = Pool(fns, batch_size=batch_size, seed=seed, copy=False, **kwargs)
         # wait_policy="block" asks every wait of the pool to sleep: the actor's wait for the driver's calls too
         spin_s = 0.0 if kwargs.get("wait_policy") == "block" else SPIN_S
+        # PoolActor's own functions, not the instance's methods: Ray's actor class wraps each method for tracing,
+        # which a call that is not a Ray call has no use for and would pay on every step
         self.server = (None if token is None else
-                       ChannelServer(ray.util.get_node_ip_address(), token, self.serve, CHANNEL_CALLS, spin_s))
+                       ChannelServer(ray.util.get_node_ip_address(), token, functools.partial(PoolActor.serve, self),
+                                     CHANNEL_CALLS, spin_s))
 
     def serve(self, method: str, args: tuple) -> Any:
         """A call that came over the direct connection."""
-        return getattr(self, method)(*args)
+        return getattr(PoolActor, method)(self, *args)
 
     def describe(self) -> ActorInfo:
         p = self.pool
@@ -152,9 +155,9 @@ class PoolActor:
 
     def send_recv(self, actions: Any, env_ids: np.ndarray) -> Rows:
         """``send`` then ``recv`` in one actor call (one round trip)."""
-        with self.lock:
-            self.send(actions, env_ids)
-            return self.recv()
+        with self.lock:   # PoolActor's functions, as in serve: no tracing wrapper for a call that is not Ray's
+            PoolActor.send(self, actions, env_ids)
+            return PoolActor.recv(self)
 
     @_portable
     def per_env(self, op: str, name: str, env_ids: list[int], args: tuple, kwargs: dict) -> tuple:

@@ -100,6 +100,9 @@ def _raw_array(obj: Any, arrays: list) -> tuple | None:
     return None
 
 
+STR_ONLY = frozenset((str,))
+
+
 @dataclass(frozen=True)
 class PlainRows:
     """What the pickle says of a :class:`Rows` answer whose arrays are all plain and whose infos are flat (a
@@ -120,7 +123,7 @@ class PlainRows:
         if type(message) is not Answer or message.error is not None or type(message.value) is not Rows:
             return None
         rows = message.value
-        if not all(type(k) is str for k in rows.infos):
+        if not set(map(type, rows.infos)) <= STR_ONLY:   # no generator: this runs for every answer
             return None
         return tuple(rows.infos), [rows.ids, rows.obs, rows.rew, rows.term, rows.trunc, *rows.infos.values()]
 
@@ -386,6 +389,21 @@ def await_call(idle: select.poll, gaps: CallGaps) -> None:
     gaps.record(time.perf_counter() - start)
 
 
+def whole_frames(fd: int, inbox: FrameInbox, ready: select.poll) -> list:
+    """The whole frames ``fd`` holds, at least one: once a frame has started (in ``inbox`` or on ``fd``), each wait
+    for more of it is bounded by STALL_S (then :class:`ChannelClosedError`).  The reads are C's, as the driver's."""
+    while True:
+        frames, status = inbox.read(fd)
+        if frames:
+            return frames   # an end or error after them is met by the next read
+        if status == ENDED_BY_PEER:
+            raise ChannelClosedError("the connection was closed by the other side")
+        if status:
+            raise OSError(status, os.strerror(status))
+        if not ready.poll(STALL_S * 1000):
+            raise ChannelClosedError(f"a frame stopped half-way for {STALL_S} s")
+
+
 def _portable_answer(exc: BaseException) -> list:
     """The frame of a failed call; an exception that does not pickle is sent as its type and text."""
     try:
@@ -437,14 +455,18 @@ class ChannelServer:
         idle = select.poll()
         idle.register(conn.fileno(), select.POLLIN)
         gaps = CallGaps(self.spin_s)
+        inbox = FrameInbox()
+        frames: collections.deque = collections.deque()   # requests read and not answered yet, in order
         while True:
-            try:
-                await_call(idle, gaps)   # the driver may pause between calls as long as it likes (an evaluation)
-                frame = recv_frame(conn)   # once a frame starts, STALL_S bounds the rest of it
-            except (OSError, ChannelClosedError, EOFError):
-                return
+            if not frames:
+                try:
+                    if not inbox.partial:   # between calls the driver may pause as long as it likes (an evaluation)
+                        await_call(idle, gaps)
+                    frames.extend(whole_frames(conn.fileno(), inbox, idle))
+                except (OSError, ChannelClosedError):
+                    return
             try:   # a request this process cannot unpickle (a driver-only class) is that call's error
-                request = decode_body(*frame)
+                request = decode_body(*frames.popleft())
                 if not isinstance(request, Request) or request.method not in self.methods:
                     raise ValueError(f"{getattr(request, 'method', request)!r} is not a call this actor serves")
                 parts = encode(Answer(value=self.handle(request.method, request.args)))
