@@ -588,3 +588,28 @@ def test_step_frames_decline_what_is_not_a_plain_array():
     assert frames.frames(np.array([{}, {}], dtype=object)) is None
     assert frames.frames(np.zeros(2, dtype=[("a", "<i4")])) is None
     assert frames.frames(np.array([1, 2])) is not None   # and a plain one after them still frames
+
+
+@pytest.mark.parametrize("sizes", [
+    (),                               # the prefix alone
+    (3, 5000, 7, 1),                  # small, big, small: 3 parts
+    (70000,),                         # one big array: the prefix (and its pad) then the array
+    (1, 4096, 4095, 9000, 0, 2),      # at and just below the threshold, an empty array
+    (8, 9, 10),                       # all small: one part
+], ids=["none", "mixed", "one-big", "edges", "small"])
+def test_frame_parts_send_what_the_layout_says_with_small_pieces_joined(sizes):
+    from shmpool.distributed._frames import frame_parts
+    rng = np.random.default_rng(len(sizes))
+    arrays = [rng.integers(0, 255, n, dtype=np.uint8) for n in sizes]
+    prefix = b"HEAD" * 5
+    pads = tuple(int(p) for p in rng.integers(0, 16, len(arrays)))
+    parts = frame_parts(prefix, pads, arrays)
+    want = prefix + b"".join(bytes(p) + a.tobytes() for p, a in zip(pads, arrays))
+    assert b"".join(bytes(p) for p in parts) == want
+    big = [a for a in arrays if a.nbytes >= 4096]
+    views = [p for p in parts if isinstance(p, np.ndarray)]   # a big array travels from its own memory
+    assert len(views) == len(big) and all(np.shares_memory(v, a) for v, a in zip(views, big))
+    copied = [p for p in parts if isinstance(p, bytes) and len(p)]
+    assert len(copied) <= len(big) + 1   # the small pieces between two big arrays go as one part
+    with pytest.raises(ValueError, match="pads for"):
+        frame_parts(prefix, pads + (0,), arrays)

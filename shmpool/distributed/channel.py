@@ -10,8 +10,9 @@ calls.
 Each actor listens on one port of its node's address (the one Ray itself uses) and serves one driver,
 which must first present the RayPool's random token.  A frame is a pickle of a named message
 (:class:`Request`, :class:`Answer`) in which every contiguous array is only named (dtype, shape): its
-bytes follow the pickle as they are, sent straight from the actor's shared region and received into memory
-that the returned arrays own (the last answer's, once nothing holds its arrays: ``_inbox``).  Every step's
+bytes follow the pickle as they are, sent straight from the actor's shared region (the small ones copied
+together into one part) and received into memory that the returned arrays own (the last answer's, once
+nothing holds its arrays: ``_inbox``).  Every step's
 request and answer (plain arrays, flat infos) go in short form: a pickle of their layout alone, written and
 read once per layout (:class:`Layouts`), the arrays' views made in C (``_frames``).  Calls on one connection
 are answered in order, one at a time, by the actor's serving thread.  Nothing here needs Ray.
@@ -592,9 +593,10 @@ class StepFrames:
         for rows in self.rows:
             part = np.ascontiguousarray(actions[rows])
             parts = LAYOUTS.frame(Request("step", (part,)))
-            if parts is None or len(parts[-1]) != part.nbytes:
+            if parts is None:
                 return None
-            heads.append(b"".join(bytes(p) for p in parts[:-1]))
+            frame = b"".join(bytes(p) for p in parts)   # the actions are its last bytes
+            heads.append(frame[:len(frame) - part.nbytes])
         return heads
 
 
