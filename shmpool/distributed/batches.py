@@ -69,8 +69,10 @@ def _column(values: list, sizes: list[int]) -> np.ndarray:
 def masks_are_bool(keys: Any, dtypes: Any) -> bool:
     """Whether every ``_key`` mask among ``keys`` (whose values have ``dtypes``, None for a non-array) is bool: what
     joining blocks by plain concatenation needs (:func:`merge_infos` makes other masks bool)."""
-    return not any(isinstance(key, str) and key.startswith("_") and key[1:] in keys and dtype != np.bool_
-                   for key, dtype in zip(keys, dtypes))
+    for key, dtype in zip(keys, dtypes):   # a loop, not a generator: the driver runs this on most joins
+        if isinstance(key, str) and key.startswith("_") and key[1:] in keys and dtype != np.bool_:
+            return False
+    return True
 
 
 def _same_keys_bool_masks(parts: list[dict]) -> bool:
@@ -145,7 +147,7 @@ def _join_plain(parts: list[Rows]) -> Rows | None:
     if not _same_keys_bool_masks([p.infos for p in parts]):
         return None
     keys = list(parts[0].infos)
-    cols = concat_rows([[p.ids, p.obs, p.rew, p.term, p.trunc, *(p.infos[k] for k in keys)] for p in parts])
+    cols = concat_rows([[p.ids, p.obs, p.rew, p.term, p.trunc, *map(p.infos.__getitem__, keys)] for p in parts])
     if cols is None:
         return None
     return Rows(cols[0], cols[1], cols[2], cols[3], cols[4], dict(zip(keys, cols[5:])))

@@ -504,6 +504,7 @@ class Channel:
 
     def __init__(self, sock: socket.socket, address: tuple[str, int]) -> None:
         self.sock = sock
+        self.fd = sock.fileno()   # kept: a closed channel's replies are all settled, so nothing waits on it
         self.address = address
         self.pending: collections.deque[Reply] = collections.deque()
         self.reader = FrameReader()
@@ -522,9 +523,6 @@ class Channel:
             sock.close()
             raise
         return cls(sock, address)
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
 
     def call(self, method: str, *args: Any) -> Reply:
         return self.send_frame(encode(Request(method, args)))
@@ -609,7 +607,7 @@ def wait(replies: list[Reply], num_returns: int, timeout: float) -> list[Reply]:
         if len(done) >= num_returns:
             return done
         left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-        by_fd = {r.channel.fileno(): r.channel for r in replies if not r.done}
+        by_fd = {r.channel.fd: r.channel for r in replies if not r.done}
         ready = readable(list(by_fd), left_ms)
         for fd in ready:
             by_fd[fd].read_available()

@@ -87,12 +87,12 @@ def outcome_of(ref: Any, pool: int) -> Outcome:
 def wait_done(futures: list, num_returns: int, timeout: float) -> list:
     """The futures of ``futures`` (Ray futures and direct replies, in any mix) that are done, once
     ``num_returns`` of them are or ``timeout`` s passed; like ``ray.wait``'s first list."""
-    replies = [f for f in futures if isinstance(f, Reply)]
     refs = [f for f in futures if not isinstance(f, Reply)]
+    if not refs:   # every pool reached directly: the common case, one pass over the futures
+        return wait_replies(futures, num_returns, timeout) if futures else []
+    replies = [f for f in futures if isinstance(f, Reply)]
     if not replies:
-        return ray.wait(refs, num_returns=num_returns, timeout=timeout)[0] if refs else []
-    if not refs:
-        return wait_replies(replies, num_returns, timeout)
+        return ray.wait(refs, num_returns=num_returns, timeout=timeout)[0]
     # Some pools could not be reached directly (a warning said so): take turns, briefly each.
     deadline = time.monotonic() + timeout
     while True:
