@@ -30,7 +30,6 @@ cdef enum:
     SMALL_BYTES = 4096   # an array below this is copied into its neighbours' part instead of sent as its own
 
 cdef cnp.dtype BYTE = np.dtype(np.uint8)
-cdef tuple ZEROS = tuple(bytes(n) for n in range(ALIGN))
 
 
 cdef inline bint _plain(object a):

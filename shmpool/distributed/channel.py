@@ -12,10 +12,10 @@ which must first present the RayPool's random token.  A frame is a pickle of a n
 (:class:`Request`, :class:`Answer`) in which every contiguous array is only named (dtype, shape): its
 bytes follow the pickle as they are, sent straight from the actor's shared region (the small ones copied
 together into one part) and received into memory that the returned arrays own (the last answer's, once
-nothing holds its arrays: ``_inbox``).  Every step's
-request and answer (plain arrays, flat infos) go in short form: a pickle of their layout alone, written and
-read once per layout (:class:`Layouts`), the arrays' views made in C (``_frames``).  Calls on one connection
-are answered in order, one at a time, by the actor's serving thread.  Nothing here needs Ray.
+nothing holds its arrays: ``_inbox``).  Every step's request and answer (plain arrays, flat infos) go in
+short form: a pickle of their layout alone, written and read once per layout (:class:`Layouts`), the arrays'
+views made in C (``_frames``).  Calls on one connection are answered in order, one at a time, by the actor's
+serving thread.  Nothing here needs Ray.
 """
 from __future__ import annotations
 
