@@ -114,17 +114,17 @@ cdef bytes _run(bytes head, tuple pads, list arrays, Py_ssize_t start, Py_ssize_
     if head is not None:
         memcpy(to, PyBytes_AS_STRING(head), len(head))
         to += len(head)
-    for i in range(start, stop + 1):
-        if i == len(arrays):
-            break
+    for i in range(start, stop):
         k = pads[i]
         memset(to, 0, k)
         to += k
-        if i == stop:
-            break
         arr = <cnp.ndarray>arrays[i]
         k = cnp.PyArray_NBYTES(arr)
         memcpy(to, cnp.PyArray_DATA(arr), k)
+        to += k
+    if stop < len(arrays):
+        k = pads[stop]
+        memset(to, 0, k)
         to += k
     if to != end:
         raise AssertionError(f"a run of {size} bytes filled {size - (end - to)}")

@@ -159,8 +159,8 @@ class PlainCall:
         return Request(self.method, tuple(arrays_at(body, start, layout)))
 
 
-SHORT_FORMS = (PlainRows, PlainCall)
 SHORT_FORM_OF = {Answer: PlainRows, Request: PlainCall}   # the one short form a message of each type may take
+SHORT_FORMS = tuple(SHORT_FORM_OF.values())
 
 
 class Layouts:
@@ -333,6 +333,13 @@ def decode_body(body: bytearray | np.ndarray, meta_len: int, count: int) -> Any:
     return form.from_frame(body, at + meta_len, layout)
 
 
+def read_ended(status: int) -> BaseException | None:
+    """How a connection ended, from :meth:`~._inbox.FrameInbox.read`'s status: None while it is open."""
+    if status == ENDED_BY_PEER:
+        return ChannelClosedError("the connection was closed by the other side")
+    return OSError(status, os.strerror(status)) if status else None
+
+
 class FrameReader:
     """The driver's answers put together from what has arrived, never waiting for the rest: a peer that stops
     half-way through a frame must not hold the driver past its wait's slice (its timeout, the liveness watch).
@@ -351,11 +358,7 @@ class FrameReader:
                 out.append(decode_body(body, meta_len, count))
             except Exception as exc:   # e.g. an info of a class this process cannot import: that
                 out.append(Answer(error=exc))   # call's error; the frame was read whole, the stream is fine
-        if status == ENDED_BY_PEER:
-            return out, ChannelClosedError("the connection was closed by the other side")
-        if status:
-            return out, OSError(status, os.strerror(status))
-        return out, None
+        return out, read_ended(status)
 
 
 class CallGaps:
@@ -397,10 +400,9 @@ def whole_frames(fd: int, inbox: FrameInbox, ready: select.poll) -> list:
         frames, status = inbox.read(fd)
         if frames:
             return frames   # an end or error after them is met by the next read
-        if status == ENDED_BY_PEER:
-            raise ChannelClosedError("the connection was closed by the other side")
-        if status:
-            raise OSError(status, os.strerror(status))
+        ended = read_ended(status)
+        if ended is not None:
+            raise ended
         if not ready.poll(STALL_S * 1000):
             raise ChannelClosedError(f"a frame stopped half-way for {STALL_S} s")
 
