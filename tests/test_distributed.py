@@ -391,6 +391,55 @@ else:
 """
 
 
+@pytest.mark.parametrize("parent_shard", [False, True])
+def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool_usable(cluster, parent_shard):
+    """The sync step's quick path hands an error answer to the watched path: the error is raised once, no env
+    is stepped again for it, the pool refuses to step until reset, and after reset it steps as a local Pool of
+    the same layout does (the shard in a worker, or partly in the actor: ``parent_shard``)."""
+    import gymnasium as gym
+
+    class Counting(gym.Wrapper):   # defined here: cloudpickled by value
+        steps = 0
+
+        def step(self, action):
+            self.steps += 1
+            if getattr(self, "bad", False):
+                raise ValueError("boom")
+            return super().step(action)
+
+    def make():
+        return Counting(gym.make(TASK))
+
+    zeros = np.zeros(6, dtype=np.int64)
+    with (RayPool(make, 6, seed=0, num_workers=1, parent_shard=parent_shard) as rp,
+          shmpool.Pool([make] * 2, seed=0, num_workers=1, parent_shard=parent_shard) as lp):
+        rp.reset()
+        lp.reset()
+        rp.step(zeros)
+        lp.step(zeros[:2])
+        rp.set_attr("bad", True, env_ids=[4])   # pool 2 holds envs 4 and 5; its env 0 is env 4
+        lp.set_attr("bad", True, env_ids=[0])
+        with pytest.raises(shmpool.EnvError, match="boom"):
+            rp.step(zeros)
+        with pytest.raises(shmpool.EnvError, match="boom"):
+            lp.step(zeros[:2])
+        local = lp.get_attr("steps")
+        assert rp.get_attr("steps") == (2, 2, 2, 2, *local)   # the other pools once more, pool 2 as a local Pool
+        # refused here, as the local Pool refuses: before, the healthy pools stepped once more and pool 2's own
+        # local pool raised
+        with pytest.raises(RuntimeError, match=r"^pool 2 raised in step; call reset\(\) before stepping again$"):
+            rp.step(zeros)
+        assert rp.get_attr("steps") == (2, 2, 2, 2, *local)
+        rp.set_attr("bad", False)
+        obs, _ = rp.reset(seed=7)
+        o2, *_ = rp.step(zeros)
+        assert rp.get_attr("steps") == (3, 3, 3, 3, local[0] + 1, local[1] + 1)
+        with shmpool.Pool(TASK, 6, seed=0, num_workers=1) as fresh:
+            want, _ = fresh.reset(seed=7)
+            np.testing.assert_array_equal(obs, want)
+            np.testing.assert_array_equal(o2, fresh.step(zeros)[0])
+
+
 def test_step_timeout_raises_at_its_bound_not_after_the_close_grace(cluster, tmp_path):
     """Issue 30: step_timeout=3 raised after 13 s (the 10 s close grace was added).
 

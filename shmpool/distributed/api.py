@@ -329,6 +329,9 @@ class RayPool(LifecycleFacts):
         outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout, start=start)
         self._step_refs = None
         self._life.step_done()
+        failed = [o.pool for o in outcomes if o.error is not None]
+        if failed:   # refused from now on, as a local Pool refuses: no healthy pool steps again before a reset
+            self._life.needs_reset(f"pool {failed[0]} raised in step; call reset() before stepping again")
         answers = dict(zip(pools, self._recovery.settle(outcomes, "step", restart=True)))
         parts = [answers[k] if k in answers else   # the autoreset step after a restart: nothing ran
                  Rows.autoreset(np.arange(self._placement.sizes[k]), self._ledger.sync_autoreset.pop(k))
