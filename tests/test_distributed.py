@@ -132,6 +132,12 @@ def test_a_local_pool_forked_beside_ray_never_collects_the_driver_s_ray_objects(
         assert pool.step(np.zeros(2, np.int64))[0].tolist() == [[1.0], [1.0]]
 
 
+def assert_same_arrays(got, want, where: str) -> None:
+    for x, y in zip(got, want, strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape, where
+        np.testing.assert_array_equal(x, y, err_msg=where)
+
+
 @pytest.mark.parametrize("transport, parent_shard", [("direct", False), ("direct", True), ("ray", False)])
 def test_sync_trajectories_match_local_pool(cluster, transport, parent_shard):
     """Same seeds, same actions: RayPool over 3 nodes and one local Pool give identical arrays, whether the
@@ -153,9 +159,7 @@ def test_sync_trajectories_match_local_pool(cluster, transport, parent_shard):
         for t in range(150):
             a = rng.integers(0, 2, n)
             got, want = rp.step(a), lp.step(a)
-            for x, y in zip(got[:4], want[:4]):
-                assert x.dtype == y.dtype and x.shape == y.shape
-                np.testing.assert_array_equal(x, y, err_msg=f"step {t}")
+            assert_same_arrays(got[:4], want[:4], f"step {t}")
             assert set(got[4]) == set(want[4])
             ended += int((got[2] | got[3]).sum())
         assert ended > 0  # autoreset was exercised
@@ -165,6 +169,56 @@ def test_sync_trajectories_match_local_pool(cluster, transport, parent_shard):
         for _ in range(20):
             a = rng.integers(0, 2, n)
             np.testing.assert_array_equal(rp.step(a)[0], lp.step(a)[0])
+
+
+def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster, monkeypatch):
+    """Observations big enough to be read off the connections straight into each step's output: RayPool's
+    arrays and infos are a local Pool's, also on the steps where an info key comes or goes in one pool (its answer
+    then read whole, its new layout learnt), and a step's obs are never written by a later step."""
+    import gymnasium as gym
+
+    from shmpool.distributed.batches import FramedRows
+
+    class Pictured(gym.Wrapper):   # defined here: cloudpickled by value
+        observation_space = gym.spaces.Box(0, 255, (16, 16, 8), np.uint8)   # 2 KiB an env
+
+        def picture(self, obs):   # the state's bytes tiled: every change shows
+            return np.resize(np.frombuffer(obs.astype(np.float32).tobytes(), np.uint8), (16, 16, 8))
+
+        def reset(self, **kwargs):
+            obs, info = self.env.reset(**kwargs)
+            return self.picture(obs), info
+
+        def step(self, action):
+            obs, rew, term, trunc, info = self.env.step(action)
+            if obs[0] > 0.05:   # an info key in some steps only: the pool's layout changes
+                info = {**info, "right": float(obs[0])}
+            return self.picture(obs), rew, term, trunc, info
+
+    placed = []
+    join_placed = FramedRows.join_placed
+    monkeypatch.setattr(FramedRows, "join_placed",
+                        staticmethod(lambda parts, obs: placed.append(1) or join_placed(parts, obs)))
+    n = 10   # 4 + 3 + 3: every pool's obs over MIN_OBS_BYTES
+    make = [lambda: Pictured(gym.make(TASK))] * n
+    rng = np.random.default_rng(3)
+    with (RayPool(make, n, seed=11, num_workers=1) as rp, shmpool.Pool(make, n, seed=11, num_workers=1) as lp):
+        np.testing.assert_array_equal(rp.reset()[0], lp.reset()[0])
+        kept, ended, keyed = [], 0, 0
+        for t in range(120):
+            a = rng.integers(0, 2, n)
+            got, want = rp.step(a), lp.step(a)
+            assert_same_arrays(got[:4], want[:4], f"step {t}")
+            assert got[4].keys() == want[4].keys()
+            for k in want[4]:
+                np.testing.assert_array_equal(got[4][k], want[4][k], err_msg=f"step {t}: {k}")
+            kept.append((got[0], want[0].copy()))
+            ended += int((got[2] | got[3]).sum())
+            keyed += "right" in got[4]
+        for t, (mine, theirs) in enumerate(kept):
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"step {t}, read again at the end")
+    assert ended > 0 and 0 < keyed < 120   # autoreset and layout changes were exercised
+    assert len(placed) > 60   # most steps were read into place
 
 
 def test_a_pool_its_driver_cannot_reach_directly_is_driven_through_ray(cluster, monkeypatch):

@@ -159,6 +159,13 @@ def layout_end(Py_ssize_t start, tuple layout) -> int:
     return _spans(start, layout, None)
 
 
+def array_offsets(Py_ssize_t start, tuple layout) -> list:
+    """Where each array of ``layout`` lies in a body whose arrays are laid from ``start`` (see :func:`layout_end`)."""
+    cdef list spans = []
+    _spans(start, layout, spans)
+    return [at for at, _ in spans]
+
+
 cpdef check_length(Py_ssize_t size, Py_ssize_t expected):
     """ValueError unless a frame's body of ``size`` bytes is as long as its layout says (``expected``)."""
     if size != expected:
@@ -253,10 +260,11 @@ def concat_rows(list blocks):
     return out
 
 
-def join_frames(list frames):
+def join_frames(list frames, Py_ssize_t skip=-1):
     """The columns of several frames' arrays joined straight from the frames, without making each frame's arrays:
     ``frames[f]`` is ``(body, start, layout)`` as :func:`arrays_at` takes them, and column ``c`` of the result is
-    the frames' ``c``-th arrays one after the other along axis 0.
+    the frames' ``c``-th arrays one after the other along axis 0.  Column ``skip`` (when given) is not read: it
+    is None in the result (the caller has it already, read straight into place).
 
     Every frame's layout must have as many arrays, and its ``c``-th array the same dtype, the same number of
     dimensions (at least one) and the same row shape; None when not (the caller joins the arrays instead).
@@ -285,6 +293,9 @@ def join_frames(list frames):
                 return None
         check_length(cnp.PyArray_DIM(body, 0), _spans(at, layout, spans))
     for c in range(ncol):
+        if c == skip:
+            out.append(None)
+            continue
         fdtype, fshape = first[c]
         ndim = len(fshape)
         rows = 0

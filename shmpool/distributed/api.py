@@ -49,6 +49,7 @@ from .fleet import Fleet
 from .ledger import Ledger
 from .placement import Placement, Slot, describe_range
 from .recovery import Recovery
+from .step_targets import StepTargets
 
 
 def _entry(method: Callable) -> Callable:
@@ -191,6 +192,7 @@ class RayPool(LifecycleFacts):
         self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
         self._pool_rows = [slice(r.start, r.stop) for r in map(place.env_range, range(place.num_pools))]
         self._step_frames = StepFrames(self._pool_rows)
+        self._step_targets = StepTargets(place.sizes)
         self._step_refs: list | None = None   # the pending step_async(): one future per pool (None: answered here)
         self._close_timeout = 10.0             # seconds the local pools get to close before their actors are killed
         self._life = Lifecycle()               # NEEDS_RESET
@@ -298,7 +300,9 @@ class RayPool(LifecycleFacts):
         channels = self._fleet.channels
         frames = None if auto or None in channels else self._step_frames.frames(actions)
         if frames is not None:   # every pool reached directly, the actions a plain array: the common step
-            self._step_refs = [channel.send_frame((frame,)) for channel, frame in zip(channels, frames)]
+            targets = self._step_targets.targets()
+            self._step_refs = [channel.send_frame((frame,), target)
+                               for channel, frame, target in zip(channels, frames, targets)]
         else:
             call = self._fleet.call
             self._step_refs = [None if k in auto else call(k, "step", take_rows(actions, rows))
@@ -324,7 +328,7 @@ class RayPool(LifecycleFacts):
             if all(ref.done and ref.lost is None and ref.answer.error is None for ref in refs):
                 self._step_refs = None
                 self._life.step_done()
-                return Rows.join([ref.answer.value for ref in refs]).as_step()
+                return self._step_targets.join([ref.answer.value for ref in refs]).as_step()
         pools = [k for k, ref in enumerate(refs) if ref is not None]
         outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout, start=start)
         self._step_refs = None
@@ -336,7 +340,7 @@ class RayPool(LifecycleFacts):
         parts = [answers[k] if k in answers else   # the autoreset step after a restart: nothing ran
                  Rows.autoreset(np.arange(self._placement.sizes[k]), self._ledger.sync_autoreset.pop(k))
                  for k in range(self.num_pools)]
-        return Rows.join(parts).as_step()
+        return self._step_targets.join(parts).as_step()
 
     # --- async -----------------------------------------------------------------------------------
 

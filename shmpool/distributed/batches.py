@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ._frames import arrays_at, concat_rows, join_frames
+from ._inbox import ReadTarget
 
 RESTARTED = "worker_restarted"   # the info key that flags a row answered by a rebuilt pool
 FIELDS = ("ids", "obs", "rew", "term", "trunc")   # a Rows' arrays, in a frame's order (its infos follow)
@@ -233,17 +234,21 @@ class FramedRows(Rows):
     join: making each answer's arrays and ``Rows`` first cost the driver 35–50 µs of CPU a Pong call beside two
     busy workers (issue 34, alternated blocks in one RayPool)."""
 
-    def __init__(self, body: np.ndarray, start: int, layout: tuple, keys: tuple, bool_masks: bool) -> None:
+    def __init__(self, body: np.ndarray, start: int, layout: tuple, keys: tuple, bool_masks: bool,
+                 placed: ReadTarget | None = None) -> None:
         # Rows.__init__ is not called: the fields are set by __getattr__ when first read.
         self.frame = (body, start, layout)
         self.keys = keys
         self.bool_masks = bool_masks
+        self.placed = placed   # the obs were read into placed.into, not into the body
 
     def __getattr__(self, name: str) -> Any:
         # Only called for what the instance lacks: the fields, until the first read of one makes them all.
         if name not in ROW_ATTRIBUTES:
             raise AttributeError(name)
         a = arrays_at(*self.frame)
+        if self.placed is not None:
+            a[1] = self.placed.into
         for key, value in (*zip(FIELDS, a[:5]), ("infos", dict(zip(self.keys, a[5:])))):
             self.__dict__.setdefault(key, value)   # a field set before this read keeps its value
         return self.__dict__[name]
@@ -260,15 +265,30 @@ class FramedRows(Rows):
         concatenation); else None."""
         first = parts[0]
         for p in parts:   # a loop, not all() over a generator: every Python call here is paid cold (issue 34)
-            if type(p) is not FramedRows or not p.unread or p.keys != first.keys:
+            if type(p) is not FramedRows or not p.unread or p.keys != first.keys or p.placed is not None:
                 return None
+        return FramedRows._join(parts, None)
+
+    @staticmethod
+    def join_placed(parts: list[FramedRows], obs: np.ndarray) -> Rows | None:
+        """``parts`` joined when their observations were read into ``obs`` already, one part after the other (the
+        caller placed them so), and the rest is as :meth:`join_unread` needs; else None."""
+        first = parts[0]
+        for p in parts:
+            if type(p) is not FramedRows or not p.unread or p.keys != first.keys or p.placed is None:
+                return None
+        return FramedRows._join(parts, obs)
+
+    @staticmethod
+    def _join(parts: list[FramedRows], obs: np.ndarray | None) -> Rows | None:
+        first = parts[0]
         if not first.bool_masks:   # a "_key" mask of another dtype is made bool by merge_infos' general path
             return None
-        keys = first.keys
-        cols = join_frames([p.frame for p in parts])
+        cols = join_frames([p.frame for p in parts], -1 if obs is None else 1)
         if cols is None:
             return None
-        return Rows(cols[0], cols[1], cols[2], cols[3], cols[4], dict(zip(keys, cols[5:])))
+        return Rows(cols[0], cols[1] if obs is None else obs, cols[2], cols[3], cols[4],
+                    dict(zip(first.keys, cols[5:])))
 
 
 class ReadyRows:
