@@ -613,3 +613,18 @@ def test_frame_parts_send_what_the_layout_says_with_small_pieces_joined(sizes):
     assert len(copied) <= len(big) + 1   # the small pieces between two big arrays go as one part
     with pytest.raises(ValueError, match="pads for"):
         frame_parts(prefix, pads + (0,), arrays)
+
+
+def test_reply_values_only_when_every_reply_is_done_with_a_value():
+    def reply(**settled):
+        r = ch.Reply(None)
+        if settled:
+            r.settle(**settled)
+        return r
+
+    ok = [reply(answer=ch.Answer(value=1)), reply(answer=ch.Answer(value=None))]
+    assert ch.Reply.values(ok) == [1, None]   # None is a value like any other
+    assert ch.Reply.values([*ok, reply()]) is None   # one not done yet
+    assert ch.Reply.values([*ok, reply(answer=ch.Answer(error=ValueError("x")))]) is None
+    assert ch.Reply.values([reply(lost=ch.ChannelClosedError("gone")), *ok]) is None
+    assert ch.Reply.values([]) == []

@@ -325,10 +325,11 @@ class RayPool(LifecycleFacts):
             # else (a lost connection, an error, a pool not done within the slice) takes the watched path below,
             # whose limits count from ``start``.
             wait_replies(refs, len(refs), SLICE_S)
-            if all(ref.done and ref.lost is None and ref.answer.error is None for ref in refs):
+            values = Reply.values(refs)
+            if values is not None:
                 self._step_refs = None
                 self._life.step_done()
-                return self._step_targets.join([ref.answer.value for ref in refs]).as_step()
+                return self._step_targets.join(values).as_step()
         pools = [k for k, ref in enumerate(refs) if ref is not None]
         outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout, start=start)
         self._step_refs = None

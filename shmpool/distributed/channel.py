@@ -509,6 +509,16 @@ class Reply:
     def settle(self, answer: Answer | None = None, lost: ChannelClosedError | None = None) -> None:
         self.answer, self.lost, self.done = answer, lost, True
 
+    @staticmethod
+    def values(replies: list[Reply]) -> list | None:
+        """The answers' values when every reply is done with a value; None when one is not done, lost or an error."""
+        out = []
+        for r in replies:   # a loop, not all() over a generator: the driver pays every Python call cold (issue 34)
+            if not r.done or r.lost is not None or r.answer.error is not None:
+                return None
+            out.append(r.answer.value)
+        return out
+
 
 class Channel:
     """The driver's end of one actor's connection: :meth:`call` sends a request at once and returns

@@ -9,6 +9,7 @@ Without this, the join copied every observation once more after the last answer 
 on the driver's critical path (issue 34)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,13 +35,13 @@ class AnswerForm:
 
     @staticmethod
     def of(rows: Any, num_rows: int) -> AnswerForm | None:
-        """The form of a pool's answer ``rows`` when it is an unread frame of ``num_rows`` plain observations worth
-        reading in place; None otherwise."""
-        if type(rows) is not FramedRows or rows.placed is not None or not rows.unread:
+        """The form of a pool's answer ``rows`` when it is a frame (:class:`FramedRows`, read or not: its bytes are
+        the frame's) of ``num_rows`` plain observations worth reading in place; None otherwise."""
+        if type(rows) is not FramedRows:
             return None
         body, start, layout = rows.frame
         dtype, shape = layout[1]   # the observations (the frame's order: ids, obs, rew, ...)
-        if not shape or shape[0] != num_rows or dtype.itemsize * int(np.prod(shape)) < MIN_OBS_BYTES:
+        if not shape or shape[0] != num_rows or dtype.itemsize * math.prod(shape) < MIN_OBS_BYTES:
             return None
         return AnswerForm(body[:start].tobytes(), array_offsets(start, layout)[1], dtype, tuple(shape))
 
@@ -54,6 +55,7 @@ class StepTargets:
     def __init__(self, sizes: list[int]) -> None:
         self.sizes = sizes
         self.forms: list[AnswerForm | None] = [None] * len(sizes)
+        self.layouts: list[tuple | None] = [None] * len(sizes)   # the layout each form was learnt from
         self.plan: tuple[np.dtype, tuple, list[tuple[AnswerForm, slice]]] | None = None
         self.obs: np.ndarray | None = None         # the pending step's output
         self.pending: list[ReadTarget] | None = None
@@ -74,18 +76,27 @@ class StepTargets:
         else joined by copying (and the forms of the answers not read in place learnt for the next step)."""
         obs, pending = self.obs, self.pending
         self.obs = self.pending = None
-        if pending is not None and all(t.filled for t in pending):
-            rows = FramedRows.join_placed(answers, obs)
+        if pending is not None:
+            filled = True
+            for t in pending:   # a loop, not all() over a generator: every Python call here is paid cold
+                filled = filled and t.filled
+            rows = FramedRows.join_placed(answers, obs) if filled else None
             if rows is not None:
                 return rows
         self._learn(answers)
         return Rows.join(answers)
 
     def _learn(self, answers: list) -> None:
+        changed = False
         for k, rows in enumerate(answers):
-            if type(rows) is FramedRows and rows.placed is None:
+            # A layout is one object per distinct pickle (channel.Layouts), so the same object means the same
+            # prefix: a pool whose answers are never read into place (small observations) is not learnt again.
+            if type(rows) is FramedRows and rows.placed is None and rows.frame[2] is not self.layouts[k]:
+                self.layouts[k] = rows.frame[2]
                 self.forms[k] = AnswerForm.of(rows, self.sizes[k])
-        self.plan = self._plan()
+                changed = True
+        if changed:
+            self.plan = self._plan()
 
     def _plan(self) -> tuple[np.dtype, tuple, list[tuple[AnswerForm, slice]]] | None:
         first = self.forms[0]
