@@ -195,10 +195,10 @@ def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster
                 info = {**info, "right": float(obs[0])}
             return self.picture(obs), rew, term, trunc, info
 
-    placed = []
-    join_placed = FramedRows.join_placed
-    monkeypatch.setattr(FramedRows, "join_placed",
-                        staticmethod(lambda parts, obs: placed.append(1) or join_placed(parts, obs)))
+    targeted = []
+    join_targeted = FramedRows.join_targeted
+    monkeypatch.setattr(FramedRows, "join_targeted",
+                        staticmethod(lambda parts, obs: targeted.append(1) or join_targeted(parts, obs)))
     n = 10   # 4 + 3 + 3: every pool's obs over MIN_OBS_BYTES
     make = [lambda: Pictured(gym.make(TASK))] * n
     rng = np.random.default_rng(3)
@@ -218,7 +218,7 @@ def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster
         for t, (mine, theirs) in enumerate(kept):
             np.testing.assert_array_equal(mine, theirs, err_msg=f"step {t}, read again at the end")
     assert ended > 0 and 0 < keyed < 120   # autoreset and layout changes were exercised
-    assert len(placed) > 60   # most steps were read into place
+    assert len(targeted) > 60   # most steps were read into place
 
 
 def test_a_pool_its_driver_cannot_reach_directly_is_driven_through_ray(cluster, monkeypatch):

@@ -94,7 +94,7 @@ def test_once_each_pool_s_answer_is_known_the_next_is_read_into_the_step_output(
         assert all(type(t) is ReadTarget for t in aimed)
         blocks = [answer(n, 10 * step + k) for k, n in enumerate(sizes)]
         answers = pools.step(aimed, blocks, piece)
-        assert all(t.filled for t in aimed) and all(a.placed is not None for a in answers)
+        assert all(t.filled for t in aimed) and all(a.target is not None for a in answers)
         rows = targets.join(answers)
         assert_joined(rows, blocks)
         assert all(np.shares_memory(rows.obs, t.into) for t in aimed)   # the obs were read there, not copied
@@ -138,8 +138,8 @@ def test_answers_read_into_place_and_whole_join_alike(pools):
     aimed = targets.targets()
     blocks = [answer(n, 40 + k) for k, n in enumerate(sizes)]
     answers = pools.step([aimed[0], None, aimed[2]], blocks)
-    assert [a.placed is not None for a in answers] == [True, False, True]
-    assert FramedRows.join_unread(answers) is None   # a placed frame's body lacks its obs: never joined from it
+    assert [a.target is not None for a in answers] == [True, False, True]
+    assert FramedRows.join_unread(answers) is None   # a targeted frame's body lacks its obs: never joined from it
     assert_joined(targets.join(answers), blocks)
     aimed = targets.targets()
     blocks = [answer(n, 50 + k) for k, n in enumerate(sizes)]

@@ -9,6 +9,8 @@ stop at the first ``EAGAIN`` instead of polling, and the body's memory is reused
 it (the driver's join copies every column out of a multi-pool answer, so the same pages come back hot
 and need no zeroing).  Measured in alternated blocks inside one RayPool of two pools: 17–21 µs less
 driver CPU a call with empty envs, 31–72 µs with Pong (bench/results/LOG.md, 2026-11-27 "later").
+A frame's big array can be read straight into a caller's memory (:class:`ReadTarget`) when its layout is
+the one expected: a sync step's observations go into the step's output (step_targets.py).
 The frame's format is channel.py's.
 """
 import numpy as np

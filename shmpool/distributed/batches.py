@@ -235,20 +235,20 @@ class FramedRows(Rows):
     busy workers (issue 34, alternated blocks in one RayPool)."""
 
     def __init__(self, body: np.ndarray, start: int, layout: tuple, keys: tuple, bool_masks: bool,
-                 placed: ReadTarget | None = None) -> None:
+                 target: ReadTarget | None = None) -> None:
         # Rows.__init__ is not called: the fields are set by __getattr__ when first read.
         self.frame = (body, start, layout)
         self.keys = keys
         self.bool_masks = bool_masks
-        self.placed = placed   # the obs were read into placed.into, not into the body
+        self.target = target   # when set, the obs were read into target.into, not into the body
 
     def __getattr__(self, name: str) -> Any:
         # Only called for what the instance lacks: the fields, until the first read of one makes them all.
         if name not in ROW_ATTRIBUTES:
             raise AttributeError(name)
         a = arrays_at(*self.frame)
-        if self.placed is not None:
-            a[1] = self.placed.into
+        if self.target is not None:
+            a[1] = self.target.into
         for key, value in (*zip(FIELDS, a[:5]), ("infos", dict(zip(self.keys, a[5:])))):
             self.__dict__.setdefault(key, value)   # a field set before this read keeps its value
         return self.__dict__[name]
@@ -265,30 +265,31 @@ class FramedRows(Rows):
         concatenation); else None."""
         first = parts[0]
         for p in parts:   # a loop, not all() over a generator: every Python call here is paid cold (issue 34)
-            if type(p) is not FramedRows or not p.unread or p.keys != first.keys or p.placed is not None:
+            if type(p) is not FramedRows or not p.unread or p.keys != first.keys or p.target is not None:
                 return None
-        return FramedRows._join(parts, None)
+        return _join_frames_of(parts, None)
 
     @staticmethod
-    def join_placed(parts: list[FramedRows], obs: np.ndarray) -> Rows | None:
+    def join_targeted(parts: list[FramedRows], obs: np.ndarray) -> Rows | None:
         """``parts`` joined when their observations were read into ``obs`` already, one part after the other (the
         caller placed them so), and the rest is as :meth:`join_unread` needs; else None."""
         first = parts[0]
         for p in parts:
-            if type(p) is not FramedRows or not p.unread or p.keys != first.keys or p.placed is None:
+            if type(p) is not FramedRows or not p.unread or p.keys != first.keys or p.target is None:
                 return None
-        return FramedRows._join(parts, obs)
+        return _join_frames_of(parts, obs)
 
-    @staticmethod
-    def _join(parts: list[FramedRows], obs: np.ndarray | None) -> Rows | None:
-        first = parts[0]
-        if not first.bool_masks:   # a "_key" mask of another dtype is made bool by merge_infos' general path
-            return None
-        cols = join_frames([p.frame for p in parts], -1 if obs is None else 1)
-        if cols is None:
-            return None
-        return Rows(cols[0], cols[1] if obs is None else obs, cols[2], cols[3], cols[4],
-                    dict(zip(first.keys, cols[5:])))
+
+def _join_frames_of(parts: list[FramedRows], obs: np.ndarray | None) -> Rows | None:
+    """Unread framed rows of one layout joined from their frames; ``obs``: the observations, read into place already
+    (then not copied from the frames)."""
+    first = parts[0]
+    if not first.bool_masks:   # a "_key" mask of another dtype is made bool by merge_infos' general path
+        return None
+    cols = join_frames([p.frame for p in parts], -1 if obs is None else 1)
+    if cols is None:
+        return None
+    return Rows(cols[0], cols[1] if obs is None else obs, cols[2], cols[3], cols[4], dict(zip(first.keys, cols[5:])))
 
 
 class ReadyRows:

@@ -132,10 +132,10 @@ class PlainRows:
     def bool_masks(self) -> bool:
         return masks_are_bool(self.keys, [np.dtype(d) for d, _ in self.specs[5:]])
 
-    def from_frame(self, body: np.ndarray, start: int, layout: tuple, placed: ReadTarget | None = None) -> Answer:
-        """The answer, its rows left in the frame until read (:class:`~.batches.FramedRows`); ``placed``: where its
-        observations were read instead of into ``body``."""
-        return Answer(value=FramedRows(body, start, layout, self.keys, self.bool_masks, placed))
+    def from_frame(self, body: np.ndarray, start: int, layout: tuple, target: ReadTarget | None = None) -> Answer:
+        """The answer, its rows left in the frame until read (:class:`~.batches.FramedRows`); ``target``: the target
+        its observations were read into instead of ``body``."""
+        return Answer(value=FramedRows(body, start, layout, self.keys, self.bool_masks, target))
 
 
 @dataclass(frozen=True)
@@ -309,8 +309,8 @@ def recv_message(sock: socket.socket) -> Any:
     return decode_body(*recv_frame(sock))
 
 
-def decode_body(body: bytearray | np.ndarray, meta_len: int, count: int, placed: ReadTarget | None = None) -> Any:
-    """A frame's message from its body (array sizes, pickle, aligned arrays); ``placed``: the placement its
+def decode_body(body: bytearray | np.ndarray, meta_len: int, count: int, target: ReadTarget | None = None) -> Any:
+    """A frame's message from its body (array sizes, pickle, aligned arrays); ``target``: the filled target its
     observations were read into (only a Rows answer's can be)."""
     view = memoryview(body)
     at = 8 * count
@@ -332,11 +332,11 @@ def decode_body(body: bytearray | np.ndarray, meta_len: int, count: int, placed:
     check_length(len(body), size)   # here, so that rows read later from the frame cannot fail
     if type(body) is not np.ndarray:
         body = np.frombuffer(body, np.uint8)
-    if placed is None:
+    if target is None:
         return form.from_frame(body, at + meta_len, layout)
     if type(form) is not PlainRows:
         raise ValueError(f"a frame read into place is a {type(form).__name__}, not a Rows answer")
-    return form.from_frame(body, at + meta_len, layout, placed)
+    return form.from_frame(body, at + meta_len, layout, target)
 
 
 def read_ended(status: int) -> BaseException | None:
@@ -354,17 +354,18 @@ class FrameReader:
     def __init__(self) -> None:
         self.inbox = FrameInbox()
 
-    def read_available(self, sock: socket.socket, places: list[ReadTarget | None] | None = None
+    def read_available(self, sock: socket.socket, targets: list[ReadTarget | None] | None = None
                        ) -> tuple[list, BaseException | None]:
         """The messages completed by what ``sock`` holds now (it was seen readable), and how the connection
-        ended if it did (after those messages: an actor's last answer still counts).  ``places``: a placement
+        ended if it did (after those messages: an actor's last answer still counts).  ``targets``: a target
         (or None) for each message to come, in order (:meth:`~._inbox.FrameInbox.read`)."""
-        frames, status = self.inbox.read(sock.fileno(), places)
+        frames, status = self.inbox.read(sock.fileno(), targets)
         out: list = []
         for j, (body, meta_len, count) in enumerate(frames):
-            place = places[j] if places is not None and j < len(places) else None
+            target = targets[j] if targets is not None and j < len(targets) else None
+            filled = target if target is not None and target.filled else None
             try:
-                out.append(decode_body(body, meta_len, count, place if place is not None and place.filled else None))
+                out.append(decode_body(body, meta_len, count, filled))
             except Exception as exc:   # e.g. an info of a class this process cannot import: that
                 out.append(Answer(error=exc))   # call's error; the frame was read whole, the stream is fine
         return out, read_ended(status)
@@ -497,11 +498,11 @@ class Reply:
     """A call's answer to come: ``done`` once it is read; then ``answer`` (an :class:`Answer`) or, when
     the connection ended first, ``lost`` (a :class:`ChannelClosedError`).  Settled once, by its channel."""
 
-    __slots__ = ("channel", "place", "answer", "lost", "done")
+    __slots__ = ("channel", "target", "answer", "lost", "done")
 
-    def __init__(self, channel: Channel, place: ReadTarget | None = None) -> None:
+    def __init__(self, channel: Channel, target: ReadTarget | None = None) -> None:
         self.channel = channel
-        self.place = place   # where the answer's observations are to be read, when it is rows of that layout
+        self.target = target   # where the answer's observations are to be read, when it is rows of that layout
         self.answer: Answer | None = None
         self.lost: ChannelClosedError | None = None
         self.done = False   # an attribute, not a property: the wait loop reads it several times a call
@@ -549,10 +550,10 @@ class Channel:
     def call(self, method: str, *args: Any) -> Reply:
         return self.send_frame(encode(Request(method, args)))
 
-    def send_frame(self, parts: Iterable[Any], place: ReadTarget | None = None) -> Reply:
+    def send_frame(self, parts: Iterable[Any], target: ReadTarget | None = None) -> Reply:
         """Send a request already framed (:func:`encode`'s parts, or a :class:`StepFrames` frame) at once; its
-        :class:`Reply`.  ``place``: where the answer's observations may be read (see :class:`~._inbox.ReadTarget`)."""
-        reply = Reply(self, place)
+        :class:`Reply`.  ``target``: where the answer's observations may be read (:class:`~._inbox.ReadTarget`)."""
+        reply = Reply(self, target)
         self.pending.append(reply)
         if self.lost is None:
             try:
@@ -566,7 +567,7 @@ class Channel:
     def read_available(self) -> None:
         """Read what has arrived (the caller saw the socket readable); each whole answer settles the oldest
         pending reply, in order."""
-        answers, ended = self.reader.read_available(self.sock, [r.place for r in self.pending])
+        answers, ended = self.reader.read_available(self.sock, [r.target for r in self.pending])
         for answer in answers:
             if self.pending:
                 self.pending.popleft().settle(answer=answer)

@@ -80,7 +80,7 @@ class StepTargets:
             filled = True
             for t in pending:   # a loop, not all() over a generator: every Python call here is paid cold
                 filled = filled and t.filled
-            rows = FramedRows.join_placed(answers, obs) if filled else None
+            rows = FramedRows.join_targeted(answers, obs) if filled else None
             if rows is not None:
                 return rows
         self._learn(answers)
@@ -91,7 +91,7 @@ class StepTargets:
         for k, rows in enumerate(answers):
             # A layout is one object per distinct pickle (channel.Layouts), so the same object means the same
             # prefix: a pool whose answers are never read into place (small observations) is not learnt again.
-            if type(rows) is FramedRows and rows.placed is None and rows.frame[2] is not self.layouts[k]:
+            if type(rows) is FramedRows and rows.target is None and rows.frame[2] is not self.layouts[k]:
                 self.layouts[k] = rows.frame[2]
                 self.forms[k] = AnswerForm.of(rows, self.sizes[k])
                 changed = True
