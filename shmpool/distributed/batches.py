@@ -263,27 +263,24 @@ class FramedRows(Rows):
         """``parts`` joined from their frames when each is an unread :class:`FramedRows` with the same info keys,
         the same dtypes and row shapes, and bool ``_key`` masks (what :func:`merge_infos` joins by plain
         concatenation); else None."""
-        first = parts[0]
-        for p in parts:   # a loop, not all() over a generator: every Python call here is paid cold (issue 34)
-            if type(p) is not FramedRows or not p.unread or p.keys != first.keys or p.target is not None:
-                return None
         return _join_frames_of(parts, None)
 
     @staticmethod
     def join_targeted(parts: list[FramedRows], obs: np.ndarray) -> Rows | None:
         """``parts`` joined when their observations were read into ``obs`` already, one part after the other (the
         caller placed them so), and the rest is as :meth:`join_unread` needs; else None."""
-        first = parts[0]
-        for p in parts:
-            if type(p) is not FramedRows or not p.unread or p.keys != first.keys or p.target is None:
-                return None
         return _join_frames_of(parts, obs)
 
 
-def _join_frames_of(parts: list[FramedRows], obs: np.ndarray | None) -> Rows | None:
-    """Unread framed rows of one layout joined from their frames; ``obs``: the observations, read into place already
-    (then not copied from the frames)."""
+def _join_frames_of(parts: list[Rows], obs: np.ndarray | None) -> Rows | None:
+    """``parts`` joined from their frames when each is an unread :class:`FramedRows` with the same info keys and bool
+    masks, whose observations were read into ``obs`` already (every part's, when ``obs`` is given: then they are not
+    copied from the frames) or into no part's (``obs`` None); else None."""
     first = parts[0]
+    targeted = obs is not None
+    for p in parts:   # a loop, not all() over a generator: every Python call here is paid cold (issue 34)
+        if type(p) is not FramedRows or not p.unread or p.keys != first.keys or (p.target is not None) != targeted:
+            return None
     if not first.bool_masks:   # a "_key" mask of another dtype is made bool by merge_infos' general path
         return None
     cols = join_frames([p.frame for p in parts], -1 if obs is None else 1)
