@@ -24,6 +24,12 @@ def answer(n: int, seed: int, keys: tuple = ("lives",)) -> Rows:
                 rng.random(n) > 0.5, rng.random(n) > 0.5, infos)
 
 
+def rows_of(sizes: list[int]) -> list[slice]:
+    """Each pool's rows of the batch, the pools one after the other."""
+    ends = np.cumsum([0, *sizes]).tolist()
+    return [slice(a, b) for a, b in zip(ends, ends[1:])]
+
+
 def frame_bytes(rows: Rows) -> bytes:
     return b"".join(bytes(p) for p in ch.encode(ch.Answer(value=rows)))
 
@@ -85,7 +91,7 @@ def pools():
 @pytest.mark.parametrize("piece", [0, 7, 1000], ids=["whole", "7-byte pieces", "1000-byte pieces"])
 def test_once_each_pool_s_answer_is_known_the_next_is_read_into_the_step_output(pools, piece):
     sizes = [4, 5, 6]
-    targets = StepTargets(sizes)
+    targets = StepTargets(rows_of(sizes))
     assert targets.targets() == [None, None, None]   # nothing known yet: read whole, joined by copying
     first = [answer(n, k) for k, n in enumerate(sizes)]
     assert_joined(targets.join(pools.step([None] * 3, first)), first)
@@ -109,7 +115,7 @@ def test_an_answer_of_another_layout_is_read_whole_and_the_next_step_reads_it_in
     """An info key that appears changes one pool's layout: that answer is read whole (its target untouched), the
     rows are still right, and from the next step on the new layout is read into place."""
     sizes = [4, 4, 4]
-    targets = StepTargets(sizes)
+    targets = StepTargets(rows_of(sizes))
     targets.join(pools.step([None] * 3, [answer(4, k) for k in range(3)]))
     aimed = targets.targets()
     sentinel = [t.into.copy() for t in aimed]
@@ -133,7 +139,7 @@ def test_answers_read_into_place_and_whole_join_alike(pools):
     """A step where one answer was read into place and another whole (or the rows were read before the join):
     joined from their arrays, with the same result."""
     sizes = [4, 6, 5]
-    targets = StepTargets(sizes)
+    targets = StepTargets(rows_of(sizes))
     targets.join(pools.step([None] * 3, [answer(n, k) for k, n in enumerate(sizes)]))
     aimed = targets.targets()
     blocks = [answer(n, 40 + k) for k, n in enumerate(sizes)]

@@ -192,7 +192,7 @@ class RayPool(LifecycleFacts):
         self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
         self._pool_rows = [slice(r.start, r.stop) for r in map(place.env_range, range(place.num_pools))]
         self._step_frames = StepFrames(self._pool_rows)
-        self._step_targets = StepTargets(place.sizes)
+        self._step_targets = StepTargets(self._pool_rows)
         self._step_refs: list | None = None   # the pending step_async(): one future per pool (None: answered here)
         self._close_timeout = 10.0             # seconds the local pools get to close before their actors are killed
         self._life = Lifecycle()               # NEEDS_RESET

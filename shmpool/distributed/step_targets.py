@@ -49,13 +49,13 @@ class AnswerForm:
 class StepTargets:
     """Per pool, the form of its last step answer; per step, the output the answers are read into.
 
-    ``sizes``: the pools' env counts, in env order.  :meth:`targets` is called as the step's requests leave,
-    :meth:`join` with the pools' answers in pool order."""
+    ``rows[k]``: pool ``k``'s rows of the batch (consecutive, in pool order).  :meth:`targets` is called as the
+    step's requests leave, :meth:`join` with the pools' answers in pool order."""
 
-    def __init__(self, sizes: list[int]) -> None:
-        self.sizes = sizes
-        self.forms: list[AnswerForm | None] = [None] * len(sizes)
-        self.layouts: list[tuple | None] = [None] * len(sizes)   # the layout each form was learnt from
+    def __init__(self, rows: list[slice]) -> None:
+        self.rows = rows
+        self.forms: list[AnswerForm | None] = [None] * len(rows)
+        self.layouts: list[tuple | None] = [None] * len(rows)   # the layout each form was learnt from
         self.plan: tuple[np.dtype, tuple, list[tuple[AnswerForm, slice]]] | None = None
         self.obs: np.ndarray | None = None         # the pending step's output
         self.pending: list[ReadTarget] | None = None
@@ -65,7 +65,7 @@ class StepTargets:
         answer form is known and the pools' observations agree in dtype and row shape."""
         if self.plan is None:
             self.obs = self.pending = None
-            return [None] * len(self.sizes)
+            return [None] * len(self.rows)
         dtype, shape, parts = self.plan
         obs = self.obs = np.empty(shape, dtype)
         self.pending = [ReadTarget(form.prefix, form.at, obs[rows]) for form, rows in parts]
@@ -88,12 +88,12 @@ class StepTargets:
 
     def _learn(self, answers: list) -> None:
         changed = False
-        for k, rows in enumerate(answers):
+        for k, answer in enumerate(answers):
             # A layout is one object per distinct pickle (channel.Layouts), so the same object means the same
             # prefix: a pool whose answers are never read into place (small observations) is not learnt again.
-            if type(rows) is FramedRows and rows.target is None and rows.frame[2] is not self.layouts[k]:
-                self.layouts[k] = rows.frame[2]
-                self.forms[k] = AnswerForm.of(rows, self.sizes[k])
+            if type(answer) is FramedRows and answer.target is None and answer.frame[2] is not self.layouts[k]:
+                self.layouts[k] = answer.frame[2]
+                self.forms[k] = AnswerForm.of(answer, self.rows[k].stop - self.rows[k].start)
                 changed = True
         if changed:
             self.plan = self._plan()
@@ -102,10 +102,7 @@ class StepTargets:
         first = self.forms[0]
         if first is None:
             return None
-        parts, start = [], 0
-        for form, size in zip(self.forms, self.sizes):
+        for form in self.forms:
             if form is None or form.dtype != first.dtype or form.shape[1:] != first.shape[1:]:
                 return None
-            parts.append((form, slice(start, start + size)))
-            start += size
-        return first.dtype, (start, *first.shape[1:]), parts
+        return first.dtype, (self.rows[-1].stop, *first.shape[1:]), list(zip(self.forms, self.rows))
