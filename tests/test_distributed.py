@@ -132,6 +132,17 @@ def test_a_local_pool_forked_beside_ray_never_collects_the_driver_s_ray_objects(
         assert pool.step(np.zeros(2, np.int64))[0].tolist() == [[1.0], [1.0]]
 
 
+@pytest.fixture
+def targeted(monkeypatch):
+    """One entry per step joined from observations read into its output (``FramedRows.join_targeted``)."""
+    from shmpool.distributed.batches import FramedRows
+    joins = []
+    real = FramedRows.join_targeted
+    monkeypatch.setattr(FramedRows, "join_targeted",
+                        staticmethod(lambda parts, obs: joins.append(1) or real(parts, obs)))
+    return joins
+
+
 def assert_same_arrays(got, want, where: str) -> None:
     for x, y in zip(got, want, strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape, where
@@ -171,13 +182,11 @@ def test_sync_trajectories_match_local_pool(cluster, transport, parent_shard):
             np.testing.assert_array_equal(rp.step(a)[0], lp.step(a)[0])
 
 
-def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster, monkeypatch):
+def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster, targeted):
     """Observations big enough to be read off the connections straight into each step's output: RayPool's
     arrays and infos are a local Pool's, also on the steps where an info key comes or goes in one pool (its answer
     then read whole, its new layout learnt), and a step's obs are never written by a later step."""
     import gymnasium as gym
-
-    from shmpool.distributed.batches import FramedRows
 
     class Pictured(gym.Wrapper):   # defined here: cloudpickled by value
         observation_space = gym.spaces.Box(0, 255, (16, 16, 8), np.uint8)   # 2 KiB an env
@@ -195,10 +204,6 @@ def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster
                 info = {**info, "right": float(obs[0])}
             return self.picture(obs), rew, term, trunc, info
 
-    targeted = []
-    join_targeted = FramedRows.join_targeted
-    monkeypatch.setattr(FramedRows, "join_targeted",
-                        staticmethod(lambda parts, obs: targeted.append(1) or join_targeted(parts, obs)))
     n = 10   # 4 + 3 + 3: every pool's obs over MIN_OBS_BYTES
     make = [lambda: Pictured(gym.make(TASK))] * n
     rng = np.random.default_rng(3)
@@ -445,12 +450,19 @@ else:
 """
 
 
+@pytest.mark.parametrize("pictured", [False, True], ids=["vector obs", "image obs read into place"])
 @pytest.mark.parametrize("parent_shard", [False, True])
-def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool_usable(cluster, parent_shard):
+def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool_usable(cluster, parent_shard,
+                                                                                         pictured, targeted,
+                                                                                         monkeypatch):
     """The sync step's quick path hands an error answer to the watched path: the error is raised once, no env
     is stepped again for it, the pool refuses to step until reset, and after reset it steps as a local Pool of
-    the same layout does (the shard in a worker, or partly in the actor: ``parent_shard``)."""
+    the same layout does (the shard in a worker, or partly in the actor: ``parent_shard``).  With image
+    observations the healthy pools' answers of the failed step were read into its output (``StepTargets``), which
+    is dropped, and the steps after reset are read into place again."""
     import gymnasium as gym
+
+    from shmpool.distributed.step_targets import StepTargets
 
     class Counting(gym.Wrapper):   # defined here: cloudpickled by value
         steps = 0
@@ -461,9 +473,19 @@ def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool
                 raise ValueError("boom")
             return super().step(action)
 
-    def make():
-        return Counting(gym.make(TASK))
+    class Pictured(gym.ObservationWrapper):   # 2 KiB an env: a pool of 2 envs is read into place
+        observation_space = gym.spaces.Box(0, 255, (16, 16, 8), np.uint8)
 
+        def observation(self, obs):
+            return np.resize(np.frombuffer(obs.astype(np.float32).tobytes(), np.uint8), (16, 16, 8))
+
+    def make():   # Counting outermost: set_attr and get_attr reach it
+        env = gym.make(TASK)
+        return Counting(Pictured(env) if pictured else env)
+
+    aimed = []   # the targets of every sync step sent
+    targets = StepTargets.targets
+    monkeypatch.setattr(StepTargets, "targets", lambda self: aimed.append(targets(self)) or aimed[-1])
     zeros = np.zeros(6, dtype=np.int64)
     with (RayPool(make, 6, seed=0, num_workers=1, parent_shard=parent_shard) as rp,
           shmpool.Pool([make] * 2, seed=0, num_workers=1, parent_shard=parent_shard) as lp):
@@ -477,6 +499,8 @@ def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool
             rp.step(zeros)
         with pytest.raises(shmpool.EnvError, match="boom"):
             lp.step(zeros[:2])
+        # the failed step: the healthy pools' observations were read into its output, pool 2's error was not
+        assert [t is not None and t.filled for t in aimed[-1]] == ([True, True, False] if pictured else [False] * 3)
         local = lp.get_attr("steps")
         assert rp.get_attr("steps") == (2, 2, 2, 2, *local)   # the other pools once more, pool 2 as a local Pool
         # refused here, as the local Pool refuses: before, the healthy pools stepped once more and pool 2's own
@@ -485,13 +509,19 @@ def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool
             rp.step(zeros)
         assert rp.get_attr("steps") == (2, 2, 2, 2, *local)
         rp.set_attr("bad", False)
+        before_reset = len(targeted)
         obs, _ = rp.reset(seed=7)
         o2, *_ = rp.step(zeros)
-        assert rp.get_attr("steps") == (3, 3, 3, 3, local[0] + 1, local[1] + 1)
-        with shmpool.Pool(TASK, 6, seed=0, num_workers=1) as fresh:
+        o3, *_ = rp.step(zeros)
+        assert rp.get_attr("steps") == (4, 4, 4, 4, local[0] + 2, local[1] + 2)
+        with shmpool.Pool([make] * 6, seed=0, num_workers=1) as fresh:
             want, _ = fresh.reset(seed=7)
             np.testing.assert_array_equal(obs, want)
             np.testing.assert_array_equal(o2, fresh.step(zeros)[0])
+            np.testing.assert_array_equal(o3, fresh.step(zeros)[0])
+    # image obs: the first step learns the layouts, the failed one (its healthy pools' answers read into its output)
+    # raises before any join, and both steps after reset are read into place
+    assert (before_reset, len(targeted)) == ((0, 2) if pictured else (0, 0))
 
 
 def test_step_timeout_raises_at_its_bound_not_after_the_close_grace(cluster, tmp_path):
