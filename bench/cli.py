@@ -68,7 +68,9 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
     pairs = {"seconds": defaults.seconds, "warmup": defaults.warmup, **more_defaults}
     if defaults.repeats is not None:
         pairs["repeats"] = defaults.repeats
-    fill_defaults(args, **pairs)
+    for name, (normal, quick) in pairs.items():   # explicit options always win over --quick
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else normal)
     if args.seconds <= 0:
         p.error(f"--seconds must be > 0, got {args.seconds:g}")
     if args.warmup < 0:
@@ -78,14 +80,6 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
     if args.json is None and not args.quick and getattr(args, "save", False):
         args.json = defaults.json
     return args
-
-
-def fill_defaults(args: Any, **defaults: tuple[Any, Any]) -> None:
-    """Set each option left unset (None) on ``args`` to its ``(normal, quick)`` default,
-    the quick one when ``args.quick``: explicit options always win over ``--quick``."""
-    for name, (normal, quick) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else normal)
 
 
 def comma_list(text: str) -> list[str]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
+import math
 import os
 import sys
 import time
@@ -118,9 +120,9 @@ def cell_json(task: str, mode: str, system: str, n: int, b: int, records: list[R
 
 
 def with_overheads(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add ``overhead_us`` (Ray p50/p95 − local p50/p95 of the same cell, and ``paired_p50``: the median over
-    repetitions of Ray's p50 − local's p50 in that repetition, which cancels the host's drift between repetitions)
-    and ``throughput_ratio`` to the Ray cells."""
+    """Add ``overhead_us`` (Ray p50/p95 − local p50/p95 of the same cell; ``paired_p50``: the median over
+    repetitions of Ray's p50 − local's p50 in that repetition, which cancels the host's drift between repetitions,
+    and ``paired_p50_ci95``) and ``throughput_ratio`` to the Ray cells."""
     local = {(c["mode"], c["num_envs"], c["batch_size"]): c for c in cells if c["system"] == "local"}
     for c in cells:
         twin = local.get((c["mode"], c["num_envs"], c["batch_size"]))
@@ -128,6 +130,11 @@ def with_overheads(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             c["overhead_us"] = {q: c["agent_latency_us"][q] - twin["agent_latency_us"][q] for q in ("p50", "p95")}
             pairs = [p50 - twin["rep_p50_us"][rep] for rep, p50 in c["rep_p50_us"].items() if rep in twin["rep_p50_us"]]
             c["overhead_us"]["paired_p50"] = float(np.median(pairs)) if pairs else None
+            # Whether a bound is met by the run, not by the host's drift: a 95 % interval for that median, the k-th
+            # smallest and largest pairs, k the most that P(Binomial(n, 1/2) < k) <= 2.5 % allows (0 under 6 pairs).
+            pairs, n = sorted(pairs), len(pairs)
+            k = sum(p <= 0.025 for p in itertools.accumulate(math.comb(n, j) / 2**n for j in range(n // 2)))
+            c["overhead_us"]["paired_p50_ci95"] = [float(pairs[k - 1]), float(pairs[-k])] if k else None
             c["throughput_ratio"] = c["throughput"] / twin["throughput"]
     return cells
 
@@ -210,8 +217,11 @@ def table_rows(cells: Sequence[dict[str, Any]], ray: bool) -> list[list[str]]:
                     report.fmt_rate(c["throughput"])]
         if ray:
             over, ratio = c.get("overhead_us", {}), c.get("throughput_ratio")
+            paired, interval = over.get("paired_p50"), over.get("paired_p50_ci95")
+            paired = ("—" if paired is None else report.fmt_us(paired)) + (
+                "" if interval is None else f" ({report.fmt_us(interval[0])} – {report.fmt_us(interval[1])})")
             row += [c["system"], *("—" if v is None else report.fmt_us(v) for v in (
-                c.get("driver_cpu_us_per_call"), over.get("p50"), over.get("paired_p50"))),
+                c.get("driver_cpu_us_per_call"), over.get("p50"))), paired,
                 "—" if ratio is None else f"{ratio:.2f}"]
         rows.append(row)
     return rows
@@ -236,7 +246,8 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict
                   "p50 / p95 µs): " + "; ".join(f"{k} {report.fmt_us(v['p50'])} / {report.fmt_us(v['p95'])}"
                                                 for k, v in ray["round_trip_us"].items())
                   + ". Driver CPU = this process's CPU per call (all threads); overhead = Ray p50 − local p50; paired: "
-                  "the median over repetitions of Ray p50 − local p50 in the same repetition."]
+                  "the median over repetitions of Ray p50 − local p50 in the same repetition (in parentheses, a 95 % "
+                  "interval for it from 6 repetitions on)."]
     lines += ["", report.markdown_table(HEADER + (RAY_HEADER if ray else ()), table_rows(cells, bool(ray)))]
     if skipped:
         combos = ", ".join(f"N={s['num_envs']} batch={s['batch_size']}" for s in skipped)
@@ -251,7 +262,8 @@ DEFINITIONS = {
     "observer_latency_us": "one env step, from the trainer sending its action to the recv returning it",
     "observer_throughput": "steps/s of one env, 1 / observer latency",
     "throughput": "env steps / elapsed over the whole cell",
-    "overhead_us": "RayPool's agent latency minus the local Pool's, same cell (--ray); paired_p50: by repetition",
+    "overhead_us": "RayPool's agent latency minus the local Pool's, same cell (--ray); paired_p50: by repetition; "
+                   "paired_p50_ci95: a 95 % interval for it (6 repetitions or more)",
 }
 
 

@@ -97,12 +97,8 @@ def version_of(module: str) -> str | None:
 
 def fmt_rate(v: float) -> str:
     """Three significant digits with a k/M suffix: 176k, 17.7k, 4.44k."""
-    for div, suffix in ((1e6, "M"), (1e3, "k"), (1.0, "")):
-        if v >= div or div == 1.0:
-            x = v / div
-            digits = max(0, 3 - len(str(int(x))))
-            return f"{x:.{digits}f}{suffix}"
-    raise AssertionError("unreachable")
+    div, suffix = next((d, s) for d, s in ((1e6, "M"), (1e3, "k"), (1.0, "")) if v >= d or d == 1.0)
+    return f"{v / div:.{max(0, 3 - len(str(int(v / div))))}f}{suffix}"
 
 
 def fmt_summary(s: Summary | None, fmt: Callable[[float], str] = fmt_rate) -> str:
@@ -157,16 +153,11 @@ def progress(err: Any, total: int) -> Iterator[Callable[..., None]]:
         yield update
 
 
-def write_json(path: str | Path, data: dict[str, Any]) -> None:
-    """``data`` as indented JSON at ``path`` (its directory created)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-
-
 def write_results(path: str | Path, data: dict[str, Any], text: str, err: Any) -> None:
-    """The raw measurements as JSON at ``path`` and the report beside it (``.md``), said on ``err``."""
-    write_json(path, data)
+    """The raw measurements as indented JSON at ``path`` (its directory created) and the report beside it
+    (``.md``), said on ``err``."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
     md = Path(path).with_suffix(".md")
     md.write_text(text + "\n")
     err.print(f"raw measurements written to {path}, the report to {md}")

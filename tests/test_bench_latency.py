@@ -114,3 +114,32 @@ def test_percentile_helpers():
     tp = latency.throughput_percentiles(pct, units=4)
     assert tp["p50"] == pytest.approx(4e6 / 51) and tp["p90"] == pytest.approx(4e6 / pct["p10"])
     assert latency.reported(pct).keys() == PCTS | {"max"}
+
+
+def test_paired_overhead_comes_with_its_interval_from_six_repetitions():
+    from math import comb
+
+    def cell(system, reps):
+        latencies = _timing.percentiles_of(np.array(reps), latency.MEASURED)
+        return {"system": system, "mode": "sync", "num_envs": 16, "batch_size": 16, "throughput": 1.0, "calls": 99,
+                "agent_latency_us": latencies, "observer_latency_us": {}, "rep_p50_us": dict(enumerate(reps))}
+
+    local = [1000.0, 1200, 900, 1100, 1000, 950, 1050, 1000, 980, 1020, 990, 1010]
+    ray = [v + d for v, d in zip(local, [400, 700, 300, 500, 450, 600, 350, 480, 520, 410, 900, 200])]
+    cells = latency.with_overheads([cell("local", local), cell("ray", ray)])
+    over = cells[1]["overhead_us"]
+    assert over["paired_p50"] == 465 and over["paired_p50_ci95"] == [350, 600]
+    row = latency.table_rows(cells, ray=True)[1]
+    assert "465 (350 – 600)" in row
+    few = latency.with_overheads([cell("local", local[:5]), cell("ray", ray[:5])])
+    assert few[1]["overhead_us"]["paired_p50_ci95"] is None   # 5: even (min, max) covers only 93.75 %
+
+    def coverage(n, k):   # P(the k-th smallest <= median <= the k-th largest), each value above it with p 1/2
+        return 1 - 2 * sum(comb(n, j) for j in range(k)) / 2**n
+
+    for n in range(6, 130):   # the narrowest pair of order statistics that covers 95 %
+        pairs = np.arange(n)[::-1] * 10.0
+        lo, hi = latency.with_overheads([cell("local", [0.0] * n), cell("ray", list(pairs))])[1]["overhead_us"][
+            "paired_p50_ci95"]
+        k = int(lo) // 10 + 1
+        assert hi == 10 * (n - k) and coverage(n, k) >= 0.95 > coverage(n, k + 1)
