@@ -115,7 +115,7 @@ def fmt_ratio(r: float | None) -> str:
 
 
 def fmt_us(v: float) -> str:
-    return f"{v:.2f}" if v < 100 else f"{v:.0f}"
+    return f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

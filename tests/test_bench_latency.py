@@ -131,6 +131,8 @@ def test_paired_overhead_comes_with_its_interval_from_six_repetitions():
     assert over["paired_p50"] == 465 and over["paired_p50_ci95"] == [350, 600]
     row = latency.table_rows(cells, ray=True)[1]
     assert "465 (350 – 600)" in row
+    # a negative difference (Ray's p50 below the local one's) is shown as whole µs, as a positive one is
+    assert latency.report.fmt_us(-382.06) == "-382" and latency.report.fmt_us(-5.5) == "-5.50"
     few = latency.with_overheads([cell("local", local[:5]), cell("ray", ray[:5])])
     assert few[1]["overhead_us"]["paired_p50_ci95"] is None   # 5: even (min, max) covers only 93.75 %
 
