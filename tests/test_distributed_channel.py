@@ -333,6 +333,68 @@ def test_a_call_of_plain_arrays_is_sent_in_short_and_every_step_carries_its_own_
     assert layouts.frame(ch.Request("step", (np.array([None]),))) is None   # objects
 
 
+def _joined(parts):
+    return b"".join(bytes(p) for p in parts)
+
+
+@pytest.mark.parametrize("rows", ["plain", "dict obs", "key not a string", "nested info"])
+def test_rows_answered_straight_from_them_are_the_bytes_of_their_answer(rows):
+    """The actor's answer to a step (``answer_parts``) is the frame ``encode`` makes of ``Answer(value=rows)``,
+    in short form when its rows are plain and flat, and the long way otherwise."""
+    infos = {"lives": np.array([3, 2], np.int64), "_lives": np.array([True, False])}
+    obs = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    if rows == "dict obs":
+        obs = {"img": obs}
+    elif rows == "key not a string":
+        infos[7] = np.zeros(2)
+    elif rows == "nested info":
+        infos["final_info"] = {"r": np.array([1.0, 0.0])}
+    sent = Rows(np.arange(2), obs, np.array([0.5, -1.0]), np.array([False, True]), np.array([True, False]), infos)
+    short = ch.LAYOUTS.rows_frame(sent)
+    assert (short is not None) == (rows == "plain")
+    assert _joined(ch.answer_parts(sent)) == _joined(ch.encode(ch.Answer(value=sent)))
+    assert _joined(ch.answer_parts((1, "a"))) == _joined(ch.encode(ch.Answer(value=(1, "a"))))
+
+
+def test_a_call_in_a_short_form_read_before_is_served_without_decoding_a_request(monkeypatch):
+    """The actor reads a short-form call's arrays straight from its frame once that form is known (the first
+    call of a layout is decoded whole, and teaches it); the answers are the same either way, and a method the
+    actor does not serve is refused alike."""
+    decoded = []
+    decode = ch.decode_body
+    def counted(*a, **k):
+        if threading.current_thread().name == "shmpool-channel":   # the actor's end, not this driver's reads
+            decoded.append(1)
+        return decode(*a, **k)
+    monkeypatch.setattr(ch, "decode_body", counted)
+    server = serve(handler)
+    channel = ch.Channel.connect(server.address, TOKEN, 5)
+    try:
+        layout = (np.zeros(3, np.int16), np.zeros((2, 2), np.float64))   # a layout no other test sends
+        replies = [channel.call("echo", np.full(3, i, np.int16), np.full((2, 2), i / 2)) for i in range(4)]
+        refused = [channel.call("close", np.zeros(3, np.int16), np.zeros((2, 2))) for _ in range(2)]
+        assert len(ch.wait(replies + refused, 6, 5.0)) == 6
+        for i, r in enumerate(replies):
+            x, y = r.answer.value
+            _same(x, np.full(3, i, np.int16))
+            _same(y, np.full((2, 2), i / 2))
+        for r in refused:
+            assert isinstance(r.answer.error, ValueError)
+            assert str(r.answer.error) == "'close' is not a call this actor serves"
+        assert len(decoded) == 2, "only the first call of each form (echo, close) is decoded as a Request"
+        assert ch.plain_call(*_frame_of(ch.Request("echo", layout)))[0] == "echo"
+        assert ch.plain_call(*_frame_of(ch.Answer(value=1))) is None
+    finally:
+        channel.close()
+
+
+def _frame_of(message):
+    a, b = socket.socketpair()
+    with a, b:
+        ch.send_parts(a, ch.encode(message))
+        return ch.recv_frame(b)
+
+
 def test_a_layout_names_dtypes_that_stay_alive_so_a_new_dtype_never_reads_as_an_old_one():
     """The layout key names a dtype by identity: were the dtype let go, a new one could take its address and
     be sent under the old one's pickle.  Non-native dtypes are made afresh each time, so this churns them."""

@@ -110,6 +110,8 @@ class PoolActor:
             # core another pool's workers need.
             os.sched_setaffinity(0, kwargs["cpus"])
         self.pool = Pool(fns, batch_size=batch_size, seed=seed, copy=False, **kwargs)
+        self.env_ids = np.arange(self.pool.num_envs, dtype=np.int64)   # every step answer's ids, never written
+        self.env_ids.flags.writeable = False
         # wait_policy="block" asks every wait of the pool to sleep: the actor's wait for the driver's calls too
         spin_s = 0.0 if kwargs.get("wait_policy") == "block" else SPIN_S
         # PoolActor's own functions, not the instance's methods: Ray's actor class wraps each method for tracing,
@@ -138,7 +140,7 @@ class PoolActor:
 
     @_portable
     def step(self, actions: Any) -> Rows:
-        return Rows.of_step(np.arange(self.pool.num_envs), self.pool.step(actions))
+        return Rows.of_step(self.env_ids, self.pool.step(actions))
 
     @_portable
     def async_reset(self) -> None:

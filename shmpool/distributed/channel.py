@@ -123,7 +123,11 @@ class PlainRows:
         the arrays are plain is checked after); None when it is anything else."""
         if type(message) is not Answer or message.error is not None or type(message.value) is not Rows:
             return None
-        rows = message.value
+        return PlainRows.split_rows(message.value)
+
+    @staticmethod
+    def split_rows(rows: Rows) -> tuple[tuple, list] | None:
+        """:meth:`split` of an answer whose value is ``rows``."""
         if not set(map(type, rows.infos)) <= STR_ONLY:   # no generator: this runs for every answer
             return None
         return tuple(rows.infos), [rows.ids, rows.obs, rows.rew, rows.term, rows.trunc, *rows.infos.values()]
@@ -181,9 +185,15 @@ class Layouts:
         """The parts of ``message``'s frame in short form; None when it has none (then it is pickled whole)."""
         form = SHORT_FORM_OF.get(type(message))
         split = None if form is None else form.split(message)
-        if split is None:
-            return None
-        name, arrays = split
+        return None if split is None else self._short(form, *split)
+
+    def rows_frame(self, rows: Rows) -> list | None:
+        """The parts of ``Answer(value=rows)``'s frame in short form (:meth:`frame`'s, without the answer); None
+        when it has none.  The actor's answer to every step."""
+        split = PlainRows.split_rows(rows)
+        return None if split is None else self._short(PlainRows, *split)
+
+    def _short(self, form: type, name: Any, arrays: list) -> list | None:
         layout = plain_layout(arrays)
         if layout is None:
             return None
@@ -339,6 +349,22 @@ def decode_body(body: bytearray | np.ndarray, meta_len: int, count: int, target:
     return form.from_frame(body, at + meta_len, layout, target)
 
 
+def plain_call(body: np.ndarray, meta_len: int, count: int) -> tuple[str, list] | None:
+    """The method and arguments of a request in a short form read before (every step's), without building the
+    :class:`Request` :func:`decode_body` would; None for any other frame."""
+    at = 8 * count
+    known = LAYOUTS.known(bytes(body[at:at + meta_len]))
+    if known is None or type(known[0]) is not PlainCall:
+        return None
+    return known[0].method, arrays_at(body, at + meta_len, known[1])
+
+
+def answer_parts(value: Any) -> list:
+    """The frame of a call's answer ``value``: rows in short form straight from them, anything else :func:`encode`'s."""
+    parts = LAYOUTS.rows_frame(value) if type(value) is Rows else None
+    return encode(Answer(value=value)) if parts is None else parts
+
+
 def read_ended(status: int) -> BaseException | None:
     """How a connection ended, from :meth:`~._inbox.FrameInbox.read`'s status: None while it is open."""
     if status == ENDED_BY_PEER:
@@ -478,11 +504,21 @@ class ChannelServer:
                     frames.extend(whole_frames(conn.fileno(), inbox, idle))
                 except (OSError, ChannelClosedError):
                     return
+            frame = frames.popleft()
             try:   # a request this process cannot unpickle (a driver-only class) is that call's error
-                request = decode_body(*frames.popleft())
-                if not isinstance(request, Request) or request.method not in self.methods:
-                    raise ValueError(f"{getattr(request, 'method', request)!r} is not a call this actor serves")
-                parts = encode(Answer(value=self.handle(request.method, request.args)))
+                # Every step's request is in a short form: its arrays viewed in the frame, no Request made, and its
+                # rows answered in short form straight from them (beside busy workers every Python call is paid
+                # cold, and these are on the step's serial path: issue 34).
+                call = plain_call(*frame)
+                if call is None:
+                    request = decode_body(*frame)
+                    if not isinstance(request, Request):
+                        raise ValueError(f"{request!r} is not a call this actor serves")
+                    call = request.method, request.args
+                method, args = call
+                if method not in self.methods:
+                    raise ValueError(f"{method!r} is not a call this actor serves")
+                parts = answer_parts(self.handle(method, tuple(args)))
             except Exception as exc:
                 parts = _portable_answer(exc)
             try:
