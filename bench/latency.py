@@ -133,7 +133,7 @@ def with_overheads(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             # Whether a bound is met by the run, not by the host's drift: a 95 % interval for that median, the k-th
             # smallest and largest pairs, k the most that P(Binomial(n, 1/2) < k) <= 2.5 % allows (0 under 6 pairs).
             pairs, n = sorted(pairs), len(pairs)
-            k = sum(p <= 0.025 for p in itertools.accumulate(math.comb(n, j) / 2**n for j in range(n // 2)))
+            k = sum(tail <= 0.025 for tail in itertools.accumulate(math.comb(n, j) / 2**n for j in range(n // 2)))
             c["overhead_us"]["paired_p50_ci95"] = [float(pairs[k - 1]), float(pairs[-k])] if k else None
             c["throughput_ratio"] = c["throughput"] / twin["throughput"]
     return cells
