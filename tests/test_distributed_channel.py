@@ -3,6 +3,7 @@ real sockets in this process: no Ray cluster, so each test takes milliseconds.""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 import socket
@@ -48,7 +49,9 @@ def test_arrays_cross_as_fresh_aligned_writable_copies_of_any_layout():
 
 
 def serve(handle):
-    return ch.ChannelServer("127.0.0.1", TOKEN, handle, frozenset({"echo", "fail", "unpicklable"}))
+    """A server of the methods echo, fail and unpicklable, each answered by ``handle(method, args)``."""
+    return ch.ChannelServer("127.0.0.1", TOKEN, {m: functools.partial(lambda m, *args: handle(m, args), m)
+                                                 for m in ("echo", "fail", "unpicklable")})
 
 
 def handler(method, args):
@@ -354,6 +357,46 @@ def test_rows_answered_straight_from_them_are_the_bytes_of_their_answer(rows):
     assert (short is not None) == (rows == "plain")
     assert _joined(ch.answer_parts(sent)) == _joined(ch.encode(ch.Answer(value=sent)))
     assert _joined(ch.answer_parts((1, "a"))) == _joined(ch.encode(ch.Answer(value=(1, "a"))))
+
+
+class Key(str):
+    """A str that is not exactly a str: such an info key is pickled whole."""
+
+
+def test_rows_in_the_last_layout_are_framed_from_it_and_any_other_layout_is_framed_anew():
+    """``rows_frame`` frames rows in the last layout it framed without looking it up (``last_rows``); rows that
+    differ from that layout in any way (an info's key, order, dtype or shape, the observations' shape, a key not
+    exactly a str, an array not contiguous) are framed as ``encode`` frames them, and become the last layout."""
+    layouts = ch.Layouts()
+
+    def rows(**change):
+        infos = {"lives": np.array([3, 2], np.int64), "_lives": np.array([True, False])}
+        infos = change.pop("infos", infos)
+        fields = dict(ids=np.arange(2), obs=np.arange(24, dtype=np.uint8).reshape(2, 3, 4), rew=np.array([0.5, -1.0]),
+                      term=np.array([False, True]), trunc=np.array([True, False]), infos=infos)
+        return Rows(**{**fields, **change})
+
+    variants = [rows(), rows(infos={"level": np.array([3, 2], np.int64), "_lives": np.array([True, False])}),
+                rows(infos={"_lives": np.array([True, False]), "lives": np.array([3, 2], np.int64)}),
+                rows(infos={"lives": np.array([3, 2], np.int32), "_lives": np.array([True, False])}),
+                rows(infos={"lives": np.array([[3], [2]]), "_lives": np.array([True, False])}),
+                rows(obs=np.arange(16, dtype=np.uint8).reshape(2, 2, 4)),
+                rows(infos={Key("lives"): np.array([3, 2], np.int64), "_lives": np.array([True, False])}),
+                rows(rew=np.array([0.5, 9.0, -1.0])[::2]),
+                rows(infos={"lives": np.array([3, 2], np.int64)}), rows()]
+    for i, sent in enumerate(variants):
+        plain = i not in (6, 7)
+        assert layouts.last_rows.parts(sent) is None, i   # each differs from the last layout framed before it
+        for _ in range(2):
+            short = layouts.rows_frame(sent)
+            assert (short is not None) == plain, i
+            if plain:
+                assert _joined(short) == _joined(ch.encode(ch.Answer(value=sent))), i
+        assert (layouts.last_rows.parts(sent) is not None) == plain, i
+    first = variants[0]
+    layouts.rows_frame(first)
+    sent = rows(obs=first.obs + 1, rew=np.array([7.0, 8.0]))   # new values, same layout: framed from the last one
+    assert _joined(layouts.last_rows.parts(sent)) == _joined(ch.encode(ch.Answer(value=sent)))
 
 
 def test_a_call_in_a_short_form_read_before_is_served_without_decoding_a_request(monkeypatch):

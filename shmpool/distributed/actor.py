@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -114,15 +115,11 @@ class PoolActor:
         self.env_ids.flags.writeable = False
         # wait_policy="block" asks every wait of the pool to sleep: the actor's wait for the driver's calls too
         spin_s = 0.0 if kwargs.get("wait_policy") == "block" else SPIN_S
-        # PoolActor's own functions, not the instance's methods: Ray's actor class wraps each method for tracing,
-        # which a call that is not a Ray call has no use for and would pay on every step
+        # PoolActor's own functions bound to the instance, not the instance's methods: Ray's actor class wraps each
+        # method for tracing, which a call that is not a Ray call has no use for and would pay on every step
+        handlers = {name: types.MethodType(getattr(PoolActor, name), self) for name in CHANNEL_CALLS}
         self.server = (None if token is None else
-                       ChannelServer(ray.util.get_node_ip_address(), token, functools.partial(PoolActor.serve, self),
-                                     CHANNEL_CALLS, spin_s))
-
-    def serve(self, method: str, args: tuple) -> Any:
-        """A call that came over the direct connection."""
-        return getattr(PoolActor, method)(self, *args)
+                       ChannelServer(ray.util.get_node_ip_address(), token, handlers, spin_s))
 
     def describe(self) -> ActorInfo:
         p = self.pool

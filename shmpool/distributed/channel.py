@@ -31,14 +31,14 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 import numpy as np
 
-from ._frames import arrays_at, check_length, frame_parts, is_plain, layout_end, plain_layout
+from ._frames import RowsFramer, arrays_at, check_length, frame_parts, is_plain, layout_end, plain_layout
 from ._inbox import ENDED_BY_PEER, FrameInbox, ReadTarget, readable
 from .batches import FramedRows, Rows, masks_are_bool
 
@@ -180,6 +180,7 @@ class Layouts:
         self.limit = limit
         self.sent: dict[tuple, tuple[bytes, tuple, tuple]] = {}
         self.received: dict[bytes, tuple[Any, tuple]] = {}
+        self.last_rows = RowsFramer()   # the last rows answer's layout, checked before the map
 
     def frame(self, message: Any) -> list | None:
         """The parts of ``message``'s frame in short form; None when it has none (then it is pickled whole)."""
@@ -189,11 +190,27 @@ class Layouts:
 
     def rows_frame(self, rows: Rows) -> list | None:
         """The parts of ``Answer(value=rows)``'s frame in short form (:meth:`frame`'s, without the answer); None
-        when it has none.  The actor's answer to every step."""
+        when it has none.  The actor's answer to every step: in the last one's layout, framed in C."""
+        parts = self.last_rows.parts(rows)
+        if parts is not None:
+            return parts
         split = PlainRows.split_rows(rows)
-        return None if split is None else self._short(PlainRows, *split)
+        if split is None:
+            return None
+        keys, arrays = split
+        known = self._fixed(PlainRows, keys, arrays)
+        if known is None:
+            return None
+        layout, fixed = known
+        self.last_rows.remember(keys, layout, *fixed)
+        return frame_parts(fixed[0], fixed[1], arrays)
 
     def _short(self, form: type, name: Any, arrays: list) -> list | None:
+        known = self._fixed(form, name, arrays)
+        return None if known is None else frame_parts(known[1][0], known[1][1], arrays)
+
+    def _fixed(self, form: type, name: Any, arrays: list) -> tuple[tuple, tuple[bytes, tuple, tuple]] | None:
+        """The arrays' layout key and the fixed parts of their frame in ``form`` (made once per layout)."""
         layout = plain_layout(arrays)
         if layout is None:
             return None
@@ -203,7 +220,7 @@ class Layouts:
             if len(self.sent) >= self.limit:
                 self.sent.clear()
             fixed = self.sent[key] = _fixed_parts(form(name, tuple((a.dtype.str, a.shape) for a in arrays)), arrays)
-        return frame_parts(fixed[0], fixed[1], arrays)
+        return layout, fixed
 
     def known(self, meta: bytes) -> tuple[Any, tuple, int] | None:
         """The short form a frame's pickle ``meta`` was read as before, its arrays' layout and its body's length."""
@@ -453,16 +470,15 @@ def _portable_answer(exc: BaseException) -> list:
 
 class ChannelServer:
     """The actor's end: listens on ``host`` (port chosen by the OS), accepts the driver that presents
-    ``token`` and answers its :class:`Request` frames in one thread with ``handle(method, args)``.
-    ``methods``: the names a request may call; anything else is answered with a ValueError.  ``spin_s``: how
-    long it may poll for the next call before sleeping (:class:`CallGaps`; 0: it always sleeps)."""
+    ``token`` and answers its :class:`Request` frames in one thread: ``handlers[method](*args)``.  A method
+    ``handlers`` lacks is answered with a ValueError.  ``spin_s``: how long it may poll for the next call before
+    sleeping (:class:`CallGaps`; 0: it always sleeps)."""
 
-    def __init__(self, host: str, token: bytes, handle: Callable[[str, tuple], Any], methods: frozenset[str],
+    def __init__(self, host: str, token: bytes, handlers: Mapping[str, Callable[..., Any]],
                  spin_s: float = SPIN_S) -> None:
         self.token = token
         self.spin_s = spin_s
-        self.handle = handle
-        self.methods = methods
+        self.handlers = dict(handlers)
         self.listener, where = _tuned_socket(host, 0)
         self.listener.bind(where)
         self.listener.listen()
@@ -516,9 +532,10 @@ class ChannelServer:
                         raise ValueError(f"{request!r} is not a call this actor serves")
                     call = request.method, request.args
                 method, args = call
-                if method not in self.methods:
+                handler = self.handlers.get(method)
+                if handler is None:
                     raise ValueError(f"{method!r} is not a call this actor serves")
-                parts = answer_parts(self.handle(method, tuple(args)))
+                parts = answer_parts(handler(*args))
             except Exception as exc:
                 parts = _portable_answer(exc)
             try:
