@@ -134,12 +134,16 @@ def test_a_local_pool_forked_beside_ray_never_collects_the_driver_s_ray_objects(
 
 @pytest.fixture
 def targeted(monkeypatch):
-    """One entry per step joined from observations read into its output (``FramedRows.join_targeted``)."""
-    from shmpool.distributed.batches import FramedRows
+    """One entry per step whose observations were all read into its output (``StepTargets``' targets filled)."""
+    from shmpool.distributed.step_targets import StepTargets
     joins = []
-    real = FramedRows.join_targeted
-    monkeypatch.setattr(FramedRows, "join_targeted",
-                        staticmethod(lambda parts, obs: joins.append(1) or real(parts, obs)))
+    real = StepTargets.join
+
+    def counted(self, answers):
+        if self.pending is not None and all(t.filled for t in self.pending):
+            joins.append(1)
+        return real(self, answers)
+    monkeypatch.setattr(StepTargets, "join", counted)
     return joins
 
 

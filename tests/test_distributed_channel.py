@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import re
 import signal
 import socket
 import threading
@@ -16,6 +17,7 @@ import pytest
 pytest.importorskip("ray")
 
 from shmpool.distributed import channel as ch  # noqa: E402
+from shmpool.distributed._frames import JoinPlan  # noqa: E402
 from shmpool.distributed._inbox import readable  # noqa: E402
 from shmpool.distributed.batches import FramedRows, Rows  # noqa: E402
 
@@ -629,6 +631,37 @@ def test_a_step_s_answers_are_joined_straight_from_their_frames_as_numpy_would_j
     assert not any(np.shares_memory(joined.obs, p.obs) for p in parts)   # the batch owns its memory
     a = parts[0].obs   # rows read after the join are the frame's own, unchanged
     _same(a, blocks[0].obs)
+
+
+def test_a_join_plan_made_once_joins_every_later_step_s_frames_of_that_layout():
+    """``JoinPlan``: made from one step's frames, it joins later steps' frames of the same layouts as numpy would
+    (the skipped column left None); a body of another length or count is refused, and layouts that disagree
+    give no plan."""
+    sizes = (3, 5)
+    plan = None
+    for step in range(3):
+        blocks = [_step_rows(n, 10 * step + k) for k, n in enumerate(sizes)]
+        parts = [_received(b) for b in blocks]
+        if plan is None:
+            plan = JoinPlan.of([p.frame[1:] for p in parts], 1)
+        cols = plan.join([p.frame[0] for p in parts])
+        want, infos = _expected_join(blocks)
+        assert cols[1] is None
+        for got, expect in zip(cols[:5], want):
+            if got is not None:
+                _same(got, expect)
+        for got, key in zip(cols[5:], blocks[0].infos, strict=True):
+            _same(got, infos[key])
+    bodies = [p.frame[0] for p in parts]
+    short = len(bodies[1]) - 16
+    with pytest.raises(ValueError, match=re.escape(f"a frame of {short} bytes is shorter than its arrays' layout "
+                                                   f"({len(bodies[1])} bytes)")):
+        plan.join([bodies[0], bodies[1][:-16]])
+    with pytest.raises(ValueError, match="^1 bodies for a plan of 2 frames$"):
+        plan.join(bodies[:1])
+    other = _received(_step_rows(2, 0, obs_dtype=np.int16))
+    assert JoinPlan.of([parts[0].frame[1:], other.frame[1:]]) is None
+    assert JoinPlan.of([parts[0].frame[1:], (other.frame[1], other.frame[2][:-1])]) is None   # a column fewer
 
 
 @pytest.mark.parametrize("case", ["obs dtype differs", "mask not bool", "one part read", "one part's field replaced"])

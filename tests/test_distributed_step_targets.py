@@ -95,6 +95,7 @@ def test_once_each_pool_s_answer_is_known_the_next_is_read_into_the_step_output(
     assert targets.targets() == [None, None, None]   # nothing known yet: read whole, joined by copying
     first = [answer(n, k) for k, n in enumerate(sizes)]
     assert_joined(targets.join(pools.step([None] * 3, first)), first)
+    joiner = targets.joiner = Counted(targets.joiner)   # learnt from the first answers
     for step in range(1, 4):
         aimed = targets.targets()
         assert all(type(t) is ReadTarget for t in aimed)
@@ -109,6 +110,19 @@ def test_once_each_pool_s_answer_is_known_the_next_is_read_into_the_step_output(
         if step == 1:
             kept = rows.obs
     np.testing.assert_array_equal(kept, expected([answer(n, 10 + k) for k, n in enumerate(sizes)])["obs"])
+    assert joiner.joins == 3   # every step after the first joined its other columns by the plan
+
+
+class Counted:
+    """A :class:`~shmpool.distributed._frames.JoinPlan` that counts its joins."""
+
+    def __init__(self, plan) -> None:
+        assert plan is not None
+        self.plan, self.joins = plan, 0
+
+    def join(self, bodies):
+        self.joins += 1
+        return self.plan.join(bodies)
 
 
 def test_an_answer_of_another_layout_is_read_whole_and_the_next_step_reads_it_into_place(pools):
@@ -132,7 +146,20 @@ def test_an_answer_of_another_layout_is_read_whole_and_the_next_step_reads_it_in
     blocks = [answer(4, 30), answer(4, 31, keys=("lives", "episode")), answer(4, 32)]
     answers = pools.step(aimed, blocks)
     assert [t.filled for t in aimed] == [True, True, True]
-    np.testing.assert_array_equal(targets.join(answers).obs, np.concatenate([b.obs for b in blocks]))
+    assert targets.joiner is None   # the pools' info keys differ: the rest is joined the general way
+    rows = targets.join(answers)
+    np.testing.assert_array_equal(rows.obs, np.concatenate([b.obs for b in blocks]))
+    np.testing.assert_array_equal(rows.rew, np.concatenate([b.rew for b in blocks]))
+    np.testing.assert_array_equal(rows.infos["episode"][4:8], blocks[1].infos["episode"])
+    aimed = targets.targets()
+    blocks = [answer(4, 40), answer(4, 41), answer(4, 42)]   # pool 1 back to the others' keys: read whole, then planned
+    answers = pools.step(aimed, blocks)
+    assert [t.filled for t in aimed] == [True, False, True]
+    assert_joined(targets.join(answers), blocks)
+    assert targets.joiner is not None
+    aimed = targets.targets()
+    blocks = [answer(4, 50), answer(4, 51), answer(4, 52)]
+    assert_joined(targets.join(pools.step(aimed, blocks)), blocks)
 
 
 def test_answers_read_into_place_and_whole_join_alike(pools):

@@ -307,51 +307,88 @@ def join_frames(list frames, Py_ssize_t skip=-1):
     the frames' ``c``-th arrays one after the other along axis 0.  Column ``skip`` (when given) is not read: it
     is None in the result (the caller has it already, read straight into place).
 
-    Every frame's layout must have as many arrays, and its ``c``-th array the same dtype, the same number of
-    dimensions (at least one) and the same row shape; None when not (the caller joins the arrays instead).
-    ValueError when a body is not exactly as long as its layout says.  Beside two busy workers, making two Pong
-    answers' 24 arrays and their ``Rows`` before joining them cost the driver 35–50 µs more (issue 34)."""
-    cdef tuple first = frames[0][2]
-    cdef Py_ssize_t nf = len(frames), ncol = len(first), f, c, i, at, n, rows
-    cdef cnp.ndarray body, joined
-    cdef cnp.dtype dtype, fdtype
-    cdef tuple shape, fshape, layout
-    cdef int ndim
-    cdef cnp.npy_intp dims[64]
-    cdef char* to
-    cdef list spans = [], out = []   # spans[f * ncol + c]: where frame f's c-th array lies in its body
-    for f in range(nf):   # every check first, before anything is allocated
-        body, at, layout = frames[f]
-        if len(layout) != ncol:
-            return None
-        for c in range(ncol):
-            dtype, shape = layout[c]
+    None when the layouts do not agree (see :class:`JoinPlan`; the caller joins the arrays instead).  ValueError
+    when a body is not exactly as long as its layout says.  Beside two busy workers, making two Pong answers' 24
+    arrays and their ``Rows`` before joining them cost the driver 35–50 µs more (issue 34)."""
+    plan = JoinPlan.of([(<tuple>f)[1:] for f in frames], skip)
+    return None if plan is None else plan.join([(<tuple>f)[0] for f in frames])
+
+
+cdef class JoinPlan:
+    """How the arrays of frames laid out as ``places`` join, column by column: ``places[f]`` is ``(start,
+    layout)`` of frame ``f`` (as :func:`arrays_at` takes them), and column ``c`` of a join is the frames' ``c``-th
+    arrays one after the other along axis 0.  Column ``skip`` (when given) is not joined.
+
+    Made once for a run of frames in the same layouts (a sync step's answers, step after step): then a join
+    only checks each body's length and copies, instead of checking and placing every frame's arrays again
+    (issue 34: beside busy workers every check is paid cold)."""
+
+    cdef Py_ssize_t nf, ncol, skip
+    cdef list sizes     # each frame's body length
+    cdef list spans     # spans[f * ncol + c]: (offset, bytes) of frame f's c-th array in its body
+    cdef list columns   # (dtype, shape) of each joined column
+
+    @staticmethod
+    def of(list places, Py_ssize_t skip=-1):
+        """The plan for frames laid out as ``places``, or None when their layouts do not agree: each frame must
+        have as many arrays, and its ``c``-th array the same dtype, the same number of dimensions (at least one)
+        and the same row shape as every other frame's."""
+        cdef JoinPlan plan = JoinPlan.__new__(JoinPlan)
+        cdef tuple first = <tuple>(<tuple>places[0])[1], layout, shape, fshape
+        cdef cnp.dtype dtype, fdtype
+        cdef Py_ssize_t f, c, rows, start
+        plan.nf, plan.ncol, plan.skip = len(places), len(first), skip
+        plan.sizes, plan.spans, plan.columns = [], [], []
+        for f in range(plan.nf):
+            start, layout = places[f]
+            if len(layout) != plan.ncol:
+                return None
+            for c in range(plan.ncol):
+                dtype, shape = layout[c]
+                fdtype, fshape = first[c]
+                if len(shape) == 0 or len(shape) != len(fshape) or shape[1:] != fshape[1:]:
+                    return None
+                if dtype is not fdtype and not PyArray_EquivTypes(dtype, fdtype):
+                    return None
+            plan.sizes.append(_spans(start, layout, plan.spans))
+        for c in range(plan.ncol):
             fdtype, fshape = first[c]
+            rows = 0
+            for f in range(plan.nf):
+                rows += <Py_ssize_t>(<tuple>(<tuple>(<tuple>(<tuple>places[f])[1])[c])[1])[0]
+            plan.columns.append((fdtype, (rows, *fshape[1:])))
+        return plan
+
+    def join(self, list bodies):
+        """The joined columns of ``bodies`` (one per frame, 1-D uint8 arrays), column ``skip`` None.  ValueError
+        when a body is not exactly as long as its layout says."""
+        cdef Py_ssize_t f, c, at, n, i
+        cdef cnp.ndarray body, joined
+        cdef cnp.dtype dtype
+        cdef tuple shape
+        cdef int ndim
+        cdef cnp.npy_intp dims[64]
+        cdef char* to
+        cdef list out = []
+        if len(bodies) != self.nf:
+            raise ValueError(f"{len(bodies)} bodies for a plan of {self.nf} frames")
+        for f in range(self.nf):
+            check_length(cnp.PyArray_DIM(<cnp.ndarray?>bodies[f], 0), self.sizes[f])
+        for c in range(self.ncol):
+            if c == self.skip:
+                out.append(None)
+                continue
+            dtype, shape = self.columns[c]
             ndim = len(shape)
-            if ndim == 0 or ndim != len(fshape) or shape[1:] != fshape[1:]:
-                return None
-            if dtype is not fdtype and not PyArray_EquivTypes(dtype, fdtype):
-                return None
-        check_length(cnp.PyArray_DIM(body, 0), _spans(at, layout, spans))
-    for c in range(ncol):
-        if c == skip:
-            out.append(None)
-            continue
-        fdtype, fshape = first[c]
-        ndim = len(fshape)
-        rows = 0
-        for f in range(nf):
-            rows += <Py_ssize_t>(<tuple>(<tuple>(<tuple>frames[f])[2])[c])[1][0]
-        dims[0] = rows
-        for i in range(1, ndim):
-            dims[i] = fshape[i]
-        Py_INCREF(fdtype)   # PyArray_NewFromDescr steals it
-        joined = PyArray_NewFromDescr(&PyArray_Type, fdtype, ndim, dims, NULL, NULL, 0, None)
-        to = <char*>cnp.PyArray_DATA(joined)
-        for f in range(nf):
-            body = <cnp.ndarray>(<tuple>frames[f])[0]
-            at, n = spans[f * ncol + c]
-            memcpy(to, <char*>cnp.PyArray_DATA(body) + at, n)
-            to += n
-        out.append(joined)
-    return out
+            for i in range(ndim):
+                dims[i] = shape[i]
+            Py_INCREF(dtype)   # PyArray_NewFromDescr steals it
+            joined = PyArray_NewFromDescr(&PyArray_Type, dtype, ndim, dims, NULL, NULL, 0, None)
+            to = <char*>cnp.PyArray_DATA(joined)
+            for f in range(self.nf):
+                body = <cnp.ndarray>bodies[f]
+                at, n = self.spans[f * self.ncol + c]
+                memcpy(to, <char*>cnp.PyArray_DATA(body) + at, n)
+                to += n
+            out.append(joined)
+        return out

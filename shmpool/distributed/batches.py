@@ -262,31 +262,17 @@ class FramedRows(Rows):
     def join_unread(parts: list[Rows]) -> Rows | None:
         """``parts`` joined from their frames when each is an unread :class:`FramedRows` with the same info keys,
         the same dtypes and row shapes, and bool ``_key`` masks (what :func:`merge_infos` joins by plain
-        concatenation); else None."""
-        return _join_frames_of(parts, None)
-
-    @staticmethod
-    def join_targeted(parts: list[FramedRows], obs: np.ndarray) -> Rows | None:
-        """``parts`` joined when their observations were read into ``obs`` already, one part after the other (the
-        caller placed them so), and the rest is as :meth:`join_unread` needs; else None."""
-        return _join_frames_of(parts, obs)
-
-
-def _join_frames_of(parts: list[Rows], obs: np.ndarray | None) -> Rows | None:
-    """``parts`` joined from their frames when each is an unread :class:`FramedRows` with the same info keys and bool
-    masks, whose observations were read into ``obs`` already (every part's, when ``obs`` is given: then they are not
-    copied from the frames) or into no part's (``obs`` None); else None."""
-    first = parts[0]
-    targeted = obs is not None
-    for p in parts:   # a loop, not all() over a generator: every Python call here is paid cold (issue 34)
-        if type(p) is not FramedRows or not p.unread or p.keys != first.keys or (p.target is not None) != targeted:
+        concatenation), none of whose observations were read elsewhere (:class:`~._inbox.ReadTarget`); else None."""
+        first = parts[0]
+        for p in parts:   # a loop, not all() over a generator: every Python call here is paid cold (issue 34)
+            if type(p) is not FramedRows or not p.unread or p.keys != first.keys or p.target is not None:
+                return None
+        if not first.bool_masks:   # a "_key" mask of another dtype is made bool by merge_infos' general path
             return None
-    if not first.bool_masks:   # a "_key" mask of another dtype is made bool by merge_infos' general path
-        return None
-    cols = join_frames([p.frame for p in parts], -1 if obs is None else 1)
-    if cols is None:
-        return None
-    return Rows(cols[0], cols[1] if obs is None else obs, cols[2], cols[3], cols[4], dict(zip(first.keys, cols[5:])))
+        cols = join_frames([p.frame for p in parts])
+        if cols is None:
+            return None
+        return Rows(cols[0], cols[1], cols[2], cols[3], cols[4], dict(zip(first.keys, cols[5:])))
 
 
 class ReadyRows:

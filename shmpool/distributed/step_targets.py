@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._frames import array_offsets
+from ._frames import JoinPlan, array_offsets
 from ._inbox import ReadTarget
 from .batches import FramedRows, Rows
 
@@ -56,7 +56,11 @@ class StepTargets:
         self.rows = rows
         self.forms: list[AnswerForm | None] = [None] * len(rows)
         self.layouts: list[tuple | None] = [None] * len(rows)   # the layout each form was learnt from
+        # (info keys, bool masks, where the arrays start) of the answer each form was learnt from
+        self.learnt: list[tuple[tuple, bool, int] | None] = [None] * len(rows)
         self.plan: tuple[np.dtype, tuple, list[tuple[AnswerForm, slice]]] | None = None
+        # How the other columns of answers in the learnt layouts join (their observations are in the output already)
+        self.joiner: JoinPlan | None = None
         self.obs: np.ndarray | None = None         # the pending step's output
         self.pending: list[ReadTarget] | None = None
 
@@ -76,15 +80,24 @@ class StepTargets:
         else joined by copying (and the forms of the answers not read in place learnt for the next step)."""
         obs, pending = self.obs, self.pending
         self.obs = self.pending = None
-        if pending is not None:
-            filled = True
-            for t in pending:   # a loop, not all() over a generator: every Python call here is paid cold
-                filled = filled and t.filled
-            rows = FramedRows.join_targeted(answers, obs) if filled else None
-            if rows is not None:
-                return rows
+        if pending is not None and self.joiner is not None:
+            bodies = self._bodies(answers, pending)
+            if bodies is not None:
+                cols = self.joiner.join(bodies)
+                return Rows(cols[0], obs, cols[2], cols[3], cols[4], dict(zip(self.learnt[0][0], cols[5:])))
         self._learn(answers)
         return Rows.join(answers)
+
+    def _bodies(self, answers: list, pending: list[ReadTarget]) -> list[np.ndarray] | None:
+        """The answers' bodies when each is in the layout its pool's form was learnt from, unread, with its
+        observations read into its target; else None."""
+        bodies = []
+        for k, answer in enumerate(answers):   # a loop, not all() over a generator: every Python call is paid cold
+            if (type(answer) is not FramedRows or answer.target is not pending[k] or not answer.target.filled
+                    or answer.frame[2] is not self.layouts[k] or not answer.unread):
+                return None
+            bodies.append(answer.frame[0])
+        return bodies
 
     def _learn(self, answers: list) -> None:
         changed = False
@@ -94,9 +107,22 @@ class StepTargets:
             if type(answer) is FramedRows and answer.target is None and answer.frame[2] is not self.layouts[k]:
                 self.layouts[k] = answer.frame[2]
                 self.forms[k] = AnswerForm.of(answer, self.rows[k].stop - self.rows[k].start)
+                self.learnt[k] = answer.keys, answer.bool_masks, answer.frame[1]
                 changed = True
         if changed:
             self.plan = self._plan()
+            self.joiner = None if self.plan is None else self._joiner()
+
+    def _joiner(self) -> JoinPlan | None:
+        """How answers in the learnt layouts join around their observations: when they have the same info keys and
+        bool ``_key`` masks (what :func:`~.batches.merge_infos` joins by plain concatenation) and their other
+        columns agree (:class:`~._frames.JoinPlan`).  Otherwise their observations are still read into place, and
+        the rest joined the general way (:meth:`~.batches.Rows.join`)."""
+        keys = self.learnt[0][0]
+        for learnt in self.learnt:
+            if learnt[0] != keys or not learnt[1]:
+                return None
+        return JoinPlan.of([(learnt[2], layout) for learnt, layout in zip(self.learnt, self.layouts)], 1)
 
     def _plan(self) -> tuple[np.dtype, tuple, list[tuple[AnswerForm, slice]]] | None:
         first = self.forms[0]
