@@ -127,12 +127,8 @@ class ActionWriter:
         (None when there are none): the caller sends them (``shmpool.pickled``)."""
         if self.pickled is not None:
             return self._write_with_pickled(actions, ids)
-        fast = self.fast
-        if (ids is None and fast is not None and type(actions) is np.ndarray
-                and actions.dtype == fast.dtype and actions.shape == fast.dst.shape):
-            if self.strict:
-                fast.check_values(actions, None)
-            fast.dst[...] = actions
+        if ids is None and self.checked_whole(actions):
+            self.fast.dst[...] = actions
             return
         rows = len(self.slots[0].dst) if ids is None else len(ids)
         if self.is_leaf:
@@ -147,6 +143,18 @@ class ActionWriter:
         for slot, part in zip(self.slots, parts):
             slot.write(part, ids, rows)
         return None
+
+    def checked_whole(self, actions) -> bool:
+        """True when ``actions`` for every env take a sync step's fast path (one array of exactly the slots'
+        shape and dtype, the space a single shared leaf) and their values pass (ValueError when they do not);
+        False when they must be checked the general way, by :meth:`write`."""
+        fast = self.fast
+        if (fast is None or type(actions) is not np.ndarray or actions.dtype != fast.dtype
+                or actions.shape != fast.dst.shape):
+            return False
+        if self.strict:
+            fast.check_values(actions, None)
+        return True
 
     def _write_with_pickled(self, actions, ids: np.ndarray | None) -> list[tuple]:
         rows = self.num_envs if ids is None else len(ids)

@@ -2,6 +2,8 @@
 bookkeeping (.ledger) and the env placement (.placement).  They must run where ray is absent."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -373,3 +375,25 @@ def test_joining_plain_blocks_in_c_gives_what_the_general_join_gives(mask_dtype)
     parts[1].infos["extra"] = np.ones(1)   # keys that differ between blocks: the general path fills them
     assert batches._join_plain(parts) is None
     assert Rows.join(parts).infos["extra"].tolist() == [0, 0, 0, 1, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("actions, message", [
+    (np.array([0, 1, 2, 0]), "actions outside Discrete(2) for env 2: 2"),
+    (np.array([-1, 1, 0, 5]), "actions outside Discrete(2) for env 0: -1, env 3: 5"),
+    (np.zeros(4, np.float32), "actions have dtype float32, which cannot be cast to the action dtype int64"),
+    (np.zeros(3, np.int64), "actions have shape (3,); expected (4,) (4 envs x action shape ())"),
+    ([0, 1, 1, 2], "actions outside Discrete(2) for env 3: 2"),
+    (np.zeros(4, np.int64), None), ([1, 0, 1, 0], None),
+])
+def test_the_driver_checks_a_whole_batch_of_actions_as_a_local_pool_does(actions, message):
+    """``ActionCheck`` (RayPool's check before anything is sent), for a whole batch: the fast path of a plain array
+    of the action dtype and the general path of anything else refuse alike, with the local pool's messages."""
+    from gymnasium import spaces
+
+    from shmpool.distributed.action_check import ActionCheck
+    check = ActionCheck(spaces.Discrete(2), 4)
+    if message is None:
+        check.check(actions)
+        return
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        check.check(actions)

@@ -433,6 +433,24 @@ def test_a_call_in_a_short_form_read_before_is_served_without_decoding_a_request
         channel.close()
 
 
+def test_a_frame_s_pickle_and_arrays_are_read_alike_from_an_inbox_body_and_any_buffer():
+    """``frame_meta`` and ``arrays_at`` on a body as FrameInbox hands it (a uint8 array, viewed as it is) and as a
+    bytearray give the same pickle and arrays; a body too short for its header's counts is refused."""
+    body, meta_len, count = _frame_of(ch.Request("step", (np.arange(6, dtype=np.int32).reshape(2, 3),)))
+    inbox_body = np.frombuffer(bytes(body), np.uint8).copy()
+    want = bytes(body[8 * count:8 * count + meta_len])
+    assert ch.frame_meta(body, count, meta_len) == ch.frame_meta(inbox_body, count, meta_len) == want
+    layout = ((np.dtype(np.int32), (2, 3)),)
+    start = 8 * count + meta_len
+    from_inbox = ch.arrays_at(inbox_body, start, layout)[0]
+    _same(from_inbox, np.arange(6, dtype=np.int32).reshape(2, 3))
+    assert from_inbox.base is inbox_body   # a view of the body itself, no buffer export in between
+    _same(ch.arrays_at(body, start, layout)[0], from_inbox)
+    with pytest.raises(ValueError, match=re.escape(f"a frame of {meta_len} bytes cannot hold {count} array sizes "
+                                                   f"and a pickle of {meta_len} bytes")):
+        ch.frame_meta(inbox_body[:meta_len], count, meta_len)
+
+
 def _frame_of(message):
     a, b = socket.socketpair()
     with a, b:

@@ -214,11 +214,37 @@ cpdef check_length(Py_ssize_t size, Py_ssize_t expected):
                          f"arrays' layout ({expected} bytes)")
 
 
+cdef inline bint _is_bytes_array(object a):
+    """A 1-D C-contiguous ndarray (exactly) of bytes."""
+    if type(a) is not np.ndarray:
+        return False
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    return (cnp.PyArray_NDIM(arr) == 1 and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+            and cnp.PyArray_TYPE(arr) == cnp.NPY_UINT8)
+
+
+def frame_meta(object body, Py_ssize_t count, Py_ssize_t meta_len) -> bytes:
+    """The pickle of a frame's ``body`` (array sizes, pickle, arrays: a 1-D uint8 array, or any buffer of bytes),
+    whose header gave ``count`` arrays and ``meta_len`` pickle bytes.  ValueError when the body is too short to
+    hold it."""
+    cdef Py_ssize_t at = 8 * count
+    if not _is_bytes_array(body):
+        body = np.frombuffer(body, np.uint8)
+    if count < 0 or meta_len < 0 or at + meta_len > cnp.PyArray_DIM(<cnp.ndarray>body, 0):
+        raise ValueError(f"a frame of {len(body)} bytes cannot hold {count} array sizes and a pickle of "
+                         f"{meta_len} bytes")
+    return PyBytes_FromStringAndSize(<char*>cnp.PyArray_DATA(<cnp.ndarray>body) + at, meta_len)
+
+
 def arrays_at(object body, Py_ssize_t start, tuple layout):
     """The arrays of ``layout`` (``(dtype, shape)`` pairs) laid in ``body`` from ``start``, each at the next
     16-aligned offset: writable arrays over ``body``'s memory, which they keep alive.  ValueError
     when ``body`` is not exactly that long."""
-    cdef cnp.ndarray flat = np.frombuffer(body, np.uint8)   # holds an export: ``body`` cannot be resized
+    cdef cnp.ndarray flat
+    if _is_bytes_array(body):
+        flat = <cnp.ndarray>body   # a body from FrameInbox: already what np.frombuffer would make
+    else:
+        flat = np.frombuffer(body, np.uint8)   # holds an export: ``body`` cannot be resized
     cdef char* data = <char*>cnp.PyArray_DATA(flat)
     cdef list spans = []
     check_length(cnp.PyArray_DIM(flat, 0), _spans(start, layout, spans))

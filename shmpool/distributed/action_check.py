@@ -27,4 +27,6 @@ class ActionCheck:
     def check(self, actions: Any, env_ids: np.ndarray | None = None) -> None:
         """ValueError naming the env ids (global) if ``actions`` for ``env_ids`` (all envs when None)
         do not fit the action space."""
+        if env_ids is None and self._writer.checked_whole(actions):
+            return   # the common step: checked without the copy into the scratch array
         self._writer.write(actions, env_ids)

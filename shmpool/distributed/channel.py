@@ -38,7 +38,16 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from ._frames import RowsFramer, arrays_at, check_length, frame_parts, is_plain, layout_end, plain_layout
+from ._frames import (
+    RowsFramer,
+    arrays_at,
+    check_length,
+    frame_meta,
+    frame_parts,
+    is_plain,
+    layout_end,
+    plain_layout,
+)
 from ._inbox import ENDED_BY_PEER, FrameInbox, ReadTarget, readable
 from .batches import FramedRows, Rows, masks_are_bool
 
@@ -369,11 +378,10 @@ def decode_body(body: bytearray | np.ndarray, meta_len: int, count: int, target:
 def plain_call(body: np.ndarray, meta_len: int, count: int) -> tuple[str, list] | None:
     """The method and arguments of a request in a short form read before (every step's), without building the
     :class:`Request` :func:`decode_body` would; None for any other frame."""
-    at = 8 * count
-    known = LAYOUTS.known(bytes(body[at:at + meta_len]))
+    known = LAYOUTS.known(frame_meta(body, count, meta_len))
     if known is None or type(known[0]) is not PlainCall:
         return None
-    return known[0].method, arrays_at(body, at + meta_len, known[1])
+    return known[0].method, arrays_at(body, 8 * count + meta_len, known[1])
 
 
 def answer_parts(value: Any) -> list:
