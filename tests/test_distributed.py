@@ -134,16 +134,24 @@ def test_a_local_pool_forked_beside_ray_never_collects_the_driver_s_ray_objects(
 
 @pytest.fixture
 def targeted(monkeypatch):
-    """One entry per step whose observations were all read into its output (``StepTargets``' targets filled)."""
+    """One entry per step whose observations were all read into its output (``StepTargets``' targets filled):
+    joined from the answers' bodies (``join_read``) or from the decoded answers (``join``)."""
     from shmpool.distributed.step_targets import StepTargets
     joins = []
-    real = StepTargets.join
+    join, join_read = StepTargets.join, StepTargets.join_read
 
     def counted(self, answers):
         if self.pending is not None and all(t.filled for t in self.pending):
-            joins.append(1)
-        return real(self, answers)
+            joins.append("answers")
+        return join(self, answers)
+
+    def counted_read(self, bodies):
+        rows = join_read(self, bodies)
+        if rows is not None:
+            joins.append("bodies")
+        return rows
     monkeypatch.setattr(StepTargets, "join", counted)
+    monkeypatch.setattr(StepTargets, "join_read", counted_read)
     return joins
 
 

@@ -3,7 +3,9 @@
 pools' answers gives, whether each answer was read into place, read whole, or a mix."""
 from __future__ import annotations
 
+import signal
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ pytest.importorskip("ray")   # shmpool.distributed imports ray
 from shmpool.distributed import channel as ch  # noqa: E402
 from shmpool.distributed._inbox import FrameInbox, ReadTarget  # noqa: E402
 from shmpool.distributed.batches import FramedRows, Rows  # noqa: E402
-from shmpool.distributed.step_targets import MIN_OBS_BYTES, AnswerForm, StepTargets  # noqa: E402
+from shmpool.distributed.step_targets import MIN_OBS_BYTES, AnswerForm, StepTargets, read_step  # noqa: E402
 
 OBS = (8, 16, 8)   # 1 KiB per env: a pool of 4 or more envs is read into place
 
@@ -261,3 +263,146 @@ def test_a_target_filled_by_a_frame_that_is_not_rows_makes_that_answer_an_error(
     assert isinstance(wrong.error, ValueError)
     assert str(wrong.error) == "a frame read into place is a PlainCall, not a Rows answer"
     np.testing.assert_array_equal(right.value.obs, answer(4, 0).obs)
+
+
+class Exchange:
+    """Pools answering over socket pairs through real :class:`~shmpool.distributed.channel.Channel`\\ s, and the
+    step's targets learnt from one step read whole: what ``read_step`` reads a sync step from."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.pairs = [socket.socketpair() for _ in sizes]
+        for driver, _ in self.pairs:
+            driver.settimeout(5)
+        self.channels = [ch.Channel(driver, ("pool", k)) for k, (driver, _) in enumerate(self.pairs)]
+        self.targets = StepTargets(rows_of(sizes))
+        blocks = [answer(n, k) for k, n in enumerate(sizes)]
+        replies = self.send()
+        self.answer(blocks)
+        assert len(ch.wait(replies, len(replies), 5.0)) == len(replies)
+        assert_joined(self.targets.join(ch.Reply.values(replies)), blocks)   # learnt: the next steps have targets
+        assert self.targets.joiner is not None
+
+    def send(self) -> list:
+        """The step's requests (their bytes are not read: the test answers for the pools)."""
+        aimed = self.targets.targets()
+        return [c.send_frame([b"step"], t) for c, t in zip(self.channels, aimed)]
+
+    def answer(self, blocks: list, only: list[int] | None = None) -> None:
+        for k, block in enumerate(blocks):
+            if only is None or k in only:
+                self.pairs[k][1].sendall(block if type(block) is bytes else frame_bytes(block))
+
+    def close(self) -> None:
+        for c, (_, actor) in zip(self.channels, self.pairs):
+            c.close()
+            actor.close()
+
+
+@pytest.fixture
+def exchange():
+    e = Exchange([4, 5])
+    yield e
+    e.close()
+
+
+def test_a_step_read_in_c_is_joined_from_the_bodies_and_settles_every_reply(exchange):
+    for step in range(3):
+        replies = exchange.send()
+        blocks = [answer(n, 10 * step + k) for k, n in enumerate(exchange.sizes)]
+        exchange.answer(blocks)
+        rows = read_step(replies, 5.0, exchange.targets.join_read)
+        assert_joined(rows, blocks)
+        assert all(r.done and r.answer.value is rows for r in replies)
+        assert not any(c.pending for c in exchange.channels)
+        assert exchange.targets.obs is None   # the step's output handed out, not kept for the next
+
+
+def test_a_step_that_cannot_be_read_in_c_settles_what_came_as_wait_would(exchange):
+    """An error answer, a silent pool, a closed connection, a body longer than its layout: ``read_step`` gives
+    None, and every answer that came has settled its reply (read into place or whole) as ``wait`` settles it."""
+    replies = exchange.send()
+    blocks = [answer(4, 1), ch.Answer(error=KeyError("no such env"))]
+    exchange.answer([blocks[0], b"".join(bytes(p) for p in ch.encode(blocks[1]))])
+    assert read_step(replies, 5.0, exchange.targets.join_read) is None
+    assert replies[0].answer.value.target.filled   # read into its target, then decoded
+    np.testing.assert_array_equal(replies[0].answer.value.obs, blocks[0].obs)
+    assert isinstance(replies[1].answer.error, KeyError)
+    assert exchange.targets.obs is not None   # still the step's: join() takes the decoded answers
+    exchange.targets.join([answer(4, 1), answer(5, 2)])
+
+    # pool 1 silent: the slice ends with pool 0's answer settled and pool 1's still pending; its answer, when it
+    # comes in two pieces, is read by wait into its target
+    replies = exchange.send()
+    blocks = [answer(n, 20 + k) for k, n in enumerate(exchange.sizes)]
+    exchange.answer(blocks, only=[0])
+    start = time.monotonic()
+    assert read_step(replies, 0.05, exchange.targets.join_read) is None
+    assert 0.04 <= time.monotonic() - start < 2
+    assert replies[0].done and not replies[1].done and len(exchange.channels[1].pending) == 1
+    data = frame_bytes(blocks[1])
+    exchange.answer([b"", data[:300]])
+    assert ch.wait(replies, 2, 0.05) == [replies[0]]
+    exchange.answer([b"", data[300:]])
+    assert ch.wait(replies, 2, 5.0) == replies
+    assert replies[1].target.filled
+    assert_joined(exchange.targets.join(ch.Reply.values(replies)), blocks)
+
+    # a body longer than its layout (the prefix matches): that call's error, the stream intact
+    replies = exchange.send()
+    blocks = [answer(n, 30 + k) for k, n in enumerate(exchange.sizes)]
+    data = bytearray(frame_bytes(blocks[1]))
+    meta_len, count, body_len = ch.HEADER.unpack_from(data)
+    ch.HEADER.pack_into(data, 0, meta_len, count, body_len + 16)
+    exchange.answer([blocks[0], bytes(data) + bytes(16)])
+    assert read_step(replies, 5.0, exchange.targets.join_read) is None
+    assert str(replies[1].answer.error) == (f"a frame of {body_len + 16} bytes is longer than its arrays' layout "
+                                            f"({body_len} bytes)")
+    exchange.targets.join([answer(4, 1), answer(5, 2)])
+
+    # an answer of another layout as long as the learnt one (an info key renamed): not read into place, not joined
+    # from its body (whose observations are its own), decoded whole
+    replies = exchange.send()
+    blocks = [answer(4, 35), answer(5, 36, keys=("level",))]
+    assert len(frame_bytes(blocks[1])) == len(frame_bytes(answer(5, 36)))
+    exchange.answer(blocks)
+    assert read_step(replies, 5.0, exchange.targets.join_read) is None
+    assert not replies[1].target.filled and list(replies[1].answer.value.infos) == ["level"]
+    np.testing.assert_array_equal(replies[1].answer.value.obs, blocks[1].obs)
+    exchange.targets.join([answer(4, 1), answer(5, 2)])
+
+    # pool 0's connection closed: its reply lost, pool 1's answer settled
+    replies = exchange.send()
+    exchange.answer([b"", frame_bytes(answer(5, 41))])
+    exchange.pairs[0][1].close()
+    assert read_step(replies, 5.0, exchange.targets.join_read) is None
+    assert isinstance(replies[0].lost, ch.ChannelClosedError) and replies[1].answer.value is not None
+
+
+def test_a_step_read_in_c_needs_each_reply_alone_on_its_connection(exchange):
+    first = exchange.channels[0].call("echo")   # an answer still pending before the step's
+    replies = exchange.send()
+    exchange.answer([answer(4, 1), answer(5, 2)])
+    start = time.monotonic()
+    assert read_step(replies, 5.0, exchange.targets.join_read) is None
+    assert time.monotonic() - start < 1 and not any(r.done for r in replies + [first])   # nothing read
+
+
+def test_a_signal_during_a_step_read_in_c_settles_what_was_read_before_it_raises(exchange):
+    replies = exchange.send()
+    blocks = [answer(4, 1), answer(5, 2)]
+    exchange.answer(blocks, only=[0])
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            read_step(replies, 5.0, exchange.targets.join_read)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert replies[0].done and replies[0].answer.value.target.filled
+    np.testing.assert_array_equal(replies[0].answer.value.obs, blocks[0].obs)
+    assert not replies[1].done and len(exchange.channels[1].pending) == 1

@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Reading a direct connection in C, at both ends: whole frames taken off a socket from what has arrived,
-never waiting for the rest (the driver's answers, the actor's requests), and the driver's wait for any of
-several sockets.
+never waiting for the rest (the driver's answers, the actor's requests), and the driver's waits on several
+sockets: for any of them (``readable``), or for one frame from each, read as it comes (``read_round``, a sync
+step's answers).
 
 In Python, every answer cost a poll object, two ``recv`` calls through the socket module, a header
 parse, a zeroed ``bytearray`` of the body and a poll to see whether more had come.  Here the reads
@@ -201,6 +202,27 @@ cdef class FrameInbox:
                 self.head_got = 0
 
 
+cdef int _poll(pollfd* polled, Py_ssize_t n, int timeout_ms) except -2:
+    """``poll`` of ``n`` fds for reading, without the GIL: how many are ready, or -1 when a signal came (its Python
+    handler has run then: Ctrl-C raises here, not after the timeout)."""
+    cdef int ready, err
+    with nogil:
+        ready = poll(polled, n, timeout_ms)
+        err = errno
+    if ready < 0:
+        if err != EINTR:
+            raise OSError(err, "poll failed")
+        PyErr_CheckSignals()
+        return -1
+    return ready
+
+
+cdef inline void _watch(pollfd* slot, int fd) noexcept:
+    slot.fd = fd
+    slot.events = POLLIN
+    slot.revents = 0
+
+
 def readable(list fds, int timeout_ms):
     """The fds of ``fds`` with something to read (or whose connection ended), once one has or ``timeout_ms``
     passed (0: at once, -1: no limit), or a signal came (then none, after its handler ran: what the handler
@@ -209,19 +231,43 @@ def readable(list fds, int timeout_ms):
     if n > MAX_FDS:
         raise ValueError(f"{n} connections in one wait (at most {MAX_FDS})")
     cdef pollfd polled[MAX_FDS]
-    cdef int ready, err
     for i in range(n):
-        polled[i].fd = fds[i]
-        polled[i].events = POLLIN
-        polled[i].revents = 0
-    with nogil:
-        ready = poll(polled, n, timeout_ms)
-        err = errno
-    if ready < 0:
-        if err != EINTR:
-            raise OSError(err, "poll failed")
-        # A signal came: its Python handler runs now (Ctrl-C raises here, not after the timeout), and the
-        # caller, which loops until its deadline, sees an early return with nothing ready.
-        PyErr_CheckSignals()
-        return []
+        _watch(&polled[i], fds[i])
+    if _poll(polled, n, timeout_ms) < 0:
+        return []   # the caller, which loops until its deadline, sees an early return with nothing ready
     return [polled[i].fd for i in range(n) if polled[i].revents]
+
+
+def read_round(list fds, list inboxes, list targets, list frames, list statuses, int timeout_ms):
+    """One round of a wait for one frame on each of several connections: poll the fds ``k`` whose ``frames[k]``
+    is still empty and whose ``statuses[k]`` is 0, until one is readable or ``timeout_ms`` passed (0: at once, -1:
+    no limit); then read each readable one with ``inboxes[k].read(fds[k], targets[k])``, adding its frames to
+    ``frames[k]`` and setting ``statuses[k]`` to its status.  Returns how many fds still wait (no frame, open).
+
+    A signal during the poll runs its handler here, before anything is read (what the handler raises is raised,
+    and nothing read is lost); the round then ends with nothing read."""
+    cdef Py_ssize_t n = len(fds), i, k, m = 0
+    if n > MAX_FDS:
+        raise ValueError(f"{n} connections in one wait (at most {MAX_FDS})")
+    cdef pollfd polled[MAX_FDS]
+    cdef Py_ssize_t index[MAX_FDS]
+    for k in range(n):
+        if not frames[k] and statuses[k] == 0:
+            _watch(&polled[m], fds[k])
+            index[m] = k
+            m += 1
+    if m == 0:
+        return 0
+    if _poll(polled, m, timeout_ms) < 0:
+        return m
+    cdef list got
+    cdef Py_ssize_t waiting = 0
+    for i in range(m):
+        k = index[i]
+        if polled[i].revents:
+            got, status = (<FrameInbox?>inboxes[k]).read(fds[k], targets[k])
+            (<list>frames[k]).extend(got)
+            statuses[k] = status
+        if not frames[k] and statuses[k] == 0:
+            waiting += 1
+    return waiting

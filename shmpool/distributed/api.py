@@ -34,7 +34,6 @@ from .action_check import ActionCheck
 from .actor import Resets, pools_on_nodes
 from .batches import Rows, batch_len, concat, merge_infos, take_rows
 from .channel import Reply, StepFrames
-from .channel import wait as wait_replies
 from .faults import (
     SLICE_S,
     Outcome,
@@ -324,12 +323,11 @@ class RayPool(LifecycleFacts):
             # Every pool answers directly: one wait slice, then the answers as they are when all are values.  Anything
             # else (a lost connection, an error, a pool not done within the slice) takes the watched path below,
             # whose limits count from ``start``.
-            wait_replies(refs, len(refs), SLICE_S)
-            values = Reply.values(refs)
-            if values is not None:
+            rows = self._step_targets.collect(refs, SLICE_S)
+            if rows is not None:
                 self._step_refs = None
                 self._life.step_done()
-                return self._step_targets.join(values).as_step()
+                return rows.as_step()
         pools = [k for k, ref in enumerate(refs) if ref is not None]
         outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout, start=start)
         self._step_refs = None

@@ -38,16 +38,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from ._frames import (
-    RowsFramer,
-    arrays_at,
-    check_length,
-    frame_meta,
-    frame_parts,
-    is_plain,
-    layout_end,
-    plain_layout,
-)
+from ._frames import RowsFramer, arrays_at, check_length, frame_meta, frame_parts, is_plain, layout_end, plain_layout
 from ._inbox import ENDED_BY_PEER, FrameInbox, ReadTarget, readable
 from .batches import FramedRows, Rows, masks_are_bool
 
@@ -411,6 +402,11 @@ class FrameReader:
         ended if it did (after those messages: an actor's last answer still counts).  ``targets``: a target
         (or None) for each message to come, in order (:meth:`~._inbox.FrameInbox.read`)."""
         frames, status = self.inbox.read(sock.fileno(), targets)
+        return FrameReader.answers(frames, targets), read_ended(status)
+
+    @staticmethod
+    def answers(frames: list[tuple[np.ndarray, int, int]], targets: list[ReadTarget | None] | None) -> list:
+        """The messages of ``frames`` read with ``targets``; one that does not decode is its call's error."""
         out: list = []
         for j, (body, meta_len, count) in enumerate(frames):
             target = targets[j] if targets is not None and j < len(targets) else None
@@ -419,7 +415,7 @@ class FrameReader:
                 out.append(decode_body(body, meta_len, count, filled))
             except Exception as exc:   # e.g. an info of a class this process cannot import: that
                 out.append(Answer(error=exc))   # call's error; the frame was read whole, the stream is fine
-        return out, read_ended(status)
+        return out
 
 
 class CallGaps:
@@ -628,7 +624,11 @@ class Channel:
     def read_available(self) -> None:
         """Read what has arrived (the caller saw the socket readable); each whole answer settles the oldest
         pending reply, in order."""
-        answers, ended = self.reader.read_available(self.sock, [r.target for r in self.pending])
+        self.settle(*self.reader.read_available(self.sock, [r.target for r in self.pending]))
+
+    def settle(self, answers: list, ended: BaseException | None) -> None:
+        """Settle the oldest pending replies with ``answers`` read off this connection, in order; then, when the
+        connection ``ended``, every other one."""
         for answer in answers:
             if self.pending:
                 self.pending.popleft().settle(answer=answer)
