@@ -406,3 +406,14 @@ def test_a_signal_during_a_step_read_in_c_settles_what_was_read_before_it_raises
     assert replies[0].done and replies[0].answer.value.target.filled
     np.testing.assert_array_equal(replies[0].answer.value.obs, blocks[0].obs)
     assert not replies[1].done and len(exchange.channels[1].pending) == 1
+
+
+def test_collect_waits_one_slice_in_all_for_a_pool_that_does_not_answer(exchange):
+    """``collect``'s read in C and its wait after it share one slice: a silent pool is the caller's to watch after
+    ``timeout``, not twice that."""
+    replies = exchange.send()
+    exchange.answer([answer(4, 1)], only=[0])
+    start = time.monotonic()
+    assert exchange.targets.collect(replies, 0.3) is None
+    assert 0.28 <= time.monotonic() - start < 0.5
+    assert replies[0].done and not replies[1].done

@@ -320,9 +320,9 @@ class RayPool(LifecycleFacts):
         refs = self._step_refs
         start = time.monotonic()
         if timeout is None and all(type(ref) is Reply for ref in refs):
-            # Every pool answers directly: one wait slice, then the answers as they are when all are values.  Anything
-            # else (a lost connection, an error, a pool not done within the slice) takes the watched path below,
-            # whose limits count from ``start``.
+            # Every pool answers directly: one wait slice for all the answers (read and joined in C when each comes in
+            # its learnt layout: StepTargets.collect).  Anything else (a lost connection, an error, a pool not done
+            # within the slice) takes the watched path below, whose limits count from ``start``.
             rows = self._step_targets.collect(refs, SLICE_S)
             if rows is not None:
                 self._step_refs = None

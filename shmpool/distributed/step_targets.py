@@ -84,10 +84,11 @@ class StepTargets:
         value within ``timeout``: read in C and joined from their bodies when each came in its learnt layout
         (:func:`read_step`), else decoded and joined (:meth:`join`).  None when one is not (not done,
         lost, an error): the replies are then the caller's to watch."""
+        deadline = time.monotonic() + timeout
         rows = None if self.joiner is None else read_step(replies, timeout, self.join_read)
         if rows is not None:
             return rows
-        wait(replies, len(replies), timeout)
+        wait(replies, len(replies), max(0.0, deadline - time.monotonic()))   # what read_step waited counts
         values = Reply.values(replies)
         return None if values is None else self.join(values)
 
