@@ -186,12 +186,12 @@ def read_step(replies: list[Reply], timeout: float, join: Callable[[list[np.ndar
     frames: list[list] = [[] for _ in replies]
     statuses = [0] * len(replies)
     deadline = time.monotonic() + timeout
+    result = None
     try:
         while True:
             left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
             if not read_round(fds, inboxes, targets, frames, statuses, left_ms) or left_ms == 0:
                 break
-        result = None
         whole = True
         for r, got, status in zip(replies, frames, statuses):   # a loop, not all(): every Python call is paid cold
             whole = whole and len(got) == 1 and status == 0 and r.target.filled
@@ -200,13 +200,12 @@ def read_step(replies: list[Reply], timeout: float, join: Callable[[list[np.ndar
                 result = join([got[0][0] for got in frames])
             except ValueError:   # a body not as long as its layout: decoded below, that call's error
                 result = None
-    except BaseException:   # a signal's handler raised between rounds: what was read settles its replies first
-        for channel, got, status, aimed in zip(channels, frames, statuses, targets):
-            channel.settle(FrameReader.answers(got, aimed), read_ended(status))
-        raise
+    finally:
+        # Not joined (or a signal's handler raised between rounds): every answer read settles its reply
+        if result is None:
+            for channel, got, status, aimed in zip(channels, frames, statuses, targets):
+                channel.settle(FrameReader.answers(got, aimed), read_ended(status))
     if result is None:
-        for channel, got, status, aimed in zip(channels, frames, statuses, targets):
-            channel.settle(FrameReader.answers(got, aimed), read_ended(status))
         return None
     answer = Answer(value=result)
     for channel in channels:
