@@ -20,6 +20,7 @@ from shmpool.distributed import channel as ch  # noqa: E402
 from shmpool.distributed._frames import JoinPlan  # noqa: E402
 from shmpool.distributed._inbox import readable  # noqa: E402
 from shmpool.distributed.batches import FramedRows, Rows  # noqa: E402
+from shmpool.distributed.step_frames import StepFrames  # noqa: E402
 
 TOKEN = b"0123456789abcdef"
 
@@ -258,6 +259,37 @@ def test_the_actor_spins_for_the_next_call_only_while_calls_come_quickly():
     never = ch.CallGaps(spin_s=0.0)
     never.record(0.0001)
     assert never.window() == 0.0
+
+
+def test_the_actor_yields_its_core_once_after_reading_calls_before_serving_them(monkeypatch):
+    """A driver sharing the actor's core may still be sending the step's other requests: the actor lets it run
+    before its pool takes the core."""
+    events = []
+    serving = []
+    read = ch.whole_frames
+
+    def whole_frames(*args):
+        frames = read(*args)
+        events.append(("read", len(frames)))
+        return frames
+
+    def sched_yield():
+        if threading.current_thread() in serving:
+            events.append("yield")
+
+    monkeypatch.setattr(ch, "whole_frames", whole_frames)
+    monkeypatch.setattr(ch.os, "sched_yield", sched_yield)
+    # spin_s=0: the actor sleeps between calls, so every yield seen is the one after a read
+    server = ch.ChannelServer("127.0.0.1", TOKEN, {"echo": lambda *args: events.append("handle") or args}, spin_s=0)
+    serving.append(server.thread)
+    channel = ch.Channel.connect(server.address, TOKEN, 5)
+    try:
+        for i in range(3):
+            assert ch.wait([channel.call("echo", i)], 1, 5.0)[0].answer.value == (i,)
+        assert events == [("read", 1), "yield", "handle"] * 3
+    finally:
+        channel.close()
+        server.close()
 
 
 def test_a_driver_that_pauses_finds_the_actor_asleep_past_its_window():
@@ -724,7 +756,7 @@ def test_a_framed_answer_reads_like_the_rows_that_were_sent():
 ], ids=["discrete", "box", "strided", "transposed"])
 def test_step_frames_are_the_bytes_encode_makes_of_each_pool_s_rows(actions):
     rows = [slice(0, 3), slice(3, 3), slice(3, 7)]
-    frames = ch.StepFrames(rows)
+    frames = StepFrames(rows)
     for batch in (actions, actions + 1, actions):   # the heads are reused for the same layout
         got = frames.frames(batch)
         want = [b"".join(bytes(p) for p in ch.encode(ch.Request("step", (np.ascontiguousarray(batch[r]),))))
@@ -739,7 +771,7 @@ def test_step_frames_are_the_bytes_encode_makes_of_each_pool_s_rows(actions):
 
 
 def test_step_frames_decline_what_is_not_a_plain_array():
-    frames = ch.StepFrames([slice(0, 2)])
+    frames = StepFrames([slice(0, 2)])
     assert frames.frames([1, 2]) is None
     assert frames.frames(np.array([{}, {}], dtype=object)) is None
     assert frames.frames(np.zeros(2, dtype=[("a", "<i4")])) is None

@@ -33,7 +33,7 @@ from ..state import Lifecycle, LifecycleFacts
 from .action_check import ActionCheck
 from .actor import Resets, pools_on_nodes
 from .batches import Rows, batch_len, concat, merge_infos, take_rows
-from .channel import Reply, StepFrames
+from .channel import Reply
 from .faults import (
     SLICE_S,
     Outcome,
@@ -48,6 +48,7 @@ from .fleet import Fleet
 from .ledger import Ledger
 from .placement import Placement, Slot, describe_range
 from .recovery import Recovery
+from .step_frames import StepFrames
 from .step_targets import StepTargets
 
 

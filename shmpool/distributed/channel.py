@@ -524,6 +524,9 @@ class ChannelServer:
                     frames.extend(whole_frames(conn.fileno(), inbox, idle))
                 except (OSError, ChannelClosedError):
                     return
+                # A driver on this core may still be sending a step's other requests: let it finish before this call's
+                # pool takes the core, or it waits out a scheduler slice (1–4 ms) with those pools idle (issue 34).
+                os.sched_yield()
             frame = frames.popleft()
             try:   # a request this process cannot unpickle (a driver-only class) is that call's error
                 # Every step's request is in a short form: its arrays viewed in the frame, no Request made, and its
@@ -608,8 +611,9 @@ class Channel:
         return self.send_frame(encode(Request(method, args)))
 
     def send_frame(self, parts: Iterable[Any], target: ReadTarget | None = None) -> Reply:
-        """Send a request already framed (:func:`encode`'s parts, or a :class:`StepFrames` frame) at once; its
-        :class:`Reply`.  ``target``: where the answer's observations may be read (:class:`~._inbox.ReadTarget`)."""
+        """Send a request already framed (:func:`encode`'s parts, or a :class:`~.step_frames.StepFrames` frame) at
+        once; its :class:`Reply`.  ``target``: where the answer's observations may be read
+        (:class:`~._inbox.ReadTarget`)."""
         reply = Reply(self, target)
         self.pending.append(reply)
         if self.lost is None:
@@ -646,40 +650,6 @@ class Channel:
     def close(self) -> None:
         self.sock.close()
         self._lose(ChannelClosedError("closed by this side"))
-
-
-class StepFrames:
-    """Each pool's ``step`` request for a batch of actions, framed from a head kept per action layout: the bytes
-    :func:`encode` puts before a pool's actions, then the actions' own bytes.  ``rows[k]``: pool ``k``'s rows of
-    the batch.  Beside busy workers, encoding every request anew (``Request``, its short form, its parts) was part
-    of what a sync step cost the driver (issue 34)."""
-
-    def __init__(self, rows: list[slice]) -> None:
-        self.rows = rows
-        self.key: tuple | None = None       # (dtype, shape) of the batch the heads were made for
-        self.heads: list[bytes] | None = None
-
-    def frames(self, actions: Any) -> list[bytes] | None:
-        """One frame per pool (bytes), or None when ``actions`` is not a plain array (then :func:`encode`)."""
-        if type(actions) is not np.ndarray:
-            return None
-        key = (actions.dtype, actions.shape)
-        if key != self.key:
-            self.key, self.heads = key, self._heads(actions)
-        if self.heads is None:
-            return None
-        return [head + actions[rows].tobytes() for head, rows in zip(self.heads, self.rows)]
-
-    def _heads(self, actions: np.ndarray) -> list[bytes] | None:
-        heads = []
-        for rows in self.rows:
-            part = np.ascontiguousarray(actions[rows])
-            parts = LAYOUTS.frame(Request("step", (part,)))
-            if parts is None:
-                return None
-            frame = b"".join(bytes(p) for p in parts)   # the actions are its last bytes
-            heads.append(frame[:len(frame) - part.nbytes])
-        return heads
 
 
 def wait(replies: list[Reply], num_returns: int, timeout: float) -> list[Reply]:
