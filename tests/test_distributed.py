@@ -387,6 +387,55 @@ def test_sync_errors_before_anything_is_sent(cluster):
         rp.reset()
 
 
+def _action_outcomes(pool, batches) -> list:
+    """Per batch of actions: the step's observations (bytes) or the ValueError's message."""
+    out = []
+    for actions in batches:
+        pool.reset(seed=0)
+        try:
+            out.append(("stepped", pool.step(actions)[0].tobytes()))
+        except ValueError as exc:
+            out.append(("ValueError", str(exc)))
+    return out
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_actions_are_taken_or_refused_as_a_local_pool_built_with_the_same_strict(cluster, strict):
+    """The driver checks actions before sending them: built with ``strict=False`` it takes what a local
+    ``Pool(strict=False)`` takes (values outside the space, a Box(1,)'s actions as ``(rows,)``)."""
+    import functools
+
+    import gymnasium as gym
+    from gymnasium import spaces
+
+    class Echo(gym.Env):   # defined here: cloudpickled by value, the nodes need not import tests/
+        observation_space = spaces.Box(-np.inf, np.inf, (1,), np.float64)
+
+        def __init__(self, space):
+            self.action_space = space
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(1), {}
+
+        def step(self, action):
+            return np.asarray(action, np.float64).reshape(1), 0.0, False, False, {}
+
+    cases = [
+        (spaces.Discrete(2), [np.array([0, 1, 2, 5]), np.array([-1, 0, 1, 0]), np.array([1, 0, 1, 0])]),
+        (spaces.Box(-1, 1, (1,), np.float32), [np.array([0.5, -0.5, 0.0, 1.0], np.float32),
+                                              np.array([[0.5], [np.nan], [2.0], [0.0]], np.float32)]),
+    ]
+    for space, batches in cases:
+        fn = functools.partial(Echo, space)
+        with shmpool.Pool(fn, 4, num_workers=1, strict=strict) as local:
+            want = _action_outcomes(local, batches)
+        with RayPool(fn, 4, num_workers=1, strict=strict) as rp:
+            got = _action_outcomes(rp, batches)
+        assert got == want, space
+        # the cases reach the check's edges: the strict reference refuses some, the lenient one takes all
+        assert any(o[0] == "ValueError" for o in want) if strict else all(o[0] == "stepped" for o in want)
+
+
 def test_env_error_names_the_global_env(cluster):
     """An env raising on a node: shmpool's EnvError crosses Ray with the global env id."""
     import gymnasium as gym

@@ -16,13 +16,13 @@ from ..actions import ActionWriter
 class ActionCheck:
     """Checks batches of actions for ``num_envs`` envs of ``space`` (shapes, dtypes, bounds) with
     the local pool's own :class:`~shmpool.actions.ActionWriter`, writing into a private scratch
-    array (``num_envs`` actions) instead of shared memory."""
+    array (``num_envs`` actions) instead of shared memory.  ``strict``: the pools' own (``Pool(strict=...)``)."""
 
-    def __init__(self, space: spaces.Space, num_envs: int) -> None:
+    def __init__(self, space: spaces.Space, num_envs: int, strict: bool = True) -> None:
         leaves = layout.leaves(space)
         plan = layout.Layout(num_envs, [num_envs], [], leaves)
         scratch = SimpleNamespace(act=[np.empty((num_envs, *leaf.shape), dtype=leaf.dtype) for leaf in leaves])
-        self._writer = ActionWriter(space, plan, scratch)
+        self._writer = ActionWriter(space, plan, scratch, strict)
 
     def check(self, actions: Any, env_ids: np.ndarray | None = None) -> None:
         """ValueError naming the env ids (global) if ``actions`` for ``env_ids`` (all envs when None)

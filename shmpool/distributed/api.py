@@ -168,11 +168,9 @@ class RayPool(LifecycleFacts):
                              f"got {len(per_pool_kwargs)}")
         self.batch_size = place.batch_size
         self.sub_batch_sizes = place.sub_batch_sizes
-        self._fleet = Fleet(place, fns, seed,
-                            [{**pool_kwargs, **(per_pool_kwargs[k] if per_pool_kwargs else {})}
-                             for k in range(place.num_pools)],
-                            {"num_cpus": 0, "max_restarts": 0, **(actor_options or {})}, startup_timeout,
-                            direct=transport == "direct")
+        each = [{**pool_kwargs, **(per_pool_kwargs[k] if per_pool_kwargs else {})} for k in range(place.num_pools)]
+        self._fleet = Fleet(place, fns, seed, each, {"num_cpus": 0, "max_restarts": 0, **(actor_options or {})},
+                            startup_timeout, direct=transport == "direct")
         infos = self._fleet.start()
         first = infos[0]
         for k, d in enumerate(infos[1:], 1):
@@ -186,7 +184,8 @@ class RayPool(LifecycleFacts):
         self.render_mode = first.render_mode
         self.spec = first.spec
         self.autoreset_mode = first.autoreset_mode
-        self._actions = ActionCheck(self.single_action_space, self.num_envs)
+        # Checked as the pools check: what a local Pool(strict=False) takes, a pool built so takes here too
+        self._actions = ActionCheck(self.single_action_space, self.num_envs, all(k.get("strict", True) for k in each))
         self._ledger = Ledger(place, next_step=self.autoreset_mode == NEXT_STEP)
         shut_down = weakref.WeakMethod(self._shut_down)   # no cycle: a forgotten RayPool is freed (and closed) at once
         self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
