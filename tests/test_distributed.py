@@ -436,6 +436,28 @@ def test_actions_are_taken_or_refused_as_a_local_pool_built_with_the_same_strict
         assert any(o[0] == "ValueError" for o in want) if strict else all(o[0] == "stepped" for o in want)
 
 
+def test_with_one_strict_pool_a_batch_it_would_refuse_is_refused_before_any_pool_steps(cluster):
+    import gymnasium as gym
+
+    class Count(gym.Wrapper):   # defined here: cloudpickled by value; the observation counts the env's steps
+        def reset(self, **kwargs):
+            self.n = 0
+            return np.zeros(4, np.float32), {}
+
+        def step(self, action):
+            self.n += 1
+            return np.full(4, self.n, np.float32), 0.0, False, False, {}
+
+    nodes = alive_node_ids()[:2]
+    with RayPool(lambda: Count(gym.make(TASK)), 4, nodes=nodes, num_workers=1,
+                 per_pool_kwargs=[{"strict": False}, {"strict": True}]) as rp:
+        rp.reset(seed=0)
+        with pytest.raises(ValueError, match=r"^actions outside Discrete\(2\) for env 3: 5$"):
+            rp.step(np.array([0, 0, 0, 5]))   # env 3 is the strict pool's; the lenient pool must not step either
+        obs = rp.step(np.zeros(4, np.int64))[0]
+        assert obs[:, 0].tolist() == [1, 1, 1, 1]   # no env stepped on the refused call
+
+
 def test_env_error_names_the_global_env(cluster):
     """An env raising on a node: shmpool's EnvError crosses Ray with the global env id."""
     import gymnasium as gym

@@ -184,8 +184,9 @@ class RayPool(LifecycleFacts):
         self.render_mode = first.render_mode
         self.spec = first.spec
         self.autoreset_mode = first.autoreset_mode
-        # Checked as the pools check: what a local Pool(strict=False) takes, a pool built so takes here too
-        self._actions = ActionCheck(self.single_action_space, self.num_envs, all(k.get("strict", True) for k in each))
+        # Checked as the pools check (a local Pool(strict=False) takes what strict refuses), and strictly when any pool
+        # is: a batch one pool refuses must be refused before any other pool steps
+        self._actions = ActionCheck(self.single_action_space, self.num_envs, any(k.get("strict", True) for k in each))
         self._ledger = Ledger(place, next_step=self.autoreset_mode == NEXT_STEP)
         shut_down = weakref.WeakMethod(self._shut_down)   # no cycle: a forgotten RayPool is freed (and closed) at once
         self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
