@@ -96,7 +96,8 @@ class RayPool(LifecycleFacts):
     keep Ray tasks off the pool's cores).  ``per_pool_kwargs``: one dict of :class:`Pool`
     keywords per pool (e.g. ``cpus``), over the shared ones.  Other keywords that are :class:`Pool`
     parameters (``num_workers``, ``wait_policy``, ``start_method``, ``autoreset_mode``...)
-    go to every local pool.
+    go to every local pool.  Actions are checked here, before anything is sent, as the pools
+    check them (``strict``; strictly when any pool is strict).
 
     ``transport``: ``"direct"`` (default): each actor's pool calls (reset, step, send/recv, call...)
     go over one TCP connection from this process to the actor, opened at start-up on the address Ray
