@@ -803,6 +803,53 @@ def test_frame_parts_send_what_the_layout_says_with_small_pieces_joined(sizes):
         frame_parts(prefix, pads + (0,), arrays)
 
 
+@pytest.mark.parametrize("case", ["big-frame", "buffer-full", "small-frame-buffer-full"])
+def test_what_the_first_direct_write_leaves_is_sent_in_order_once_the_reader_drains(case, monkeypatch):
+    # A socket with a timeout is non-blocking underneath: the first writev takes what fits (part of a big frame, or
+    # nothing when the buffer is already full) and the rest must follow in order, waiting for the reader.
+    rng = np.random.default_rng(7)
+    sizes = (40,) if case.startswith("small") else (3, 200_000, 7, 90_000, 5)
+    parts = [rng.integers(0, 255, n, dtype=np.uint8) for n in sizes]
+    a, b = socket.socketpair()
+    with a, b:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        filler = b""
+        if case.endswith("buffer-full"):
+            a.setblocking(False)
+            while True:
+                try:
+                    filler += b"f" * a.send(b"f" * 512)
+                except BlockingIOError:
+                    break
+        a.settimeout(5.0)
+        first = []
+        real_writev = os.writev
+
+        def writev(fd, views):
+            try:
+                first.append(real_writev(fd, views))
+            except BlockingIOError:
+                first.append("full")
+                raise
+            return first[-1]
+
+        monkeypatch.setattr(ch.os, "writev", writev)
+        sender = threading.Thread(target=ch.send_parts, args=(a, parts))
+        sender.start()
+        time.sleep(0.05)   # the sender has made its first write and waits for room
+        want = filler + b"".join(x.tobytes() for x in parts)
+        got = bytearray()
+        b.settimeout(5.0)
+        while len(got) < len(want):
+            got += b.recv(65536)
+        sender.join(5.0)
+        assert not sender.is_alive()
+        assert bytes(got) == want
+        assert len(first) == 1
+        assert first[0] == "full" if case.endswith("buffer-full") else 0 < first[0] < sum(sizes)
+
+
 def test_reply_values_only_when_every_reply_is_done_with_a_value():
     def reply(**settled):
         r = ch.Reply(None)

@@ -301,9 +301,10 @@ class RayPool(LifecycleFacts):
         channels = self._fleet.channels
         frames = None if auto or None in channels else self._step_frames.frames(actions)
         if frames is not None:   # every pool reached directly, the actions a plain array: the common step
-            targets = self._step_targets.targets()
-            self._step_refs = [channel.send_frame((frame,), target)
-                               for channel, frame, target in zip(channels, frames, targets)]
+            refs = self._step_refs = [channel.send_frame((frame,)) for channel, frame in zip(channels, frames)]
+            # Aimed once every request is out (nothing is read before): the last pool starts its step ~10 µs sooner
+            for reply, target in zip(refs, self._step_targets.targets()):
+                reply.target = target
         else:
             call = self._fleet.call
             self._step_refs = [None if k in auto else call(k, "step", take_rows(actions, rows))
