@@ -91,6 +91,16 @@ def gone(pids: set[int], within: float = 10.0) -> set[int]:
         time.sleep(0.1)
 
 
+def pool_actor_pids() -> set[int]:
+    """The pids of every RayPool actor process running now, and of their workers (Ray titles an actor
+    ``ray::PoolActor...``; a worker forked from it keeps the title)."""
+    out = set()
+    for p in psutil.process_iter(["cmdline"]):
+        if any("ray::PoolActor" in part for part in p.info["cmdline"] or ()):
+            out.add(p.pid)
+    return out
+
+
 def env_action(env_id: int, t: int) -> int:
     """A fixed action per (env, step count): the same trajectory whatever order envs finish in."""
     return (env_id * 7 + t * 3 + (t * t) % 5) % 2
@@ -456,6 +466,69 @@ def test_with_one_strict_pool_a_batch_it_would_refuse_is_refused_before_any_pool
             rp.step(np.array([0, 0, 0, 5]))   # env 3 is the strict pool's; the lenient pool must not step either
         obs = rp.step(np.zeros(4, np.int64))[0]
         assert obs[:, 0].tolist() == [1, 1, 1, 1]   # no env stepped on the refused call
+
+
+@pytest.mark.parametrize("mode", ["same", "different"])
+def test_pools_whose_observation_bounds_differ_are_taken_or_refused_as_one_local_pool_does(cluster, mode):
+    """Against a local ``Pool`` over the same envs: ``observation_mode="different"`` takes spaces that differ in
+    bounds between nodes (``observation_spaces`` lists each env's), ``"same"`` refuses them with its error."""
+    import functools
+
+    import gymnasium as gym
+    from gymnasium import spaces
+
+    class Bounded(gym.Env):   # defined here: cloudpickled by value, the nodes need not import tests/
+        action_space = spaces.Discrete(2)
+
+        def __init__(self, high):
+            self.observation_space = spaces.Box(0.0, high, (2,), np.float32)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            return np.full(2, action, np.float32), 1.0, False, False, {}
+
+    fns = [functools.partial(Bounded, high) for high in (1.0, 1.0, 2.0, 2.0)]   # a node's pool: one space
+    nodes = alive_node_ids()[:2]
+
+    def outcome(build):
+        try:
+            with build() as pool:
+                pool.reset(seed=0)
+                obs = pool.step(np.array([0, 1, 1, 0]))[0]
+                return ("built", pool.observation_mode, pool.observation_spaces, pool.single_observation_space,
+                        obs.tolist())
+        except ValueError as exc:
+            return type(exc), str(exc), getattr(exc, "observation_spaces", None)
+
+    want = outcome(lambda: shmpool.Pool(fns, num_workers=2, observation_mode=mode))
+    got = outcome(lambda: RayPool(fns, nodes=nodes, num_workers=1, observation_mode=mode))
+    assert got == want
+    assert want[0] == ("built" if mode == "different" else shmpool.SpacesDifferError)
+
+
+def test_pools_whose_action_spaces_differ_are_refused_naming_the_first_env_and_leave_no_actor(cluster):
+    import functools
+
+    import gymnasium as gym
+
+    def make(n):
+        env = gym.make(TASK)
+        env.action_space = gym.spaces.Discrete(n)
+        return env
+
+    fns = [functools.partial(make, n) for n in (2, 2, 3, 3)]
+    before = pool_actor_pids()
+    with RayPool(fns[:2], nodes=alive_node_ids()[:2], num_workers=1):
+        assert len(pool_actor_pids() - before) >= 2   # the check below sees the actors (and their workers)
+    assert not gone(pool_actor_pids() - before)
+    with pytest.raises(ValueError) as info:
+        RayPool(fns, nodes=alive_node_ids()[:2], num_workers=1, observation_mode="different")
+    obs = gym.make(TASK).observation_space
+    assert str(info.value) == (f"env 2 (pool 1) has spaces {obs}, Discrete(3); env 0 has {obs}, Discrete(2): all envs "
+                               f"must share their action space")
+    assert not gone(pool_actor_pids() - before)   # the pools built before the check were killed
 
 
 def test_env_error_names_the_global_env(cluster):

@@ -34,6 +34,7 @@ class ActorInfo:
     """What an actor reports once its pool is up: the pool's spaces and options, and where it runs."""
 
     observation_space: Any
+    observation_spaces: tuple         # each env's: they may differ in bounds (observation_mode="different")
     action_space: Any
     metadata: dict
     render_mode: str | None
@@ -123,7 +124,8 @@ class PoolActor:
 
     def describe(self) -> ActorInfo:
         p = self.pool
-        return ActorInfo(observation_space=p.single_observation_space, action_space=p.single_action_space,
+        return ActorInfo(observation_space=p.single_observation_space, observation_spaces=p.observation_spaces,
+                         action_space=p.single_action_space,
                          metadata=p.metadata, render_mode=p.render_mode, spec=p.spec,
                          autoreset_mode=p.autoreset_mode, pid=os.getpid(),
                          node_id=ray.get_runtime_context().get_node_id(), hostname=os.uname().nodename,

@@ -12,6 +12,7 @@ import cloudpickle
 import numpy as np
 import ray
 
+from .. import layout
 from ..arguments import (
     POOL_KEYWORDS,
     check_count,
@@ -31,7 +32,7 @@ from ..errors import PoolClosedError
 from ..reset_args import check_reset_mask, seed_list
 from ..state import Lifecycle, LifecycleFacts
 from .action_check import ActionCheck
-from .actor import Resets, pools_on_nodes
+from .actor import ActorInfo, Resets, pools_on_nodes
 from .batches import Rows, batch_len, concat, merge_infos, take_rows
 from .channel import Reply
 from .faults import (
@@ -70,6 +71,21 @@ def _entry(method: Callable) -> Callable:
     return wrapper
 
 
+def agreed_spaces(infos: list[ActorInfo], place: Placement, mode: str) -> tuple:
+    """Each env's observation space (pool ``k``'s envs are ``place.env_range(k)``): the pools' spaces judged
+    together as one local :class:`~shmpool.Pool` judges its workers' (``mode``: ``observation_mode``;
+    ``SpacesDifferError`` names the first env that breaks it), once every pool's action space is pool 0's
+    (ValueError naming the first env whose is not)."""
+    ranges = [place.env_range(k) for k in range(len(infos))]
+    first = infos[0]
+    for k, d in enumerate(infos[1:], 1):
+        if d.action_space != first.action_space:
+            raise ValueError(f"env {ranges[k].start} (pool {k}) has spaces {d.observation_space}, {d.action_space}; "
+                             f"env 0 has {first.observation_space}, {first.action_space}: all envs must share their "
+                             f"action space")
+    return layout.observation_spaces([(r.start, r.stop) for r in ranges], infos, mode)
+
+
 TRANSPORTS = ("direct", "ray")
 RAY_GONE = ("Ray was shut down (ray.shutdown()) while this RayPool was open: its actors went with it and the "
             "pool is closed; close a RayPool before ray.shutdown(), or build a new one after ray.init()")
@@ -97,7 +113,10 @@ class RayPool(LifecycleFacts):
     keywords per pool (e.g. ``cpus``), over the shared ones.  Other keywords that are :class:`Pool`
     parameters (``num_workers``, ``wait_policy``, ``start_method``, ``autoreset_mode``...)
     go to every local pool.  Actions are checked here, before anything is sent, as the pools
-    check them (``strict``; strictly when any pool is strict).
+    check them (``strict``; strictly when any pool is strict).  The pools' observation spaces are
+    judged together as one Pool judges its envs': ``observation_mode="different"`` (when every
+    pool has it) lets them differ in bounds, ``observation_spaces`` lists each env's and
+    ``single_observation_space`` is env 0's.
 
     ``transport``: ``"direct"`` (default): each actor's pool calls (reset, step, send/recv, call...)
     go over one TCP connection from this process to the actor, opened at start-up on the address Ray
@@ -173,12 +192,13 @@ class RayPool(LifecycleFacts):
         self._fleet = Fleet(place, fns, seed, each, {"num_cpus": 0, "max_restarts": 0, **(actor_options or {})},
                             startup_timeout, direct=transport == "direct")
         infos = self._fleet.start()
+        self.observation_mode = "different" if all(k.get("observation_mode") == "different" for k in each) else "same"
+        try:
+            self.observation_spaces = agreed_spaces(infos, place, self.observation_mode)
+        except ValueError:
+            self._fleet.kill_all()
+            raise
         first = infos[0]
-        for k, d in enumerate(infos[1:], 1):
-            if d.observation_space != first.observation_space or d.action_space != first.action_space:
-                self._fleet.kill_all()
-                raise ValueError(f"pool {k} has spaces {d.observation_space}, {d.action_space}; pool 0 has "
-                                 f"{first.observation_space}, {first.action_space}: all envs must share spaces")
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         self.metadata = first.metadata
