@@ -468,10 +468,13 @@ def test_with_one_strict_pool_a_batch_it_would_refuse_is_refused_before_any_pool
         assert obs[:, 0].tolist() == [1, 1, 1, 1]   # no env stepped on the refused call
 
 
+@pytest.mark.parametrize("highs", [(1.0, 1.0, 2.0, 2.0), (1.0, 1.0, 1.0, 2.0), (1.0, 1.0, 1.0, (3,))],
+                         ids=["between-pools", "inside-a-pool", "a-shape-inside-a-pool"])
 @pytest.mark.parametrize("mode", ["same", "different"])
-def test_pools_whose_observation_bounds_differ_are_taken_or_refused_as_one_local_pool_does(cluster, mode):
+def test_pools_whose_observation_spaces_differ_are_taken_or_refused_as_one_local_pool_does(cluster, mode, highs):
     """Against a local ``Pool`` over the same envs: ``observation_mode="different"`` takes spaces that differ in
-    bounds between nodes (``observation_spaces`` lists each env's), ``"same"`` refuses them with its error."""
+    bounds (``observation_spaces`` lists each env's), ``"same"`` refuses them; either refuses another shape.  A
+    refusal is the same ``SpacesDifferError``, naming the same env by its global id, wherever the odd env runs."""
     import functools
 
     import gymnasium as gym
@@ -481,7 +484,8 @@ def test_pools_whose_observation_bounds_differ_are_taken_or_refused_as_one_local
         action_space = spaces.Discrete(2)
 
         def __init__(self, high):
-            self.observation_space = spaces.Box(0.0, high, (2,), np.float32)
+            shape = high if isinstance(high, tuple) else (2,)   # a tuple: another shape, high 1
+            self.observation_space = spaces.Box(0.0, 1.0 if isinstance(high, tuple) else high, shape, np.float32)
 
         def reset(self, *, seed=None, options=None):
             return np.zeros(2, np.float32), {}
@@ -489,7 +493,7 @@ def test_pools_whose_observation_bounds_differ_are_taken_or_refused_as_one_local
         def step(self, action):
             return np.full(2, action, np.float32), 1.0, False, False, {}
 
-    fns = [functools.partial(Bounded, high) for high in (1.0, 1.0, 2.0, 2.0)]   # a node's pool: one space
+    fns = [functools.partial(Bounded, high) for high in highs]   # envs 0-1 on one node, 2-3 on the other
     nodes = alive_node_ids()[:2]
 
     def outcome(build):
@@ -505,7 +509,8 @@ def test_pools_whose_observation_bounds_differ_are_taken_or_refused_as_one_local
     want = outcome(lambda: shmpool.Pool(fns, num_workers=2, observation_mode=mode))
     got = outcome(lambda: RayPool(fns, nodes=nodes, num_workers=1, observation_mode=mode))
     assert got == want
-    assert want[0] == ("built" if mode == "different" else shmpool.SpacesDifferError)
+    built = mode == "different" and isinstance(highs[-1], float)
+    assert want[0] == ("built" if built else shmpool.SpacesDifferError)
 
 
 def test_pools_whose_action_spaces_differ_are_refused_naming_the_first_env_and_leave_no_actor(cluster):

@@ -18,7 +18,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..errors import ShmpoolError
+from ..errors import ShmpoolError, SpacesDifferError
 from ..pool import Pool
 from .batches import Rows
 from .channel import SPIN_S, ChannelServer
@@ -47,6 +47,15 @@ class ActorInfo:
     cpus: list[int]
     cores: list[int]                  # every core the local pool's processes (the actor included) may use
     channel: tuple[str, int] | None   # where the actor listens for the driver's connection (None: Ray calls only)
+
+
+@dataclass(frozen=True)
+class SpacesRefused:
+    """What an actor reports instead of :class:`ActorInfo` when its local pool refused its envs' observation spaces
+    (``SpacesDifferError``): each env's, for the driver to judge with every pool's and name the env by its global
+    id, as one local Pool over all the envs would."""
+
+    observation_spaces: tuple
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,12 @@ class PoolActor:
             # node's), so the pool's wait policy counts the cores it really has instead of spinning on a
             # core another pool's workers need.
             os.sched_setaffinity(0, kwargs["cpus"])
-        self.pool = Pool(fns, batch_size=batch_size, seed=seed, copy=False, **kwargs)
+        self.refused: SpacesRefused | None = None
+        try:
+            self.pool = Pool(fns, batch_size=batch_size, seed=seed, copy=False, **kwargs)
+        except SpacesDifferError as exc:   # the driver raises it, judged over every pool's envs
+            self.refused, self.server = SpacesRefused(exc.observation_spaces), None
+            return
         self.env_ids = np.arange(self.pool.num_envs, dtype=np.int64)   # every step answer's ids, never written
         self.env_ids.flags.writeable = False
         # wait_policy="block" asks every wait of the pool to sleep: the actor's wait for the driver's calls too
@@ -122,7 +136,9 @@ class PoolActor:
         self.server = (None if token is None else
                        ChannelServer(ray.util.get_node_ip_address(), token, handlers, spin_s))
 
-    def describe(self) -> ActorInfo:
+    def describe(self) -> ActorInfo | SpacesRefused:
+        if self.refused is not None:
+            return self.refused
         p = self.pool
         return ActorInfo(observation_space=p.single_observation_space, observation_spaces=p.observation_spaces,
                          action_space=p.single_action_space,

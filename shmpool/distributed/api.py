@@ -12,7 +12,6 @@ import cloudpickle
 import numpy as np
 import ray
 
-from .. import layout
 from ..arguments import (
     POOL_KEYWORDS,
     check_count,
@@ -32,7 +31,7 @@ from ..errors import PoolClosedError
 from ..reset_args import check_reset_mask, seed_list
 from ..state import Lifecycle, LifecycleFacts
 from .action_check import ActionCheck
-from .actor import ActorInfo, Resets, pools_on_nodes
+from .actor import Resets, pools_on_nodes
 from .batches import Rows, batch_len, concat, merge_infos, take_rows
 from .channel import Reply
 from .faults import (
@@ -69,21 +68,6 @@ def _entry(method: Callable) -> Callable:
         finally:
             life.leave(self._shut_down)
     return wrapper
-
-
-def agreed_spaces(infos: list[ActorInfo], place: Placement, mode: str) -> tuple:
-    """Each env's observation space (pool ``k``'s envs are ``place.env_range(k)``): the pools' spaces judged
-    together as one local :class:`~shmpool.Pool` judges its workers' (``mode``: ``observation_mode``;
-    ``SpacesDifferError`` names the first env that breaks it), once every pool's action space is pool 0's
-    (ValueError naming the first env whose is not)."""
-    ranges = [place.env_range(k) for k in range(len(infos))]
-    first = infos[0]
-    for k, d in enumerate(infos[1:], 1):
-        if d.action_space != first.action_space:
-            raise ValueError(f"env {ranges[k].start} (pool {k}) has spaces {d.observation_space}, {d.action_space}; "
-                             f"env 0 has {first.observation_space}, {first.action_space}: all envs must share their "
-                             f"action space")
-    return layout.observation_spaces([(r.start, r.stop) for r in ranges], infos, mode)
 
 
 TRANSPORTS = ("direct", "ray")
@@ -191,13 +175,9 @@ class RayPool(LifecycleFacts):
         each = [{**pool_kwargs, **(per_pool_kwargs[k] if per_pool_kwargs else {})} for k in range(place.num_pools)]
         self._fleet = Fleet(place, fns, seed, each, {"num_cpus": 0, "max_restarts": 0, **(actor_options or {})},
                             startup_timeout, direct=transport == "direct")
-        infos = self._fleet.start()
         self.observation_mode = "different" if all(k.get("observation_mode") == "different" for k in each) else "same"
-        try:
-            self.observation_spaces = agreed_spaces(infos, place, self.observation_mode)
-        except ValueError:
-            self._fleet.kill_all()
-            raise
+        infos = self._fleet.start(self.observation_mode)
+        self.observation_spaces = self._fleet.observation_spaces
         first = infos[0]
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space

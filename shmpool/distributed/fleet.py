@@ -11,13 +11,32 @@ from typing import Any
 import cloudpickle
 import ray
 
-from .actor import ActorInfo, Resets, start_actor
+from .. import layout
+from .actor import ActorInfo, Resets, SpacesRefused, start_actor
 from .channel import TOKEN_BYTES, Channel
 from .faults import Outcome, RemotePoolDiedError, Watch, gather, wait_done
 from .placement import Placement, describe_range
 
 REBUILD_TRIES = 3   # nodes tried for one rebuild before the RayPool gives up and closes
 CONNECT_TIMEOUT_S = 30.0
+
+
+def agreed_spaces(infos: list[ActorInfo | SpacesRefused], place: Placement, mode: str) -> tuple:
+    """Each env's observation space (pool ``k``'s envs are ``place.env_range(k)``): the pools' spaces judged
+    together as one local :class:`~shmpool.Pool` judges its workers' (``mode``: ``observation_mode``;
+    ``SpacesDifferError`` names the first env that breaks it), once every pool's action space is the first's
+    (ValueError naming the first env whose is not).  A pool that refused its own envs' spaces (in a mode as strict
+    as ``mode`` or laxer) breaks the judgement over all of them too: equal spaces, and spaces of one type, shape and
+    dtype, are each transitive."""
+    ranges = [place.env_range(k) for k in range(len(infos))]
+    described = [(k, d) for k, d in enumerate(infos) if isinstance(d, ActorInfo)]
+    for k, d in described[1:]:
+        k0, first = described[0]
+        if d.action_space != first.action_space:
+            raise ValueError(f"env {ranges[k].start} (pool {k}) has spaces {d.observation_space}, {d.action_space}; "
+                             f"env {ranges[k0].start} has {first.observation_space}, {first.action_space}: all envs "
+                             f"must share their action space")
+    return layout.observation_spaces([(r.start, r.stop) for r in ranges], infos, mode)
 
 
 class Fleet:
@@ -40,6 +59,7 @@ class Fleet:
         self.token = secrets.token_bytes(TOKEN_BYTES) if direct else None
         self.channels: list[Channel | None] = [None for _ in range(placement.num_pools)]
         self.infos: list[ActorInfo | None] = [None for _ in range(placement.num_pools)]
+        self.observation_spaces: tuple = ()   # each env's, once started
         self.restarts = 0
         self.restart_log: list[dict] = []
 
@@ -79,8 +99,9 @@ class Fleet:
             return channel.call(method, *args)
         return getattr(self.actors[k], method).remote(*args)
 
-    def start(self) -> list[ActorInfo]:
-        """Start every actor and wait (bounded by ``startup_timeout``) for its report; any failure
+    def start(self, observation_mode: str = "same") -> list[ActorInfo]:
+        """Start every actor and wait (bounded by ``startup_timeout``) for its report, then judge the pools' spaces
+        together (:func:`agreed_spaces`; each env's observation space is then ``observation_spaces``); any failure
         kills them all and raises."""
         P = self.placement.num_pools
         try:
@@ -92,6 +113,7 @@ class Fleet:
                 if o.error is not None:
                     raise o.error
                 self.infos[o.pool] = o.value
+            self.observation_spaces = agreed_spaces(self.infos, self.placement, observation_mode)
             for k in range(P):
                 self.connect(k)
         except BaseException:
