@@ -1,5 +1,5 @@
 """Builds the Cython extensions: the wire (shmpool._core), what spinning costs (shmpool._spin),
-async evenness (shmpool._lead),
+async evenness (shmpool._lead), a whole batch's action check (shmpool._batch_check),
 the EnvPool face's elapsed-step counts (shmpool._elapsed), a shard's result writes
 (shmpool.workers._rows), a RayPool connection's frames and reads
 (shmpool.distributed._frames, shmpool.distributed._inbox) and the Atari frame kernel
@@ -39,6 +39,7 @@ extensions = [
         extra_compile_args=["-O2"],
     ),
     numpy_extension("shmpool._elapsed", "shmpool/_elapsed.pyx"),
+    numpy_extension("shmpool._batch_check", "shmpool/_batch_check.pyx"),
     numpy_extension("shmpool.workers._rows", "workers/_rows.pyx"),
     numpy_extension("shmpool.distributed._frames", "shmpool/distributed/_frames.pyx"),
     numpy_extension("shmpool.distributed._inbox", "shmpool/distributed/_inbox.pyx"),

@@ -26,6 +26,16 @@ from gymnasium import spaces
 
 from . import _core
 from . import layout as L
+from ._batch_check import (
+    CHECK_IN_PYTHON,
+    FINITE,
+    INT_RANGE,
+    NO_NAN,
+    NOT_WHOLE,
+    SHAPE_ONLY,
+    UNSCANNED,
+    BatchCheck,
+)
 from .pickled import PickledLeaves, path_name, per_env_values
 from .spacetree import MissingItems, tree_of
 
@@ -50,6 +60,20 @@ class _Slot:
         elif isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
             # inf is allowed only where the bound itself is infinite
             self.inf_ok = not (np.isfinite(space.low).any() or np.isfinite(space.high).any())
+        self.whole = BatchCheck(self.dtype, dst.shape, self._scan(), *(
+            (self.lo, self.hi) if isinstance(self.lo, int) else ()))
+
+    def _scan(self) -> int:
+        """Which values :meth:`check_values` refuses, as :class:`~shmpool._batch_check.BatchCheck` scans them."""
+        if not self.strict:
+            return SHAPE_ONLY
+        if isinstance(self.lo, int):
+            return INT_RANGE
+        if self.lo is not None:
+            return UNSCANNED   # per-element bounds (MultiDiscrete)
+        if isinstance(self.space, spaces.Box) and self.dtype.kind == "f":
+            return NO_NAN if self.inf_ok else FINITE
+        return SHAPE_ONLY      # nothing to refuse (an integer Box)
 
     def write(self, value, ids: np.ndarray | None, rows: int) -> None:
         a = value if type(value) is np.ndarray else np.asarray(value)
@@ -149,10 +173,12 @@ class ActionWriter:
         shape and dtype, the space a single shared leaf) and their values pass (ValueError when they do not);
         False when they must be checked the general way, by :meth:`write`."""
         fast = self.fast
-        if (fast is None or type(actions) is not np.ndarray or actions.dtype != fast.dtype
-                or actions.shape != fast.dst.shape):
+        if fast is None:
             return False
-        if self.strict:
+        verdict = fast.whole.check(actions)   # one C call (issue 34)
+        if verdict == NOT_WHOLE:
+            return False
+        if verdict == CHECK_IN_PYTHON:   # values C refuses (this names the envs) or does not scan
             fast.check_values(actions, None)
         return True
 

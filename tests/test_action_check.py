@@ -1,0 +1,74 @@
+"""A whole batch's action check in one C call (shmpool._batch_check) against the general path it shortens: the
+same batches are taken (and written alike) or refused with the same message.  No processes: milliseconds."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from shmpool import layout
+from shmpool._batch_check import CHECK_IN_PYTHON, INT_RANGE, NOT_WHOLE, PASSED, BatchCheck
+from shmpool.actions import ActionWriter
+
+N = 4
+
+
+def writer(space: spaces.Space, strict: bool) -> tuple[ActionWriter, list[np.ndarray]]:
+    leaves = layout.leaves(space)
+    slots = [np.full((N, *leaf.shape), 7, dtype=leaf.dtype) for leaf in leaves]
+    return ActionWriter(space, layout.Layout(N, [N], [], leaves), SimpleNamespace(act=slots), strict), slots
+
+
+def outcome(space: spaces.Space, strict: bool, actions, ids) -> tuple:
+    w, slots = writer(space, strict)
+    try:
+        w.write(actions, ids)
+    except ValueError as exc:
+        return "refused", str(exc)
+    return "written", [s.tobytes() for s in slots]
+
+
+BOX = spaces.Box(-1.0, 1.0, (2,), np.float32)
+OPEN_BOX = spaces.Box(-np.inf, np.inf, (2,), np.float64)
+CASES = [
+    (spaces.Discrete(3), [np.array([0, 1, 2, 1]), np.array([0, 3, 2, -1]), np.array([0, 1, 2, 1], np.int32),
+                          np.array([0, 0, 1, 0, 2, 0, 1, 0])[::2], np.array([0.0, 1, 2, 1]),
+                          [0, 1, 2, 1], np.array([0, 1, 2, 1]).astype(">i8"), np.array([[0, 1, 2, 1]])]),
+    (spaces.Discrete(3, start=-1), [np.array([-1, 0, 1, 1]), np.array([-2, 0, 1, 1]), np.array([-1, 0, 1, 2])]),
+    *[(spaces.Discrete(200, dtype=t), [np.array([0, 1, 199, 1], t), np.array([0, 200, 2, 1], t)])
+      for t in (np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.uint64)],
+    (spaces.MultiBinary(3), [np.zeros((N, 3), np.int8), np.full((N, 3), 2, np.int8), np.ones((N, 3), np.int64)]),
+    (spaces.MultiDiscrete([2, 5]), [np.array([[1, 4]] * N), np.array([[1, 5]] * N), np.array([[2, 0]] * N)]),
+    (BOX, [np.zeros((N, 2), np.float32), np.array([[0, np.nan]] * N, np.float32),
+           np.array([[0, np.inf]] * N, np.float32), np.full((N, 2), 3.0, np.float32),
+           np.zeros((N, 2)), np.zeros((N, 4), np.float32)[:, ::2], np.zeros(N, np.float32)]),
+    (OPEN_BOX, [np.array([[0, np.inf]] * N), np.array([[np.nan, 0]] * N), np.zeros((N, 2), np.float32)]),
+    # an integer Box: values outside its bounds pass (envs clip), a float batch is refused by its dtype
+    (spaces.Box(0, 9, (2,), np.int64), [np.full((N, 2), 99), np.zeros((N, 2), np.int32), np.zeros((N, 2))]),
+]
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
+@pytest.mark.parametrize("space, batches", CASES, ids=[str(c[0]) for c in CASES])
+def test_a_whole_batch_is_taken_or_refused_as_the_general_path_takes_or_refuses_it(space, batches, strict):
+    outcomes = []
+    for actions in batches:
+        want = outcome(space, strict, actions, np.arange(N))   # env ids given: the general path, env by env
+        assert outcome(space, strict, actions, None) == want, (space, actions)
+        outcomes.append(want[0])
+    if strict and len(batches) > 1:   # the batches reach both sides of the check
+        assert "refused" in outcomes and "written" in outcomes, outcomes
+
+
+def test_the_check_says_which_batches_it_judged_alone():
+    check = BatchCheck(np.dtype(np.int64), (N,), INT_RANGE, 0, 3)
+    assert check.check(np.array([0, 1, 2, 0])) == PASSED
+    assert check.check(np.array([0, 1, 3, 0])) == CHECK_IN_PYTHON           # refused: Python names the envs
+    assert check.check(np.array([0, 0, 1, 0, 2, 0, 1, 0])[::2]) == CHECK_IN_PYTHON   # not contiguous: Python scans
+    assert check.check(np.array([0, 1, 2], np.int64)) == NOT_WHOLE          # another shape
+    assert check.check(np.array([0, 1, 2, 0], np.int32)) == NOT_WHOLE       # another dtype
+    assert check.check(np.array([0, 1, 2, 0]).view(np.ndarray)) == PASSED
+    assert check.check(np.ma.array([0, 1, 2, 0])) == NOT_WHOLE              # a subclass
+    assert check.check([0, 1, 2, 0]) == NOT_WHOLE
