@@ -42,7 +42,7 @@ UNSCANNED = C_UNSCANNED     # the Python check scans them (MultiDiscrete's per-e
 
 
 cdef inline int64_t _int_at(const char* p, int size, bint signed) noexcept:
-    if size == 8:   # int64 (uint64 is not scanned here: see _scan)
+    if size == 8:   # int64 (uint64 is not scanned here)
         return (<const int64_t*>p)[0]
     if size == 4:
         return (<const int32_t*>p)[0] if signed else (<const uint32_t*>p)[0]
@@ -64,7 +64,8 @@ cdef int _scan(cnp.ndarray a, int scan, int64_t lo, int64_t hi) noexcept:
     cdef char kind = (<cnp.dtype><PyObject*>cnp.PyArray_DESCR(a)).kind
     cdef int64_t v
     cdef double x
-    if scan == C_INT_RANGE and (kind == b'i' or (kind == b'u' and size < 8)) and (size == 1 or size == 2 or size == 4 or size == 8):
+    cdef bint integer = kind == b'i' or (kind == b'u' and size < 8)   # uint64 may not fit int64
+    if scan == C_INT_RANGE and integer and (size == 1 or size == 2 or size == 4 or size == 8):
         for i in range(n):
             v = _int_at(data + i * size, size, kind == b'i')
             if v < lo or v >= hi:
