@@ -114,8 +114,16 @@ cdef class BatchCheck:
         dtype = <cnp.dtype><PyObject*>cnp.PyArray_DESCR(a)
         if dtype is not self.dtype and not PyArray_EquivTypes(dtype, self.dtype):
             return C_NOT_WHOLE
+        return C_PASSED if self._values_pass(a) else C_CHECK_IN_PYTHON
+
+    def values_pass(self, object actions) -> bool:
+        """Whether the values of ``actions`` (an ndarray of any rows and dtype) pass this check's scan in C; False
+        when the Python check must judge them (refused, not scanned here, not C-contiguous in native order)."""
+        return type(actions) is cnp.ndarray and self._values_pass(<cnp.ndarray>actions)
+
+    cdef bint _values_pass(self, cnp.ndarray a):
         if self.scan == C_SHAPE_ONLY:
-            return C_PASSED
+            return True
         if self.scan == C_UNSCANNED or not cnp.PyArray_ISCARRAY_RO(a) or cnp.PyArray_ISBYTESWAPPED(a):
-            return C_CHECK_IN_PYTHON
-        return _scan(a, self.scan, self.lo, self.hi)
+            return False
+        return _scan(a, self.scan, self.lo, self.hi) == C_PASSED

@@ -670,15 +670,6 @@ def cas_word(buf, Py_ssize_t offset, uint32_t expected, uint32_t desired):
     return bool(shm_cas(_word(buf, offset), expected, desired))
 
 
-def first_outside(const int64_t[::1] values, int64_t lo, int64_t hi):
-    """Index of the first value outside ``[lo, hi)``, or -1 (discrete action checks)."""
-    cdef Py_ssize_t i
-    for i in range(values.shape[0]):
-        if values[i] < lo or values[i] >= hi:
-            return i
-    return -1
-
-
 def mask_summary(const uint64_t[::1] masks, Py_ssize_t limit):
     """``(union, intersection, reporting)`` of a batch's info masks: their OR and AND, and ``(position,
     mask)`` of each nonzero one in order (None past ``limit`` of them); one C loop, not three numpy calls."""
