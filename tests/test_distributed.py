@@ -468,13 +468,18 @@ def test_with_one_strict_pool_a_batch_it_would_refuse_is_refused_before_any_pool
         assert obs[:, 0].tolist() == [1, 1, 1, 1]   # no env stepped on the refused call
 
 
-@pytest.mark.parametrize("highs", [(1.0, 1.0, 2.0, 2.0), (1.0, 1.0, 1.0, 2.0), (1.0, 1.0, 1.0, (3,))],
-                         ids=["between-pools", "inside-a-pool", "a-shape-inside-a-pool"])
+@pytest.mark.parametrize("highs, parent_shard", [
+    ((1.0, 1.0, 2.0, 2.0), False), ((1.0, 1.0, 1.0, 2.0), False), ((1.0, 1.0, 1.0, 2.0), True),
+    ((1.0, 1.0, 1.0, (3,)), False), ((1.0, 1.0, 1.0, (3,)), True),
+], ids=["between-pools", "inside-a-pool", "inside-a-pool-parent-shard", "a-shape-inside-a-pool",
+        "a-shape-inside-a-pool-parent-shard"])
 @pytest.mark.parametrize("mode", ["same", "different"])
-def test_pools_whose_observation_spaces_differ_are_taken_or_refused_as_one_local_pool_does(cluster, mode, highs):
+def test_pools_whose_observation_spaces_differ_are_taken_or_refused_as_one_local_pool_does(cluster, mode, highs,
+                                                                                          parent_shard):
     """Against a local ``Pool`` over the same envs: ``observation_mode="different"`` takes spaces that differ in
     bounds (``observation_spaces`` lists each env's), ``"same"`` refuses them; either refuses another shape.  A
-    refusal is the same ``SpacesDifferError``, naming the same env by its global id, wherever the odd env runs."""
+    refusal is the same ``SpacesDifferError``, naming the same env by its global id, wherever the odd env runs (a
+    node's worker, or its actor's own shard), and leaves no actor or worker behind."""
     import functools
 
     import gymnasium as gym
@@ -506,9 +511,11 @@ def test_pools_whose_observation_spaces_differ_are_taken_or_refused_as_one_local
         except ValueError as exc:
             return type(exc), str(exc), getattr(exc, "observation_spaces", None)
 
+    before = pool_actor_pids()
     want = outcome(lambda: shmpool.Pool(fns, num_workers=2, observation_mode=mode))
-    got = outcome(lambda: RayPool(fns, nodes=nodes, num_workers=1, observation_mode=mode))
+    got = outcome(lambda: RayPool(fns, nodes=nodes, num_workers=1, parent_shard=parent_shard, observation_mode=mode))
     assert got == want
+    assert not gone(pool_actor_pids() - before)
     built = mode == "different" and isinstance(highs[-1], float)
     assert want[0] == ("built" if built else shmpool.SpacesDifferError)
 

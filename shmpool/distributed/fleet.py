@@ -30,8 +30,8 @@ def agreed_spaces(infos: list[ActorInfo | SpacesRefused], place: Placement, mode
     dtype, are each transitive."""
     ranges = [place.env_range(k) for k in range(len(infos))]
     described = [(k, d) for k, d in enumerate(infos) if isinstance(d, ActorInfo)]
+    k0, first = described[0] if described else (0, None)
     for k, d in described[1:]:
-        k0, first = described[0]
         if d.action_space != first.action_space:
             raise ValueError(f"env {ranges[k].start} (pool {k}) has spaces {d.observation_space}, {d.action_space}; "
                              f"env {ranges[k0].start} has {first.observation_space}, {first.action_space}: all envs "
