@@ -1,5 +1,6 @@
 # cython: boundscheck=False, wraparound=False
-"""A whole batch of actions checked in one C call: the fast path of every sync step's action check.
+"""A whole batch of actions checked in one C call (``check``: the fast path of every sync step's action check),
+and the same value scan for a batch of any rows (``values_pass``: ``send``'s env ids).
 
 Beside busy workers every Python call of a step is paid cold: the checks of one batch (its type, dtype and
 shape, its contiguity, then one scan of its values) cost a RayPool's driver ~30 µs of each Pong step, and its
