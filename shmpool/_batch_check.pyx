@@ -85,11 +85,7 @@ cdef class BatchCheck:
     """The check of a whole batch for one action slot: an array of exactly ``dtype`` and ``shape`` (the slot's,
     rows first) whose values pass ``scan`` (one of the constants above; ``lo``/``hi``: INT_RANGE's bounds)."""
 
-    cdef cnp.dtype dtype
-    cdef int ndim
-    cdef cnp.npy_intp dims[MAX_DIMS]
-    cdef int scan
-    cdef int64_t lo, hi
+    # its fields are declared in _batch_check.pxd
 
     def __init__(self, cnp.dtype dtype, tuple shape, int scan, int64_t lo=0, int64_t hi=0):
         if len(shape) > MAX_DIMS:
@@ -101,6 +97,9 @@ cdef class BatchCheck:
 
     def check(self, object actions) -> int:
         """NOT_WHOLE, PASSED or CHECK_IN_PYTHON for ``actions`` (see above)."""
+        return self.whole(actions)
+
+    cdef int whole(self, object actions):
         cdef cnp.ndarray a
         cdef int i
         cdef cnp.dtype dtype

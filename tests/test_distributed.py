@@ -144,16 +144,25 @@ def test_a_local_pool_forked_beside_ray_never_collects_the_driver_s_ray_objects(
 
 @pytest.fixture
 def targeted(monkeypatch):
-    """One entry per step whose observations were all read into its output (``StepTargets``' targets filled):
-    joined from the answers' bodies (``join_read``) or from the decoded answers (``join``)."""
+    """One entry per step whose observations were all read into its output (the targets filled): joined from the
+    answers' bodies in C (``StepIO.collect``) or in Python (``join_read``), or from the decoded answers (``join``)."""
+    from shmpool.distributed.direct_step import DirectStep
     from shmpool.distributed.step_targets import StepTargets
     joins = []
-    join, join_read = StepTargets.join, StepTargets.join_read
+    join, join_read, collect = StepTargets.join, StepTargets.join_read, DirectStep.collect
 
-    def counted(self, answers):
-        if self.pending is not None and all(t.filled for t in self.pending):
+    def counted(self, answers, aimed=None):
+        pending = aimed[1] if aimed else self.pending
+        if pending is not None and all(t.filled for t in pending):
             joins.append("answers")
-        return join(self, answers)
+        return join(self, answers, aimed)
+
+    def counted_collect(self, refs, timeout):
+        by_io, before = self.by_io, len(joins)
+        out = collect(self, refs, timeout)
+        if out is not None and by_io and len(joins) == before:
+            joins.append("bodies in C")
+        return out
 
     def counted_read(self, bodies):
         rows = join_read(self, bodies)
@@ -162,6 +171,7 @@ def targeted(monkeypatch):
         return rows
     monkeypatch.setattr(StepTargets, "join", counted)
     monkeypatch.setattr(StepTargets, "join_read", counted_read)
+    monkeypatch.setattr(DirectStep, "collect", counted_collect)
     return joins
 
 
@@ -246,6 +256,7 @@ def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster
             np.testing.assert_array_equal(mine, theirs, err_msg=f"step {t}, read again at the end")
     assert ended > 0 and 0 < keyed < 120   # autoreset and layout changes were exercised
     assert len(targeted) > 60   # most steps were read into place
+    assert targeted.count("bodies in C") >= 10   # and the steps between layout changes whole in C (StepIO)
 
 
 def test_a_pool_its_driver_cannot_reach_directly_is_driven_through_ray(cluster, monkeypatch):

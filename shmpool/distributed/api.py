@@ -33,7 +33,7 @@ from ..state import Lifecycle, LifecycleFacts
 from .action_check import ActionCheck
 from .actor import Resets, pools_on_nodes
 from .batches import Rows, batch_len, concat, merge_infos, take_rows
-from .channel import Reply
+from .direct_step import DirectStep
 from .faults import (
     SLICE_S,
     Outcome,
@@ -48,8 +48,18 @@ from .fleet import Fleet
 from .ledger import Ledger
 from .placement import Placement, Slot, describe_range
 from .recovery import Recovery
-from .step_frames import StepFrames
-from .step_targets import StepTargets
+
+
+class _PublicRayProbe:
+    connected = property(lambda self: ray.is_initialized())
+
+
+# Whether Ray is up, read off Ray's own worker object: ``ray.is_initialized()`` (its client-mode hook, then that
+# object) cost ~21 µs of every sync step's head, cold beside busy workers; with this, ~8 µs with the pool's own
+# closed check (issue 34).  A Ray without that object is asked through its public call.
+_RAY = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
+if not isinstance(getattr(type(_RAY), "connected", None), property):
+    _RAY = _PublicRayProbe()
 
 
 def _entry(method: Callable) -> Callable:
@@ -59,7 +69,7 @@ def _entry(method: Callable) -> Callable:
         life = self._life
         life.enter()
         try:
-            if not life.closed and not ray.is_initialized():
+            if not life.closed and not _RAY.connected:
                 # The user's ray.shutdown() took the actors; a Ray call now would start a new,
                 # empty local Ray instead of failing.
                 life.close()
@@ -192,8 +202,7 @@ class RayPool(LifecycleFacts):
         shut_down = weakref.WeakMethod(self._shut_down)   # no cycle: a forgotten RayPool is freed (and closed) at once
         self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
         self._pool_rows = [slice(r.start, r.stop) for r in map(place.env_range, range(place.num_pools))]
-        self._step_frames = StepFrames(self._pool_rows)
-        self._step_targets = StepTargets(self._pool_rows)
+        self._direct = DirectStep(self._pool_rows, self._actions)
         self._step_refs: list | None = None   # the pending step_async(): one future per pool (None: answered here)
         self._close_timeout = 10.0             # seconds the local pools get to close before their actors are killed
         self._life = Lifecycle()               # NEEDS_RESET
@@ -293,22 +302,21 @@ class RayPool(LifecycleFacts):
 
     def _post_step(self, actions: Any) -> None:
         self._life.check_step_async()
-        if batch_len(actions) != self.num_envs:
-            raise ValueError(f"actions have {batch_len(actions)} rows, the pool has {self.num_envs} envs")
-        self._actions.check(actions)
-        self._forget_async()
-        auto = self._ledger.sync_autoreset
-        channels = self._fleet.channels
-        frames = None if auto or None in channels else self._step_frames.frames(actions)
-        if frames is not None:   # every pool reached directly, the actions a plain array: the common step
-            refs = self._step_refs = [channel.send_frame((frame,)) for channel, frame in zip(channels, frames)]
-            # Aimed once every request is out (nothing is read before): the last pool starts its step ~10 µs sooner
-            for reply, target in zip(refs, self._step_targets.targets()):
-                reply.target = target
-        else:
-            call = self._fleet.call
-            self._step_refs = [None if k in auto else call(k, "step", take_rows(actions, rows))
-                               for k, rows in enumerate(self._pool_rows)]
+        ledger = self._ledger
+        # The common step, checked and sent in C: nothing async to forget, no autoreset owed, every pool direct
+        refs = self._direct.send_whole(actions, self._fleet.channels) if ledger.idle and not ledger.sync_autoreset \
+            else None
+        if refs is None:
+            if batch_len(actions) != self.num_envs:
+                raise ValueError(f"actions have {batch_len(actions)} rows, the pool has {self.num_envs} envs")
+            self._actions.check(actions)
+            self._forget_async()
+            auto, channels, call = ledger.sync_autoreset, self._fleet.channels, self._fleet.call
+            refs = None if auto or None in channels else self._direct.send(actions, channels)
+            if refs is None:
+                refs = [None if k in auto else call(k, "step", take_rows(actions, rows))
+                        for k, rows in enumerate(self._pool_rows)]
+        self._step_refs = refs
         self._life.step_posted()
 
     @_entry
@@ -322,15 +330,15 @@ class RayPool(LifecycleFacts):
         self._life.check_step_wait()
         refs = self._step_refs
         start = time.monotonic()
-        if timeout is None and all(type(ref) is Reply for ref in refs):
-            # Every pool answers directly: one wait slice for all the answers (read and joined in C when each comes in
-            # its learnt layout: StepTargets.collect).  Anything else (a lost connection, an error, a pool not done
+        if timeout is None:
+            # Every pool answering directly: one wait slice for all the answers (read and joined in C when each comes
+            # in its learnt layout: DirectStep.collect).  Anything else (a lost connection, an error, a pool not done
             # within the slice) takes the watched path below, whose limits count from ``start``.
-            rows = self._step_targets.collect(refs, SLICE_S)
-            if rows is not None:
+            out = self._direct.collect(refs, SLICE_S)
+            if out is not None:
                 self._step_refs = None
                 self._life.step_done()
-                return rows.as_step()
+                return out
         pools = [k for k, ref in enumerate(refs) if ref is not None]
         outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout, start=start)
         self._step_refs = None
@@ -342,7 +350,7 @@ class RayPool(LifecycleFacts):
         parts = [answers[k] if k in answers else   # the autoreset step after a restart: nothing ran
                  Rows.autoreset(np.arange(self._placement.sizes[k]), self._ledger.sync_autoreset.pop(k))
                  for k in range(self.num_pools)]
-        return self._step_targets.join(parts).as_step()
+        return self._direct.join(parts)
 
     # --- async -----------------------------------------------------------------------------------
 

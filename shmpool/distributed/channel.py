@@ -625,8 +625,7 @@ class Channel:
         """Send a request already framed (:func:`encode`'s parts, or a :class:`~.step_frames.StepFrames` frame) at
         once; its :class:`Reply`.  ``target``: where the answer's observations may be read
         (:class:`~._inbox.ReadTarget`)."""
-        reply = Reply(self, target)
-        self.pending.append(reply)
+        reply = self.sent(target)
         if self.lost is None:
             try:
                 send_parts(self.sock, parts)
@@ -634,6 +633,13 @@ class Channel:
                 self._lose(exc)
         else:
             self._lose(self.lost)
+        return reply
+
+    def sent(self, target: ReadTarget | None = None) -> Reply:
+        """The :class:`Reply` to a request its caller has written (or is about to write) on this connection's
+        descriptor itself (:class:`~._step_io.StepIO`): answered in order after the replies pending before it."""
+        reply = Reply(self, target)
+        self.pending.append(reply)
         return reply
 
     def read_available(self) -> None:

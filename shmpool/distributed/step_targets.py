@@ -92,10 +92,12 @@ class StepTargets:
         values = Reply.values(replies)
         return None if values is None else self.join(values)
 
-    def join(self, answers: list) -> Rows:
+    def join(self, answers: list, aimed: tuple[np.ndarray, list[ReadTarget]] | None = None) -> Rows:
         """The step's rows from every pool's answer (pool order): as read into the output when every answer was,
-        else joined by copying (and the forms of the answers not read in place learnt for the next step)."""
-        obs, pending = self.obs, self.pending
+        else joined by copying (and the forms of the answers not read in place learnt for the next step).
+        ``aimed``: the step's output and targets when they were made elsewhere (:class:`~._step_io.StepIO`), not by
+        :meth:`targets`."""
+        obs, pending = aimed or (self.obs, self.pending)
         self.obs = self.pending = None
         if pending is not None and self.joiner is not None:
             bodies = self._bodies(answers, pending)
