@@ -1,7 +1,7 @@
 """A RayPool's step over its pools' direct connections: the requests framed from heads kept per action layout
 (:class:`~.step_frames.StepFrames`), the answers read into the step's output (:class:`~.step_targets.StepTargets`),
-and, once both are known, the whole common step in C (:class:`~._step_io.StepIO`): the batch checked and sent,
-the answers read and joined, with no Python between (issue 34)."""
+and, once both are known, the common step in two C calls (:class:`~._step_io.StepIO`): the batch checked and sent;
+the answers read and joined (issue 34)."""
 from __future__ import annotations
 
 import time
