@@ -55,7 +55,7 @@ class Wire:
     """A driver's :class:`DirectStep` over one socket pair per pool, for a Discrete(3) action per env; the test
     plays the actors: it reads their requests and writes their answers."""
 
-    def __init__(self, sizes: list[int] = SIZES, space: spaces.Space | None = None) -> None:
+    def __init__(self, sizes: list[int] = SIZES, space: spaces.Space | None = None, strict: bool = True) -> None:
         space = spaces.Discrete(3) if space is None else space
         self.sizes = sizes
         self.pairs = [socket.socketpair() for _ in sizes]
@@ -63,7 +63,7 @@ class Wire:
             driver.settimeout(5)
             actor.settimeout(5)
         self.channels = [ch.Channel(driver, ("pool", k)) for k, (driver, _) in enumerate(self.pairs)]
-        self.direct = DirectStep(rows_of(sizes), ActionCheck(space, sum(sizes)))
+        self.direct = DirectStep(rows_of(sizes), ActionCheck(space, sum(sizes), strict))
         self.rng = np.random.default_rng(0)
         self.space = space
 
@@ -191,6 +191,21 @@ def test_anything_off_the_c_step_s_path_sends_nothing_and_goes_back_to_python(wi
     assert wire.nothing_sent()
     if case == "a call pending":
         assert not pending.done
+
+
+def test_a_lenient_check_s_batch_goes_out_in_c_only_when_its_rows_are_contiguous():
+    """``strict=False``: the C check passes any batch of the right dtype and shape, values unscanned; the C write
+    takes the batch's own bytes, so a strided batch must go back to Python (which copies its rows)."""
+    w = Wire(strict=False).learnt()
+    try:
+        actions = w.actions()
+        strided = np.stack([actions, actions], axis=1)[:, 0]
+        assert w.direct.send_whole(strided, w.channels) is None and w.nothing_sent()
+        replies = w.direct.send_whole(actions, w.channels)
+        assert replies is not None
+        w.assert_requests(actions)
+    finally:
+        w.close()
 
 
 def test_a_request_the_socket_takes_in_part_arrives_whole_and_in_order():
