@@ -918,6 +918,20 @@ def test_a_raypool_after_the_user_s_ray_shutdown_says_so_and_starts_no_ray(clust
         ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
 
 
+@pytest.mark.parametrize("worker", [None, "not connected"], ids=["no worker object", "worker object not connected"])
+def test_ray_up_by_its_public_call_alone_is_up(cluster, monkeypatch, worker):
+    """Each call reads Ray's worker object first (cheap); when that object is missing or says not connected (a
+    Ray without it, Ray Client), ``ray.is_initialized()`` decides, and a Ray that is up is not refused."""
+    from types import SimpleNamespace
+
+    from shmpool.distributed import api
+    with RayPool(TASK, 4, seed=0, num_workers=1) as rp:
+        rp.reset(seed=1)
+        monkeypatch.setattr(api, "_RAY_WORKER", None if worker is None else SimpleNamespace(connected=False))
+        obs = rp.step(np.zeros(4, dtype=np.int64))[0]
+        assert obs.shape == (4, 4) and not rp.closed
+
+
 def test_shutdown_leaves_no_ray_processes(cluster):
     """Last in the file: take the module's cluster down and check nothing of Ray remains."""
     assert ray_daemons()

@@ -49,17 +49,10 @@ from .ledger import Ledger
 from .placement import Placement, Slot, describe_range
 from .recovery import Recovery
 
-
-class _PublicRayProbe:
-    connected = property(lambda self: ray.is_initialized())
-
-
-# Whether Ray is up, read off Ray's own worker object: ``ray.is_initialized()`` (its client-mode hook, then that
-# object) cost ~21 µs of every sync step's head, cold beside busy workers; with this, ~8 µs with the pool's own
-# closed check (issue 34).  A Ray without that object is asked through its public call.
-_RAY = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
-if not isinstance(getattr(type(_RAY), "connected", None), property):
-    _RAY = _PublicRayProbe()
+# Ray's own worker object, read before ``ray.is_initialized()``: a connected driver's common case then costs ~8 µs of
+# the step's head (with the pool's closed check) where the public call (its client-mode hook) cost ~21 µs, cold beside
+# busy workers (issue 34).  Anything else (Ray shut down, Ray Client, a Ray without that object) asks the public call.
+_RAY_WORKER = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
 
 
 def _entry(method: Callable) -> Callable:
@@ -69,7 +62,7 @@ def _entry(method: Callable) -> Callable:
         life = self._life
         life.enter()
         try:
-            if not life.closed and not _RAY.connected:
+            if not life.closed and not (getattr(_RAY_WORKER, "connected", False) or ray.is_initialized()):
                 # The user's ray.shutdown() took the actors; a Ray call now would start a new,
                 # empty local Ray instead of failing.
                 life.close()
