@@ -141,9 +141,8 @@ cdef class StepIO:
 
         The output and the replies' targets are made once the first answer's bytes are there (or the slice is
         over): until the driver blocks, the pool whose actor shares its core cannot start its step."""
-        cdef Py_ssize_t n = len(self.channels), k, left_ms
+        cdef Py_ssize_t n = len(self.channels), k
         cdef double deadline
-        cdef bint whole
         if len(replies) != n:
             return None
         for k in range(n):
@@ -162,33 +161,52 @@ cdef class StepIO:
             (<object>replies[k]).target = target
             targets.append(target)
         self.obs, self.targets = obs, targets
-        aimed = [[t] for t in targets]
-        frames = [[] for _ in range(n)]
-        statuses = [0] * n
-        result = None
-        try:
-            while True:
-                left_ms = max(0, <Py_ssize_t>ceil((deadline - _now()) * 1000))
-                if not read_round(self.fds, self.inboxes, aimed, frames, statuses, left_ms) or left_ms == 0:
-                    break
-            whole = True
-            for k in range(n):
-                whole = whole and len(frames[k]) == 1 and statuses[k] == 0 and (<object>targets[k]).filled
-            if whole:
-                try:
-                    cols = self.joiner.join([frames[k][0][0] for k in range(n)])
-                except ValueError:   # a body not as long as its layout: decoded below, that call's error
-                    cols = None
-                if cols is not None:
-                    result = (obs, cols[2], cols[3], cols[4], dict(zip(self.keys, cols[5:])))
-        finally:
-            if result is None:   # not joined, or a signal's handler raised: every answer read settles its reply
-                for k in range(n):
-                    self.channels[k].settle(FrameReader.answers(frames[k], aimed[k]), read_ended(statuses[k]))
-        if result is None:
-            return None
-        answer = Answer(value=result)
-        for k in range(n):
-            self.channels[k].settle([answer], None)
-        self.obs = self.targets = None   # handed out: the next step's output is a fresh array
+        result = read_joined(self.channels, self.fds, self.inboxes, targets, deadline, self._step_of)
+        if result is not None:
+            self.obs = self.targets = None   # handed out: the next step's output is a fresh array
         return result
+
+    def _step_of(self, list bodies):
+        """The step's tuple from the answers' bodies (their observations in ``obs`` already)."""
+        cols = self.joiner.join(bodies)
+        return self.obs, cols[2], cols[3], cols[4], dict(zip(self.keys, cols[5:]))
+
+
+def read_joined(list channels, list fds, list inboxes, list targets, double deadline, object join):
+    """One answer per connection, each read into its target, then joined: ``channels[k]`` (its ``fds[k]`` and reader's
+    ``inboxes[k]``) has exactly one reply pending, whose answer's big array is to go into ``targets[k]``
+    (:class:`~._inbox.ReadTarget`).  When every answer came whole into its target before ``deadline`` (on
+    ``time.monotonic``'s clock), ``join(bodies)``; its result settles every reply and is returned.  Otherwise (or when
+    ``join`` returns None or raises ValueError: a body not as long as its layout) None, every answer that came having
+    settled its reply as :meth:`~.channel.Channel.read_available` settles it; a signal's handler that raises during
+    the wait leaves them settled the same way.  The reads of :meth:`StepIO.collect` and
+    :func:`~.step_targets.read_step`."""
+    cdef Py_ssize_t n = len(channels), k, left_ms
+    cdef bint whole
+    aimed = [[t] for t in targets]
+    frames = [[] for _ in range(n)]
+    statuses = [0] * n
+    result = None
+    try:
+        while True:
+            left_ms = max(0, <Py_ssize_t>ceil((deadline - _now()) * 1000))
+            if not read_round(fds, inboxes, aimed, frames, statuses, left_ms) or left_ms == 0:
+                break
+        whole = True
+        for k in range(n):
+            whole = whole and len(frames[k]) == 1 and statuses[k] == 0 and (<object>targets[k]).filled
+        if whole:
+            try:
+                result = join([frames[k][0][0] for k in range(n)])
+            except ValueError:   # a body not as long as its layout: decoded below, that call's error
+                result = None
+    finally:
+        if result is None:   # not joined, or a signal's handler raised: every answer read settles its reply
+            for k in range(n):
+                channels[k].settle(FrameReader.answers(frames[k], aimed[k]), read_ended(statuses[k]))
+    if result is None:
+        return None
+    answer = Answer(value=result)
+    for k in range(n):
+        channels[k].settle([answer], None)
+    return result

@@ -26,7 +26,7 @@ class ActionCheck:
         fast = self._writer.fast
         # A whole batch's check in one C call, and the batch's (dtype, shape) it takes: a single-leaf space's
         self.whole = None if fast is None else fast.whole
-        self.key = None if fast is None else (fast.dtype, (num_envs, *fast.shape))
+        self.key = None if fast is None else (fast.dtype, fast.dst.shape)
 
     def check(self, actions: Any, env_ids: np.ndarray | None = None) -> None:
         """ValueError naming the env ids (global) if ``actions`` for ``env_ids`` (all envs when None)

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from ._frames import JoinPlan, array_offsets
-from ._inbox import ReadTarget, read_round
+from ._inbox import ReadTarget
+from ._step_io import read_joined
 from .batches import FramedRows, Rows
-from .channel import Answer, FrameReader, Reply, read_ended, wait
+from .channel import Reply, wait
 
 # Observations smaller than this per pool are joined by copying: the targets' own cost would exceed the copy's.
 MIN_OBS_BYTES = 4096
@@ -183,33 +184,5 @@ def read_step(replies: list[Reply], timeout: float, join: Callable[[list[np.ndar
         if r.target is None or channel.lost is not None or len(channel.pending) != 1 or channel.pending[0] is not r:
             return None
         channels.append(channel)
-    fds, inboxes = [c.fd for c in channels], [c.reader.inbox for c in channels]
-    targets = [[r.target] for r in replies]
-    frames: list[list] = [[] for _ in replies]
-    statuses = [0] * len(replies)
-    deadline = time.monotonic() + timeout
-    result = None
-    try:
-        while True:
-            left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-            if not read_round(fds, inboxes, targets, frames, statuses, left_ms) or left_ms == 0:
-                break
-        whole = True
-        for r, got, status in zip(replies, frames, statuses):   # a loop, not all(): every Python call is paid cold
-            whole = whole and len(got) == 1 and status == 0 and r.target.filled
-        if whole:
-            try:
-                result = join([got[0][0] for got in frames])
-            except ValueError:   # a body not as long as its layout: decoded below, that call's error
-                result = None
-    finally:
-        # Not joined (or a signal's handler raised between rounds): every answer read settles its reply
-        if result is None:
-            for channel, got, status, aimed in zip(channels, frames, statuses, targets):
-                channel.settle(FrameReader.answers(got, aimed), read_ended(status))
-    if result is None:
-        return None
-    answer = Answer(value=result)
-    for channel in channels:
-        channel.pending.popleft().settle(answer=answer)
-    return result
+    return read_joined(channels, [c.fd for c in channels], [c.reader.inbox for c in channels],
+                       [r.target for r in replies], time.monotonic() + timeout, join)
