@@ -629,18 +629,21 @@ else:
 """
 
 
-@pytest.mark.parametrize("pictured", [False, True], ids=["vector obs", "image obs read into place"])
+@pytest.mark.parametrize("pictured, in_c", [(False, False), (True, False), (True, True)],
+                         ids=["vector obs", "image obs read into place", "image obs, the failing step sent in C"])
 @pytest.mark.parametrize("parent_shard", [False, True])
 def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool_usable(cluster, parent_shard,
-                                                                                         pictured, targeted,
+                                                                                         pictured, in_c, targeted,
                                                                                          monkeypatch):
     """The sync step's quick path hands an error answer to the watched path: the error is raised once, no env
     is stepped again for it, the pool refuses to step until reset, and after reset it steps as a local Pool of
     the same layout does (the shard in a worker, or partly in the actor: ``parent_shard``).  With image
     observations the healthy pools' answers of the failed step were read into its output (``StepTargets``), which
-    is dropped, and the steps after reset are read into place again."""
+    is dropped, and the steps after reset are read into place again.  ``in_c``: one more healthy step first, so the
+    failing step is sent and read by the C step (``StepIO``), which hands its error answer to the same path."""
     import gymnasium as gym
 
+    from shmpool.distributed.direct_step import DirectStep
     from shmpool.distributed.step_targets import StepTargets
 
     class Counting(gym.Wrapper):   # defined here: cloudpickled by value
@@ -665,34 +668,49 @@ def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool
     aimed = []   # the targets of every sync step sent
     targets = StepTargets.targets
     monkeypatch.setattr(StepTargets, "targets", lambda self: aimed.append(targets(self)) or aimed[-1])
+    sent_in_c = []   # the replies of every sync step StepIO sent
+    send_whole = DirectStep.send_whole
+
+    def recorded(self, actions, channels):
+        replies = send_whole(self, actions, channels)
+        if replies is not None:
+            sent_in_c.append(replies)
+        return replies
+    monkeypatch.setattr(DirectStep, "send_whole", recorded)
     zeros = np.zeros(6, dtype=np.int64)
+    healthy = 2 if in_c else 1   # steps before the failing one
     with (RayPool(make, 6, seed=0, num_workers=1, parent_shard=parent_shard) as rp,
           shmpool.Pool([make] * 2, seed=0, num_workers=1, parent_shard=parent_shard) as lp):
         rp.reset()
         lp.reset()
-        rp.step(zeros)
-        lp.step(zeros[:2])
+        for _ in range(healthy):
+            rp.step(zeros)
+            lp.step(zeros[:2])
         rp.set_attr("bad", True, env_ids=[4])   # pool 2 holds envs 4 and 5; its env 0 is env 4
         lp.set_attr("bad", True, env_ids=[0])
+        failing_in_c = len(sent_in_c)
         with pytest.raises(shmpool.EnvError, match="boom"):
             rp.step(zeros)
         with pytest.raises(shmpool.EnvError, match="boom"):
             lp.step(zeros[:2])
+        assert len(sent_in_c) == failing_in_c + in_c   # the failing step went out in C exactly when asked
         # the failed step: the healthy pools' observations were read into its output, pool 2's error was not
-        assert [t is not None and t.filled for t in aimed[-1]] == ([True, True, False] if pictured else [False] * 3)
+        failed = [r.target for r in sent_in_c[-1]] if in_c else aimed[-1]
+        assert [t is not None and t.filled for t in failed] == ([True, True, False] if pictured else [False] * 3)
         local = lp.get_attr("steps")
-        assert rp.get_attr("steps") == (2, 2, 2, 2, *local)   # the other pools once more, pool 2 as a local Pool
+        # the other pools once more, pool 2 as a local Pool
+        assert rp.get_attr("steps") == (healthy + 1,) * 4 + local
         # refused here, as the local Pool refuses: before, the healthy pools stepped once more and pool 2's own
         # local pool raised
         with pytest.raises(RuntimeError, match=r"^pool 2 raised in step; call reset\(\) before stepping again$"):
             rp.step(zeros)
-        assert rp.get_attr("steps") == (2, 2, 2, 2, *local)
+        assert rp.get_attr("steps") == (healthy + 1,) * 4 + local
         rp.set_attr("bad", False)
         before_reset = len(targeted)
         obs, _ = rp.reset(seed=7)
         o2, *_ = rp.step(zeros)
         o3, *_ = rp.step(zeros)
-        assert rp.get_attr("steps") == (4, 4, 4, 4, local[0] + 2, local[1] + 2)
+        assert rp.get_attr("steps") == (healthy + 3,) * 4 + (local[0] + 2, local[1] + 2)
         with shmpool.Pool([make] * 6, seed=0, num_workers=1) as fresh:
             want, _ = fresh.reset(seed=7)
             np.testing.assert_array_equal(obs, want)
@@ -700,7 +718,7 @@ def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool
             np.testing.assert_array_equal(o3, fresh.step(zeros)[0])
     # image obs: the first step learns the layouts, the failed one (its healthy pools' answers read into its output)
     # raises before any join, and both steps after reset are read into place
-    assert (before_reset, len(targeted)) == ((0, 2) if pictured else (0, 0))
+    assert (before_reset, len(targeted)) == ((healthy - 1, healthy + 1) if pictured else (0, 0))
 
 
 def test_step_timeout_raises_at_its_bound_not_after_the_close_grace(cluster, tmp_path):
