@@ -217,7 +217,7 @@ def test_targets_follow_the_order_of_the_replies_on_one_connection():
         np.testing.assert_array_equal(into2, second.obs)
 
 
-def test_a_read_target_refuses_memory_it_cannot_fill_and_small_observations_are_copied():
+def test_a_read_target_refuses_memory_it_cannot_fill_and_only_empty_observations_are_copied():
     with pytest.raises(ValueError, match="a target's array must be C-contiguous and writable"):
         ReadTarget(b"abc", 16, np.zeros((4, 4), np.uint8)[:, ::2])
     frozen = np.zeros(8, np.uint8)
@@ -230,10 +230,14 @@ def test_a_read_target_refuses_memory_it_cannot_fill_and_small_observations_are_
     with a, b:
         b.setblocking(False)
         small = Rows(np.arange(2), np.zeros((2, 4), np.float32), np.zeros(2), np.zeros(2, bool), np.zeros(2, bool), {})
-        assert small.obs.nbytes < MIN_OBS_BYTES
         a.sendall(frame_bytes(small))
         (got,), _ = ch.FrameReader().read_available(b)
-        assert AnswerForm.of(got.value, 2) is None    # too small to be worth a target
+        form = AnswerForm.of(got.value, 2)   # 32 bytes of observations: read into place too (the step in C needs it)
+        assert small.obs.nbytes >= MIN_OBS_BYTES and form is not None and form.shape == (2, 4)
+        empty = Rows(np.arange(2), np.zeros((2, 0), np.float32), np.zeros(2), np.zeros(2, bool), np.zeros(2, bool), {})
+        a.sendall(frame_bytes(empty))
+        (got,), _ = ch.FrameReader().read_available(b)
+        assert AnswerForm.of(got.value, 2) is None    # no bytes to read into place
         a.sendall(frame_bytes(answer(4, 0)))
         (got,), _ = ch.FrameReader().read_available(b)
         assert AnswerForm.of(got.value, 5) is None    # not the pool's row count: not a step answer of this pool
