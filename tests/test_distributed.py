@@ -353,6 +353,12 @@ def test_recv_returns_whole_sub_batches_and_valid_ids(cluster):
             counts[ids] += 1
             with pytest.raises(RuntimeError, match="already in flight"):
                 rp.send(np.zeros(1, dtype=np.int64), [int(np.setdiff1d(np.arange(n), ids)[0])])
+            # refused sends leave the ids as they were (claimed first, released on refusal): the send after works
+            with pytest.raises(ValueError, match=rf"^actions have {b + 1} rows for {b} env ids$"):
+                rp.send(np.zeros(b + 1, dtype=np.int64), ids)
+            envs = ", ".join(f"env {i}: 5" for i in ids[:4])   # the first four named, in the order sent
+            with pytest.raises(ValueError, match=rf"^actions outside Discrete\(2\) for {envs} and 2 more$"):
+                rp.send(np.full(b, 5), ids)
             rp.send(np.zeros(b, dtype=np.int64), ids)
         assert (counts > 0).all()
 

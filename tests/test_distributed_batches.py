@@ -186,6 +186,25 @@ def test_send_asks_for_a_sub_batch_only_when_a_whole_one_is_in_flight():
         led.check_idle(np.array([6, 4]))
 
 
+def test_claim_marks_ids_in_flight_in_one_pass_or_words_the_error_and_marks_nothing():
+    led = ledger()
+    led.claim(np.array([3, 0], dtype=np.int64))
+    assert np.flatnonzero(led.in_flight).tolist() == [0, 3]
+    cases = [([5, 12, -1], ValueError, r"^env ids \[12, -1\] are out of range for a pool of 12 envs$"),
+             ([5, 7, 5], ValueError, r"^env ids \[5\] appear more than once$"),
+             ([6, 3, 7], RuntimeError, r"^env ids \[3\] are already in flight; recv\(\) them first$")]
+    for ids, kind, message in cases:
+        with pytest.raises(kind, match=message):
+            led.claim(np.array(ids, dtype=np.int64))
+        assert np.flatnonzero(led.in_flight).tolist() == [0, 3], ids   # the ids before the bad one unmarked
+    led.unclaim(np.array([3], dtype=np.int64))
+    led.claim(np.array([11, 3], dtype=np.int64))
+    assert np.flatnonzero(led.in_flight).tolist() == [0, 3, 11]
+    led.forget()
+    led.claim(np.array([3], dtype=np.int64))   # forget cleared the bytes claim reads
+    assert np.flatnonzero(led.in_flight).tolist() == [3]
+
+
 def test_a_ledger_is_idle_only_when_forget_has_nothing_to_drop():
     led = ledger()
     assert led.idle

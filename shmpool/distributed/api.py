@@ -15,7 +15,6 @@ import ray
 from ..arguments import (
     POOL_KEYWORDS,
     check_count,
-    check_env_ids,
     check_on_worker_error,
     check_options_list,
     check_seed,
@@ -365,17 +364,21 @@ class RayPool(LifecycleFacts):
         actions, envs already in flight) is checked here, before anything is sent."""
         self._life.check_send()
         ids = np.arange(self.num_envs) if env_ids is None else env_id_array(env_ids)
-        check_env_ids(ids, self.num_envs)
-        self._ledger.check_idle(ids)
-        if batch_len(actions) != len(ids):
-            raise ValueError(f"actions have {batch_len(actions)} rows for {len(ids)} env ids")
-        self._actions.check(actions, ids)
-        for d in self._ledger.plan_send(ids):
+        ledger = self._ledger
+        ledger.claim(ids)
+        try:
+            if batch_len(actions) != len(ids):
+                raise ValueError(f"actions have {batch_len(actions)} rows for {len(ids)} env ids")
+            self._actions.check(actions, ids)
+        except BaseException:
+            ledger.unclaim(ids)
+            raise
+        for d in ledger.plan_send(ids):
             part = take_rows(actions, d.positions)
             if d.with_recv:
-                self._ledger.requests[self._fleet.call(d.pool, "send_recv", part, d.local_ids)] = d.pool
+                ledger.requests[self._fleet.call(d.pool, "send_recv", part, d.local_ids)] = d.pool
             else:
-                self._ledger.sends[self._fleet.call(d.pool, "send", part, d.local_ids)] = d.pool
+                ledger.sends[self._fleet.call(d.pool, "send", part, d.local_ids)] = d.pool
         self._life.in_flight += len(ids)
 
     @_entry

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from .._core import claim_ids
+from ..arguments import check_env_ids
 from .batches import ReadyRows, Rows, take_rows
 from .placement import Placement
 
@@ -38,6 +40,7 @@ class Ledger:
         self.next_step = next_step
         P = placement.num_pools
         self.in_flight = np.zeros(placement.num_envs, dtype=bool)  # sent, not returned by recv yet
+        self._flight_bytes = self.in_flight.view(np.uint8)   # the same memory, for claim's C pass
         self.n_flight = 0
         self.available = [0] * P          # in flight at pool k and not claimed by a request
         self.requests: dict[Any, int] = {}  # outstanding recv future -> pool
@@ -82,6 +85,20 @@ class Ledger:
         busy = self.in_flight[ids]
         if busy.any():
             raise RuntimeError(f"env ids {ids[busy].tolist()} are already in flight; recv() them first")
+
+    def claim(self, ids: np.ndarray) -> None:
+        """Mark ``ids`` (C-contiguous int64, global) in flight, in one C pass.  Nothing is marked when one is
+        out of range or repeated (ValueError, as :func:`~shmpool.arguments.check_env_ids` words it) or already in
+        flight (RuntimeError, as :meth:`check_idle` words it).  :meth:`unclaim` undoes it; :meth:`plan_send`
+        follows it."""
+        if claim_ids(ids, self._flight_bytes):
+            return
+        check_env_ids(ids, self.placement.num_envs)
+        self.check_idle(ids)
+
+    def unclaim(self, ids: np.ndarray) -> None:
+        """Claimed ``ids`` that will not be sent (their actions were refused)."""
+        self.in_flight[ids] = False
 
     def plan_send(self, ids: np.ndarray) -> list[Dispatch]:
         """Mark ``ids`` (checked, idle, global) in flight and decide what to ask each pool: envs owed a
