@@ -136,6 +136,11 @@ def test_placement_contiguous_ranges_and_owners():
     assert sum(p.sub_batch_sizes) == 4 and all(1 <= b <= s for b, s in zip(p.sub_batch_sizes, p.sizes))
     got = p.by_pool(np.array([9, 0, 5, 1]))
     assert list(got) == [0, 1, 2] and got[0].tolist() == [1, 3] and got[2].tolist() == [0]
+    got = p.by_pool(np.array([6, 4, 5]))   # one pool's envs only
+    assert list(got) == [1] and got[1].tolist() == [0, 1, 2] and got[1].dtype == np.intp
+    got = p.by_pool(np.array([6, 4, 7]))   # the last one another pool's
+    assert list(got) == [1, 2] and got[1].tolist() == [0, 1] and got[2].tolist() == [2]
+    assert p.by_pool(np.array([], dtype=np.int64)) == {}
 
 
 def test_placement_refusals():

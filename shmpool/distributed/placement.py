@@ -87,6 +87,8 @@ class Placement:
     def by_pool(self, ids: np.ndarray) -> dict[int, np.ndarray]:
         """Positions in ``ids`` (global env ids) of each pool's envs, pools in ascending order."""
         owners = self.owner[ids]
+        if len(owners) and (owners == owners[0]).all():   # one pool's, as a recv's sub-batch sent back: no np.unique
+            return {int(owners[0]): np.arange(len(owners))}
         return {k: np.flatnonzero(owners == k) for k in np.unique(owners).tolist()}
 
 
