@@ -1,5 +1,5 @@
 """A :class:`~shmpool.distributed.RayPool`'s bookkeeping: which envs are in flight, what each pool
-has been asked for, which rows are ready, and the rows a rebuilt pool still owes.  Pure numpy:
+has been asked for, which rows are ready, and the rows a rebuilt pool still owes.  Pure state:
 Ray's futures are opaque keys here, so every rule is testable without Ray."""
 from __future__ import annotations
 
