@@ -14,6 +14,8 @@ import pytest
 from gymnasium import spaces
 
 pytest.importorskip("ray")   # shmpool.distributed imports ray
+from test_distributed_step_targets import SocketPools, rows_of  # noqa: E402
+
 from shmpool.distributed import channel as ch  # noqa: E402
 from shmpool.distributed.action_check import ActionCheck  # noqa: E402
 from shmpool.distributed.batches import Rows  # noqa: E402
@@ -21,11 +23,6 @@ from shmpool.distributed.direct_step import DirectStep  # noqa: E402
 
 OBS = (8, 16, 8)   # 1 KiB an env: every pool's observations are read into place
 SIZES = [4, 5]
-
-
-def rows_of(sizes: list[int]) -> list[slice]:
-    ends = np.cumsum([0, *sizes]).tolist()
-    return [slice(a, b) for a, b in zip(ends, ends[1:])]
 
 
 def answer(n: int, seed: int, keys: tuple = ("lives", "_lives")) -> Rows:
@@ -51,18 +48,13 @@ def assert_step(out: tuple, blocks: list[Rows]) -> None:
         np.testing.assert_array_equal(out[4][k], np.concatenate([b.infos[k] for b in blocks]), err_msg=k)
 
 
-class Wire:
+class Wire(SocketPools):
     """A driver's :class:`DirectStep` over one socket pair per pool, for a Discrete(3) action per env; the test
     plays the actors: it reads their requests and writes their answers."""
 
     def __init__(self, sizes: list[int] = SIZES, space: spaces.Space | None = None, strict: bool = True) -> None:
+        super().__init__(sizes)
         space = spaces.Discrete(3) if space is None else space
-        self.sizes = sizes
-        self.pairs = [socket.socketpair() for _ in sizes]
-        for driver, actor in self.pairs:
-            driver.settimeout(5)
-            actor.settimeout(5)
-        self.channels = [ch.Channel(driver, ("pool", k)) for k, (driver, _) in enumerate(self.pairs)]
         self.direct = DirectStep(rows_of(sizes), ActionCheck(space, sum(sizes), strict))
         self.rng = np.random.default_rng(0)
         self.space = space
@@ -128,11 +120,6 @@ class Wire:
         self.python_step(200)
         assert self.direct.io is not None
         return self
-
-    def close(self) -> None:
-        for c, (_, actor) in zip(self.channels, self.pairs):
-            c.close()
-            actor.close()
 
 
 @pytest.fixture

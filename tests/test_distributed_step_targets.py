@@ -269,16 +269,30 @@ def test_a_target_filled_by_a_frame_that_is_not_rows_makes_that_answer_an_error(
     np.testing.assert_array_equal(right.value.obs, answer(4, 0).obs)
 
 
-class Exchange:
-    """Pools answering over socket pairs through real :class:`~shmpool.distributed.channel.Channel`\\ s, and the
-    step's targets learnt from one step read whole: what ``read_step`` reads a sync step from."""
+class SocketPools:
+    """One socket pair per pool of ``sizes`` envs: the driver's end in a real
+    :class:`~shmpool.distributed.channel.Channel`, the other end the test's, which plays the pool's actor."""
 
     def __init__(self, sizes: list[int]) -> None:
         self.sizes = sizes
         self.pairs = [socket.socketpair() for _ in sizes]
-        for driver, _ in self.pairs:
+        for driver, actor in self.pairs:
             driver.settimeout(5)
+            actor.settimeout(5)
         self.channels = [ch.Channel(driver, ("pool", k)) for k, (driver, _) in enumerate(self.pairs)]
+
+    def close(self) -> None:
+        for c, (_, actor) in zip(self.channels, self.pairs):
+            c.close()
+            actor.close()
+
+
+class Exchange(SocketPools):
+    """Pools answering over socket pairs, and the step's targets learnt from one step read whole: what
+    ``read_step`` reads a sync step from."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        super().__init__(sizes)
         self.targets = StepTargets(rows_of(sizes))
         blocks = [answer(n, k) for k, n in enumerate(sizes)]
         replies = self.send()
@@ -296,11 +310,6 @@ class Exchange:
         for k, block in enumerate(blocks):
             if only is None or k in only:
                 self.pairs[k][1].sendall(block if type(block) is bytes else frame_bytes(block))
-
-    def close(self) -> None:
-        for c, (_, actor) in zip(self.channels, self.pairs):
-            c.close()
-            actor.close()
 
 
 @pytest.fixture
