@@ -24,13 +24,6 @@ from ._step_io import read_joined
 from .batches import FramedRows, Rows
 from .channel import Reply, wait
 
-# Observations of any size are read into place: a small target costs two more recv calls than a copy, but only
-# answers with targets take the step in C (StepIO, whose head and join in C are worth far more), and a target's
-# prefix check is what proves an answer is in its learnt layout.  With a 4 KiB floor here CartPole's steps never
-# went through C: lifting it took 26 µs off a CartPole N=16 step over RayPool (p50, lower in 13 of 16 alternated
-# blocks) and 31 µs off the driver's CPU (16 of 16).
-MIN_OBS_BYTES = 1
-
 
 @dataclass(frozen=True)
 class AnswerForm:
@@ -50,7 +43,12 @@ class AnswerForm:
             return None
         body, start, layout = rows.frame
         dtype, shape = layout[1]   # the observations (the frame's order: ids, obs, rew, ...)
-        if not shape or shape[0] != num_rows or dtype.itemsize * math.prod(shape) < MIN_OBS_BYTES:
+        # Observations of any size but none are read into place: a small target costs two more recv calls than a
+        # copy, but only answers with targets take the step in C (StepIO, whose head and join in C are worth far
+        # more), and a target's prefix check is what proves an answer is in its learnt layout.  A 4 KiB floor here
+        # kept CartPole's steps out of C: lifting it took 26 µs off a CartPole N=16 step over RayPool (p50, lower in
+        # 13 of 16 alternated blocks) and 31 µs off the driver's CPU (16 of 16).
+        if not shape or shape[0] != num_rows or not dtype.itemsize * math.prod(shape):
             return None
         return AnswerForm(body[:start].tobytes(), array_offsets(start, layout)[1], dtype, tuple(shape))
 
