@@ -163,11 +163,7 @@ cdef int _wait_word(uint32_t *word, uint32_t target, int64_t spin_ns,
     return 0
 
 
-def claim_ids(const int64_t[::1] ids, uint8_t[::1] in_flight):
-    """Mark ``ids`` in flight (``in_flight``: one byte per env, 1 = in flight); False, with
-    nothing marked, if one is outside ``[0, len(in_flight))``, repeated, or already in flight.
-    One C pass over the ids: the numpy checks that word the error cost ~10 µs hot, several
-    times that beside busy workers, on every async ``send``.  The caller words the error."""
+cdef bint _claim(const int64_t[::1] ids, uint8_t[::1] in_flight) noexcept:
     cdef Py_ssize_t i, j, n = ids.shape[0], num_envs = in_flight.shape[0]
     cdef int64_t e
     for i in range(n):
@@ -178,6 +174,14 @@ def claim_ids(const int64_t[::1] ids, uint8_t[::1] in_flight):
             return False
         in_flight[e] = 1
     return True
+
+
+def claim_ids(const int64_t[::1] ids, uint8_t[::1] in_flight):
+    """Mark ``ids`` in flight (``in_flight``: one byte per env, 1 = in flight); False, with
+    nothing marked, if one is outside ``[0, len(in_flight))``, repeated, or already in flight.
+    One C pass over the ids: the numpy checks that word the error cost ~10 µs hot, several
+    times that beside busy workers, on every async ``send``.  The caller words the error."""
+    return _claim(ids, in_flight)
 
 
 cdef class WaitPolicy:
@@ -424,7 +428,7 @@ cdef class Wire:
         range, repeated, or already in flight.  The caller words the error."""
         if in_flight.shape[0] != self.num_envs:
             raise ValueError("in_flight must have one byte per env")
-        return claim_ids(ids, in_flight)
+        return _claim(ids, in_flight)
 
     def dispatch(self, const int64_t[::1] ids, const int32_t[::1] owner, bint reset):
         """Append claimed env ids to their workers' request rings and post
