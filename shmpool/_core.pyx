@@ -177,10 +177,8 @@ cdef bint _claim(const int64_t[::1] ids, uint8_t[::1] in_flight) noexcept:
 
 
 def claim_ids(const int64_t[::1] ids, uint8_t[::1] in_flight):
-    """Mark ``ids`` in flight (``in_flight``: one byte per env, 1 = in flight); False, with
-    nothing marked, if one is outside ``[0, len(in_flight))``, repeated, or already in flight.
-    One C pass over the ids: the numpy checks that word the error cost ~10 µs hot, several
-    times that beside busy workers, on every async ``send``.  The caller words the error."""
+    """Mark ``ids`` in flight (``in_flight``: one byte per env); False, nothing marked, if one is
+    out of range, repeated or in flight (the caller words it: numpy's checks cost ~10 µs hot)."""
     return _claim(ids, in_flight)
 
 
@@ -424,8 +422,7 @@ cdef class Wire:
         return shm_load_acquire(self._sig(2 + 2 * worker))
 
     def claim(self, const int64_t[::1] ids, uint8_t[::1] in_flight):
-        """Mark ``ids`` in flight; False (nothing marked) if one is out of
-        range, repeated, or already in flight.  The caller words the error."""
+        """:func:`claim_ids` for this wire's envs."""
         if in_flight.shape[0] != self.num_envs:
             raise ValueError("in_flight must have one byte per env")
         return _claim(ids, in_flight)
