@@ -335,9 +335,28 @@ def test_async_per_env_trajectories_match_local_pool(cluster):
             assert got[i][t][1:] == want[i][t][1:], (i, t)
 
 
-def test_recv_returns_whole_sub_batches_and_valid_ids(cluster):
+@pytest.mark.parametrize("parent_shard", [False, True])
+def test_recv_returns_whole_sub_batches_and_valid_ids(cluster, parent_shard):
+    """Async recv/send over 3 pools, with refused sends between them: each refusal (ids in flight, a row count, an
+    action) steps no env and leaves the ids claimable, every env steps once per send that went out, and a reset
+    afterwards gives a local Pool's observations; the shard in a worker or in the actor (``parent_shard``)."""
+    import gymnasium as gym
+
+    class Counting(gym.Wrapper):   # defined here: cloudpickled by value
+        calls = 0   # step and reset (an autoreset step resets the env instead of stepping it)
+
+        def step(self, action):
+            self.calls += 1
+            return super().step(action)
+
+        def reset(self, **kwargs):
+            self.calls += 1
+            return super().reset(**kwargs)
+
     n, b = 12, 6
-    with RayPool(TASK, n, seed=0, num_workers=1, batch_size=b) as rp:
+    sent = np.zeros(n, dtype=int)
+    with RayPool(lambda: Counting(gym.make(TASK)), n, seed=0, num_workers=1, batch_size=b,
+                 parent_shard=parent_shard) as rp:
         rp.async_reset()
         assert rp.in_flight == n
         counts = np.zeros(n, dtype=int)
@@ -359,8 +378,15 @@ def test_recv_returns_whole_sub_batches_and_valid_ids(cluster):
             envs = ", ".join(f"env {i}: 5" for i in ids[:4])   # the first four named, in the order sent
             with pytest.raises(ValueError, match=rf"^actions outside Discrete\(2\) for {envs} and 2 more$"):
                 rp.send(np.full(b, 5), ids)
+            assert rp.in_flight == n - b
             rp.send(np.zeros(b, dtype=np.int64), ids)
+            sent[ids] += 1
         assert (counts > 0).all()
+        obs, _ = rp.reset(seed=3)   # the actors run the sends still queued first
+        # every env stepped (or autoreset) once per send that went out: none for a refused send, none twice
+        assert (np.array(rp.get_attr("calls")) - 2 == sent).all()   # less async_reset's and reset's
+        with shmpool.Pool(TASK, n, seed=0, num_workers=1) as lp:
+            np.testing.assert_array_equal(obs, lp.reset(seed=3)[0])
 
 
 def test_recv_exactly_batch_size_with_leftovers(cluster):
