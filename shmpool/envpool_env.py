@@ -262,7 +262,13 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
             for key in _CAST_INFOS.keys() & info.keys():
                 info[key] = np.asarray(info[key]).astype(_CAST_INFOS[key], copy=False)
         elapsed = self._elapsed.rows(ids) if term is None else self._elapsed.advance(ids, term, trunc)
-        info.setdefault("elapsed_step", elapsed)   # an env's own count (the Atari recipe's) comes first
+        own = info.get("elapsed_step")   # an env's own count (the Atari recipe's) comes first
+        if own is None:
+            info["elapsed_step"] = elapsed
+        else:
+            reported = infos.get("_elapsed_step")   # which rows reported one: the others keep the count
+            if reported is not None and not reported.all():
+                info["elapsed_step"] = np.where(reported, own, elapsed).astype(np.int32, copy=False)
         env_id = ids.copy()          # the caller's own copy (ids may be the pool's)
         info["env_id"] = env_id
         players = info.get("players")

@@ -199,3 +199,29 @@ class CounterEnv(gym.Env):
         if self.n == self.big_at:
             info["big"] = 2**70
         return np.array([float(self.n)]), 0.0, False, False, info
+
+
+class SomeOwnElapsed(gym.Wrapper):
+    """CartPole (3-step episodes) whose envs reset with an even seed report their own
+    ``elapsed_step`` (1000 plus the steps since reset) in every info; the others report none,
+    so a batch mixes envs with and without their own count."""
+
+    def __init__(self):
+        super().__init__(gym.make("CartPole-v1", max_episode_steps=3))
+        self.own = False
+        self.t = 0
+
+    def _tagged(self, info: dict) -> dict:
+        return {**info, "elapsed_step": 1000 + self.t} if self.own else info
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.own = seed % 2 == 0
+        self.t = 0
+        obs, info = self.env.reset(seed=seed, options=options)
+        return obs, self._tagged(info)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        return obs, reward, terminated, truncated, self._tagged(info)

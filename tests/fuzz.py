@@ -1436,7 +1436,9 @@ def strip_masks(infos: dict) -> dict:
 
 def envpool_infos(infos: dict, elapsed: np.ndarray, env_ids: np.ndarray) -> dict:
     out = strip_masks(infos)
-    out.setdefault("elapsed_step", elapsed)
+    # An env's own elapsed_step where it reported one, the count in every other row.
+    out["elapsed_step"] = (np.where(infos["_elapsed_step"], infos["elapsed_step"], elapsed)
+                           if "elapsed_step" in infos else elapsed)
     out["env_id"] = env_ids
     out["players"] = {"env_id": env_ids.copy()}
     return out

@@ -9,6 +9,7 @@ import importlib.util
 import gymnasium as gym
 import numpy as np
 import pytest
+from envs import SomeOwnElapsed
 
 import shmpool
 
@@ -150,6 +151,33 @@ def test_elapsed_step_counts_the_steps_of_the_observations_episode(mode, no_leak
             assert info["elapsed_step"].tolist() == list(ref.get_attr("_elapsed_steps")), seen
         assert min(seen) == 0 and max(seen) >= 2              # episodes did end and restart
     ref.close()
+
+
+@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP])
+def test_elapsed_step_of_envs_without_their_own_is_counted_beside_envs_with_it(mode, no_leaks):
+    """Env 0 reports its own ``elapsed_step``, env 1 none: env 0's row is its own value and env
+    1's the count (the reference's TimeLimit counter), on every step of several episodes; the
+    envs that report never set the others' counts to 0."""
+    gym.register("shmpool-test/SomeOwnElapsed-v0", entry_point=SomeOwnElapsed)
+    try:
+        ref = gym.vector.SyncVectorEnv([SomeOwnElapsed] * 2, autoreset_mode=mode)
+        with shmpool.make("shmpool-test/SomeOwnElapsed-v0", env_type="gymnasium", num_envs=2, seed=0,
+                          autoreset_mode=mode) as env:
+            _, ref_info = ref.reset(seed=0)
+            _, info = env.reset()
+            rows = []
+            for _ in range(8):
+                counts = list(ref.get_attr("_elapsed_steps"))
+                expected = [int(ref_info["elapsed_step"][0]), counts[1]]
+                assert bool(ref_info["_elapsed_step"][0]) and not ref_info["_elapsed_step"][1]
+                assert info["elapsed_step"].tolist() == expected
+                rows.append(expected)
+                _, _, _, _, info = env.step(_actions(env, 2))
+                _, _, _, _, ref_info = ref.step(_actions(env, 2))
+            assert {r[0] for r in rows} >= {1000, 1001} and max(r[1] for r in rows) >= 2
+        ref.close()
+    finally:
+        gym.registry.pop("shmpool-test/SomeOwnElapsed-v0", None)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
