@@ -19,9 +19,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import random
 import signal
+import sys
 import threading
 import time
+
+import numpy as np
 
 from shmpool import protocol as P
 
@@ -107,6 +111,30 @@ def bounded(seconds: float | None):
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3), interval)
 
 
+@contextlib.contextmanager
+def trainer_rngs_kept():
+    """The global RNGs of this process (numpy's legacy one, Python's ``random``, torch's CPU one if
+    torch is imported) as they were before the block.  The hosted envs' constructors run here: one
+    that draws from a global RNG must not move the trainer's next draw, as it would not from one of
+    ``AsyncVectorEnv``'s workers (which starts from a copy of the same state).  Once built, hosted envs
+    that draw from a global RNG in ``step`` share the trainer's stream, as under ``SyncVectorEnv``;
+    ``parent_shard=False`` keeps every env in a process of its own."""
+    numpy_state = np.random.get_state()
+    python_state = random.getstate()
+    torch = sys.modules.get("torch")
+    try:
+        torch_state = torch.get_rng_state() if torch is not None else None
+    except Exception:   # a stub or half-imported torch
+        torch_state = None
+    try:
+        yield
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+        if torch_state is not None:
+            torch.set_rng_state(torch_state)
+
+
 class HostedWorker:
     """Shard ``index`` (envs ``start..``) built and stepped in the pool's own process.
 
@@ -124,7 +152,7 @@ class HostedWorker:
         self._server: Server | None = None
         # Start-up step one now: the Spaces (or a Failure) wait in the pipe for the pool.
         try:
-            with bounded(None if deadline is None else deadline - time.monotonic()):
+            with trainer_rngs_kept(), bounded(None if deadline is None else deadline - time.monotonic()):
                 self._built: BuiltEnvs | None = build_envs(self._end, fns, start)
         except _Expired:
             raise TimeoutError(f"worker {index} (envs {start}..{start + len(fns) - 1}, stepped in this process) did "
