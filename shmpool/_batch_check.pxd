@@ -9,6 +9,7 @@ cdef class BatchCheck:
     cdef cnp.npy_intp dims[64]   # numpy's NPY_MAXDIMS
     cdef int scan
     cdef int64_t lo, hi
+    cdef double limit   # the largest magnitude the slot's float dtype holds (HUGE_VAL otherwise)
 
     cdef int whole(self, object actions)   # check(), as a C call
     cdef bint _values_pass(self, cnp.ndarray a)

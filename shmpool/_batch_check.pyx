@@ -7,8 +7,10 @@ shape, its contiguity, then one scan of its values) cost a RayPool's driver ~30 
 node's pool the same again (issue 34).  This does them in one call; a batch it cannot judge alone (another
 dtype or shape, values it refuses, a space whose values it does not scan) goes back to the Python check, which
 names the envs."""
-from libc.math cimport isfinite, isnan
+from libc.math cimport HUGE_VAL, fabs, isfinite, isnan
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
+
+import numpy as np
 
 cimport numpy as cnp
 from cpython.object cimport PyObject
@@ -38,7 +40,7 @@ CHECK_IN_PYTHON = C_CHECK_IN_PYTHON   # the whole batch, its values for the Pyth
 SHAPE_ONLY = C_SHAPE_ONLY   # none (strict=False)
 INT_RANGE = C_INT_RANGE     # integers in [lo, hi) (Discrete, MultiBinary)
 NO_NAN = C_NO_NAN           # floats not NaN (a Box with no finite bound)
-FINITE = C_FINITE           # floats finite (a Box with a finite bound)
+FINITE = C_FINITE           # floats finite (a Box with a finite bound: the Python check judges inf per element)
 UNSCANNED = C_UNSCANNED     # the Python check scans them (MultiDiscrete's per-element bounds, other spaces)
 
 
@@ -56,9 +58,10 @@ cdef inline double _float_at(const char* p, int size) noexcept:
     return (<const double*>p)[0] if size == 8 else (<const float*>p)[0]
 
 
-cdef int _scan(cnp.ndarray a, int scan, int64_t lo, int64_t hi) noexcept:
+cdef int _scan(cnp.ndarray a, int scan, int64_t lo, int64_t hi, double limit) noexcept:
     """C_PASSED, or C_CHECK_IN_PYTHON for a value refused or a dtype not scanned here (``a``: C-contiguous, native
-    byte order)."""
+    byte order).  ``limit``: the largest magnitude the slot's float dtype holds; a finite value beyond it would
+    become infinite in the slot (float64 1e39 into float32)."""
     cdef const char* data = <const char*>cnp.PyArray_DATA(a)
     cdef Py_ssize_t i, n = cnp.PyArray_SIZE(a)
     cdef int size = cnp.PyArray_ITEMSIZE(a)
@@ -75,7 +78,7 @@ cdef int _scan(cnp.ndarray a, int scan, int64_t lo, int64_t hi) noexcept:
     if (scan == C_NO_NAN or scan == C_FINITE) and kind == b'f' and (size == 4 or size == 8):
         for i in range(n):
             x = _float_at(data + i * size, size)
-            if (not isfinite(x)) if scan == C_FINITE else isnan(x):
+            if isnan(x) or (scan == C_FINITE and not isfinite(x)) or (isfinite(x) and fabs(x) > limit):
                 return C_CHECK_IN_PYTHON
         return C_PASSED
     return C_CHECK_IN_PYTHON
@@ -94,6 +97,7 @@ cdef class BatchCheck:
         for i, n in enumerate(shape):
             self.dims[i] = n
         self.dtype, self.scan, self.lo, self.hi = dtype, scan, lo, hi
+        self.limit = float(np.finfo(dtype).max) if dtype.kind == "f" else HUGE_VAL
 
     def check(self, object actions) -> int:
         """NOT_WHOLE, PASSED or CHECK_IN_PYTHON for ``actions`` (see above)."""
@@ -126,4 +130,4 @@ cdef class BatchCheck:
             return True
         if self.scan == C_UNSCANNED or not cnp.PyArray_ISCARRAY_RO(a) or cnp.PyArray_ISBYTESWAPPED(a):
             return False
-        return _scan(a, self.scan, self.lo, self.hi) == C_PASSED
+        return _scan(a, self.scan, self.lo, self.hi, self.limit) == C_PASSED

@@ -12,9 +12,12 @@ of the action space:
 With ``strict`` (what ``Pool`` does by default) the values are checked too:
 
 - Discrete, MultiDiscrete and MultiBinary values must lie in the space;
-- Box values may not be NaN, nor infinite where that side's bound is finite.
-  Finite values outside a Box's bounds pass through, as with gymnasium's
-  vector envs: envs clip them (or wrap with ``ClipAction``).
+- Box values may not be NaN, nor infinite where that side's bound is finite
+  (element by element: ``+inf`` where ``high`` is ``inf``, ``-inf`` where ``low``
+  is ``-inf``), nor finite values the action dtype cannot hold (float64 ``1e39``
+  into a float32 Box would reach the env as ``inf``).  Finite values outside a
+  Box's bounds pass through, as with gymnasium's vector envs: envs clip them
+  (or wrap with ``ClipAction``).
 
 Without it the env decides, as with gymnasium's vector envs (an out-of-range
 Discrete action or a NaN reaches the env).
@@ -57,8 +60,10 @@ class _Slot:
         elif isinstance(space, spaces.MultiBinary):
             self.lo, self.hi = 0, 2
         elif isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
-            # inf is allowed only where the bound itself is infinite
-            self.inf_ok = not (np.isfinite(space.low).any() or np.isfinite(space.high).any())
+            # inf is allowed only where that side's bound itself is infinite, element by element
+            self.pos_inf_ok = np.broadcast_to(np.isposinf(space.high), space.shape)
+            self.neg_inf_ok = np.broadcast_to(np.isneginf(space.low), space.shape)
+            self.inf_ok = bool(self.pos_inf_ok.all() and self.neg_inf_ok.all())
         self.whole = BatchCheck(self.dtype, dst.shape, self._scan(), *(
             (self.lo, self.hi) if isinstance(self.lo, int) else ()))
 
@@ -104,9 +109,17 @@ class _Slot:
             if bad.any():
                 self._refuse(a, ids, bad, f"outside {self.space}")
         elif isinstance(self.space, spaces.Box) and a.dtype.kind == "f":
-            bad = np.isnan(a) if self.inf_ok else ~np.isfinite(a)
+            bad = np.isnan(a)
+            if not self.inf_ok:
+                bad |= ((a == np.inf) & ~self.pos_inf_ok) | ((a == -np.inf) & ~self.neg_inf_ok)
             if bad.any():
-                self._refuse(a, ids, bad, "NaN" if self.inf_ok else f"NaN or infinite (the space is {self.space})")
+                self._refuse(a, ids, bad, "NaN" if self.inf_ok else
+                             f"NaN or infinite where the bound is finite (the space is {self.space})")
+            if self.dtype.kind == "f" and a.dtype.itemsize > self.dtype.itemsize:
+                big = np.isfinite(a) & (np.abs(a) > np.finfo(self.dtype).max)
+                if big.any():
+                    self._refuse(a, ids, big, f"do not fit the action dtype {self.dtype} (they would become "
+                                 "infinite)")
 
     def check_fits(self, a: np.ndarray, ids: np.ndarray | None) -> None:
         """Integers narrowed to the slot's dtype must keep their value (numpy would wrap them)."""

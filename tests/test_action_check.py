@@ -35,6 +35,8 @@ def outcome(space: spaces.Space, strict: bool, actions, ids, numpy_only: bool = 
 
 BOX = spaces.Box(-1.0, 1.0, (2,), np.float32)
 OPEN_BOX = spaces.Box(-np.inf, np.inf, (2,), np.float64)
+OPEN_BOX_32 = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+HALF_OPEN_BOX = spaces.Box(np.array([-np.inf, -1]), np.array([np.inf, 1]), (2,), np.float32)   # element 1 bounded
 CASES = [
     (spaces.Discrete(3), [np.array([0, 1, 2, 1]), np.array([0, 3, 2, -1]), np.array([0, 1, 2, 1], np.int32),
                           np.array([0, 0, 1, 0, 2, 0, 1, 0])[::2], np.array([0.0, 1, 2, 1]),
@@ -48,6 +50,10 @@ CASES = [
            np.array([[0, np.inf]] * N, np.float32), np.full((N, 2), 3.0, np.float32),
            np.zeros((N, 2)), np.zeros((N, 4), np.float32)[:, ::2], np.zeros(N, np.float32)]),
     (OPEN_BOX, [np.array([[0, np.inf]] * N), np.array([[np.nan, 0]] * N), np.zeros((N, 2), np.float32)]),
+    (HALF_OPEN_BOX, [np.array([[np.inf, 0]] * N, np.float32), np.array([[-np.inf, 0]] * N, np.float32),
+                     np.array([[0, np.inf]] * N, np.float32), np.array([[1e39, 0]] * N),
+                     np.array([[1e30, 0]] * N)]),
+    (OPEN_BOX_32, [np.array([[np.inf, -np.inf]] * N), np.array([[-1e39, 0]] * N), np.full((N, 2), 3e38)]),
     # an integer Box: values outside its bounds pass (envs clip), a float batch is refused by its dtype
     (spaces.Box(0, 9, (2,), np.int64), [np.full((N, 2), 99), np.zeros((N, 2), np.int32), np.zeros((N, 2))]),
 ]
@@ -76,3 +82,26 @@ def test_the_check_says_which_batches_it_judged_alone():
     assert check.check(np.array([0, 1, 2, 0]).view(np.ndarray)) == PASSED
     assert check.check(np.ma.array([0, 1, 2, 0])) == NOT_WHOLE              # a subclass
     assert check.check([0, 1, 2, 0]) == NOT_WHOLE
+
+
+@pytest.mark.parametrize("space, actions, verdict", [
+    # inf where that element's bound is infinite is taken, though another element is bounded
+    (HALF_OPEN_BOX, np.array([[np.inf, 0], [-np.inf, 1], [0, 0], [2.0, -3.0]], np.float32), None),
+    (HALF_OPEN_BOX, np.array([[0, 0], [0, np.inf], [0, 0], [0, 0]], np.float32),
+     "actions NaN or infinite where the bound is finite (the space is Box([-inf  -1.], [inf  1.], (2,), float32)) "
+     "for env 1: [0.0, inf]"),
+    # a finite float64 beyond float32's range would reach the env as inf: refused before the cast
+    (spaces.Box(-1.0, 1.0, (2,), np.float32), np.array([[0, 0], [0, 0], [1e39, 0], [0, -1e39]]),
+     "actions do not fit the action dtype float32 (they would become infinite) for env 2: [1e+39, 0.0], "
+     "env 3: [0.0, -1e+39]"),
+    (OPEN_BOX_32, np.array([[0, 0], [0, 0], [0, 0], [0, 1e39]]),
+     "actions do not fit the action dtype float32 (they would become infinite) for env 3: [0.0, 1e+39]"),
+    (OPEN_BOX_32, np.array([[3e38, -3e38]] * N), None),
+])
+def test_box_values_are_judged_element_by_element_and_before_the_cast(space, actions, verdict):
+    got = outcome(space, True, actions, None)
+    if verdict is None:
+        assert got == ("written", [actions.astype(np.float32).tobytes()])
+    else:
+        assert got == ("refused", verdict)
+        assert outcome(space, True, actions, np.arange(N)) == ("refused", verdict)

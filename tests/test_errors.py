@@ -188,7 +188,8 @@ def test_continuous_and_multi_discrete_action_policy(no_leaks):
 
     with shmpool.Pool("Pendulum-v1", 2, num_workers=1) as pool:
         pool.reset(seed=0)
-        with pytest.raises(ValueError, match=r"actions NaN or infinite \(the space is Box.*\) for env 1: \[nan\]"):
+        refusal = r"actions NaN or infinite where the bound is finite \(the space is Box.*\) for env 1: \[nan\]"
+        with pytest.raises(ValueError, match=refusal):
             pool.step(np.array([[0.5], [np.nan]], dtype=np.float32))
         with pytest.raises(ValueError, match=r"for env 0: \[inf\]"):
             pool.step(np.array([[np.inf], [0.0]]))
