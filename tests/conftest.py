@@ -1,4 +1,5 @@
 import os
+import re
 import sys
 import time
 
@@ -8,11 +9,30 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 
-def shm_entries() -> set[str]:
+# What a pool can leave in /dev/shm: posix_ipc's objects made with a random name (``name=None``), which are
+# a run of lowercase letters, semaphores with glibc's ``sem.`` prefix (shmpool.region, shmpool.memory off
+# Linux).  Anything else there (Intel OpenMP's ``__KMP_REGISTERED_LIB_*``, torch's, another user's) is not
+# a pool's: on a shared machine a neighbour's file must not fail the suite.
+POOL_SHM_NAME = re.compile(r"(sem\.)?[a-z]+")
+
+
+def shm_entries(shm_dir: str = "/dev/shm") -> set[str]:
+    """The entries of ``shm_dir`` a pool of this user could have made (see ``POOL_SHM_NAME``)."""
     try:
-        return set(os.listdir("/dev/shm"))
+        names = os.listdir(shm_dir)
     except FileNotFoundError:
         return set()
+    out = set()
+    for name in names:
+        if not POOL_SHM_NAME.fullmatch(name):
+            continue
+        try:
+            if os.stat(os.path.join(shm_dir, name)).st_uid != os.getuid():
+                continue
+        except OSError:   # gone meanwhile
+            continue
+        out.add(name)
+    return out
 
 
 def our_children() -> list:

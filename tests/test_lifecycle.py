@@ -187,3 +187,26 @@ def test_pool_built_in_a_thread_outlives_the_thread(no_leaks):
         pool.reset(seed=0)
         obs, rew, *_ = pool.step(np.zeros(2, dtype=np.int64))
         assert rew.tolist() == [1.0, 1.0]
+
+
+def test_the_leak_check_sees_what_a_pool_can_leave_and_nothing_of_a_neighbour(tmp_path):
+    """``no_leaks`` compares /dev/shm before and after a test: only the names a pool can make
+    (posix_ipc's random lowercase names, ``sem.`` for semaphores), so Intel OpenMP's or torch's files
+    written by another process meanwhile do not fail the suite, and a leaked semaphore still does."""
+    import subprocess
+    import sys
+
+    import posix_ipc
+    for name in ("__KMP_REGISTERED_LIB_4242_0", "torch_4242_1_0", "sem.mp-abc", "wxyzabc", "sem.qrstuvw"):
+        (tmp_path / name).write_bytes(b"")
+    assert shm_entries(str(tmp_path)) == {"wxyzabc", "sem.qrstuvw"}
+    before = shm_entries()
+    neighbour = f"/dev/shm/__KMP_REGISTERED_LIB_{os.getpid()}_0"
+    subprocess.run([sys.executable, "-c", f"open({neighbour!r}, 'w').write('x')"], check=True)
+    sem = posix_ipc.Semaphore(None, posix_ipc.O_CREX)
+    try:
+        assert shm_entries() - before == {"sem." + sem.name.lstrip("/")}
+    finally:
+        sem.unlink()
+        os.unlink(neighbour)
+    assert shm_entries() == before
