@@ -242,6 +242,7 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], skipped: dict[st
     """The whole report as markdown: printed once, and the results file."""
     lines = [report.header("shmpool core benchmark", args, env, f"python {env['python']}, numpy {env['numpy']}, "
                            f"gymnasium {env['gymnasium']}, mujoco {env['mujoco']}"), "",
+             *([f"**Before the run:** {env['busy']}.", ""] if env.get("busy") else []),
              "Env-only throughput, env steps/s: median (min–max); ratios of medians:", "",
              report.markdown_table(THROUGHPUT_HEADER, throughput_rows(groups))]
     lines += [f"\n{task} skipped — {reason}" for task, reason in skipped.items()]
@@ -276,6 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     skipped = {t: why for t in args.tasks if (why := unavailable(t))}
     report.say_skipped(skipped, err)
     env = report.environment()
+    env["busy"] = report.busy_machine()
+    if env["busy"]:
+        err.print(f"[yellow]{env['busy']}[/yellow]", highlight=False)
     cells = [(t, n) for t in args.tasks if t not in skipped for n in args.num_envs or DEFAULT_NUM_ENVS.get(t, (8, 32))]
     groups = report.run_cells(cells, throughput_cases, args, err, len(subjects.SYSTEMS))
     cpus, note = round_trip_cpus(args)

@@ -17,6 +17,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import psutil
 
 import shmpool
 
@@ -47,6 +48,24 @@ def environment() -> dict[str, Any]:
         "numa_policy": numa_policy(),
         "start_method": mp.get_start_method(),
     }
+
+
+BUSY_ABOVE = 0.2   # other processes' share of the allowed cores that makes every ratio move
+
+
+def busy_machine(sample_s: float = 1.0) -> str | None:
+    """What other processes take of this run's allowed cores, said before any table when it is more
+    than ``BUSY_ABOVE`` (a neighbour's tests, a build): measured over ``sample_s`` while this process
+    sleeps, so all of it is theirs.  None on a quiet machine."""
+    cpus = sorted(os.sched_getaffinity(0))
+    per_cpu = psutil.cpu_percent(interval=sample_s, percpu=True)
+    used = [per_cpu[c] / 100 for c in cpus if c < len(per_cpu)]
+    share = sum(used) / max(len(used), 1)
+    if share <= BUSY_ABOVE:
+        return None
+    return (f"the machine is busy: other processes used {share:.0%} of cpus {cpus} over {sample_s:g} s before the "
+            f"run (load average {os.getloadavg()[0]:.1f}); shmpool's ratios need its cores free and fall with that "
+            "share, so read MISS lines below as this machine's, not the library's (bench/README.md)")
 
 
 def git_commit() -> str | None:

@@ -48,3 +48,21 @@ def test_the_pickled_leaf_envs_run_beside_their_box_only_twin(tmp_path):
     assert set(cells) == {"DictObs-v0", "DictTextObs-v0"}
     assert all(s["median_rate"] > 0 for systems in cells.values() for s in systems.values())
     assert "obs['text'] (Text)" in proc.stderr   # the lane's warning: the Text leaf did travel pickled
+
+
+def test_a_busy_machine_is_named_before_the_table(monkeypatch):
+    """Other processes spinning on every allowed core: bench.core's first line says so (issue 59: a
+    neighbour's load read as a broken library); a quiet sample says nothing."""
+    import os
+
+    from bench import report
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    try:
+        line = report.busy_machine(sample_s=0.5)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert line is not None and line.startswith("the machine is busy: other processes used ")
+    monkeypatch.setattr(report.psutil, "cpu_percent", lambda interval, percpu: [0.0] * (os.cpu_count() or 1))
+    assert report.busy_machine(sample_s=0.01) is None
