@@ -1,7 +1,7 @@
 """Autoreset modes, named as gymnasium's ``AutoresetMode`` (NEXT_STEP, SAME_STEP, DISABLED)."""
 from __future__ import annotations
 
-from gymnasium.vector import AutoresetMode
+from .gym_compat import AutoresetMode
 
 NEXT_STEP, SAME_STEP, DISABLED = "next_step", "same_step", "disabled"
 _BY_NAME = {

@@ -20,15 +20,23 @@ import numpy as np
 from gymnasium import logger
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.spaces import Dict, Tuple
-from gymnasium.spaces.utils import is_space_dtype_shape_equiv
-from gymnasium.vector import AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
-from gymnasium.vector.utils import batch_differing_spaces, batch_space
+from gymnasium.vector.utils import batch_space
 
 from .arguments import POOL_KEYWORDS, check_typos, is_ray_pool, keywords_of
-from .autoreset_modes import NEXT_STEP, as_gymnasium, parse_autoreset_mode
+from .autoreset_modes import as_gymnasium, parse_autoreset_mode
 from .background import BackgroundCall
 from .errors import EnvError, SpacesDifferError, rebuild_error
+from .gym_compat import (
+    DEFAULT_AUTORESET,
+    NOT_CALLABLE,
+    AutoresetMode,
+    batch_differing_spaces,
+    is_space_dtype_shape_equiv,
+    not_callable,
+    present_infos,
+    vector_metadata,
+)
 from .pool import Pool
 from .reset_args import check_reset_mask, seed_list
 
@@ -37,8 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["POOL_PARAMETERS", "VECTOR_PARAMETERS", "VectorEnv", "WaitTimeoutError"]
 
-# AsyncVectorEnv refuses to run these through ``call`` (they would desync the vector env).
-_NOT_CALLABLE = ("reset", "step", "close", "_setattr", "_check_spaces")
 # Pool parameters a VectorEnv forwards; any other keyword is an env kwarg (gymnasium ids only).
 POOL_PARAMETERS = POOL_KEYWORDS
 # Keywords a VectorEnv takes besides its envs: its own (AsyncVectorEnv's among them) and the pool's.
@@ -73,7 +79,10 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     arrays, as gymnasium returns them.
 
     ``autoreset_mode``: ``AutoresetMode`` or its name; default NEXT_STEP, or
-    the pool's own mode when a pool is given.  ``**pool_kwargs`` go to
+    the pool's own mode when a pool is given.  Under gymnasium 0.29 the
+    default is 0.29's only autoreset (same step, ``infos["final_observation"]``
+    and ``infos["final_info"]``) and infos have 0.29's layout; see
+    ``shmpool.gym_compat``.  ``**pool_kwargs`` go to
     :class:`shmpool.Pool` (``num_workers``, ``batch_size``, ``cpus``, ``seed``,
     ``wait_policy``, ``step_timeout``, ...).
 
@@ -175,7 +184,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             check_typos("VectorEnv", pool_kwargs, POOL_KEYWORDS | keywords_of(VectorEnv.__init__))
             try:
                 pool = Pool(env_fns, num_envs,
-                            autoreset_mode=NEXT_STEP if autoreset_mode is None else autoreset_mode,
+                            autoreset_mode=DEFAULT_AUTORESET if autoreset_mode is None else autoreset_mode,
                             strict=bool(strict), observation_mode="different", **pool_kwargs)
             except SpacesDifferError as exc:
                 raise async_vector_env_error(observation_mode, exc) from None
@@ -196,12 +205,12 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         self._apply_observation_mode(observation_mode)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         # A copy, as SyncVectorEnv makes, so the env's class-level metadata is never touched.
-        self.metadata = dict(pool.metadata)
-        self.metadata["autoreset_mode"] = self.autoreset_mode
+        self.metadata = vector_metadata(pool.metadata, self.autoreset_mode)
         self.render_mode = pool.render_mode
         # Like Sync/AsyncVectorEnv: no spec unless make_vec sets one (the env's own
         # spec does not describe how to rebuild the vector env).
         self.spec = None
+        self.viewer = None   # gymnasium 0.29's VectorEnv.close reads it
         self._structured_actions = isinstance(self.single_action_space, (Dict, Tuple))
         self._state = AsyncState.DEFAULT
         self._pending: BackgroundCall | None = None   # the reset_async/call_async at work
@@ -305,7 +314,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             obs, infos = self._pool.reset(seed=seeds, options=options)
         except EnvError as err:
             raise _retyped(err) from None
-        return self._out(obs), infos
+        return self._out(obs), present_infos(infos, self.num_envs)
 
     def _collect(self, op: str, timeout: float | None) -> Any:
         """The result of the pending reset/call; raises WaitTimeoutError (still pending) after ``timeout``."""
@@ -369,7 +378,8 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             self._state = AsyncState.DEFAULT
             raise
         self._state = AsyncState.DEFAULT
-        return self._out(obs), rewards.copy(), terminated.copy(), truncated.copy(), infos
+        return (self._out(obs), rewards.copy(), terminated.copy(), truncated.copy(),
+                present_infos(infos, self.num_envs))
 
     # --- EnvPool-style async ----------------------------------------------
 
@@ -392,9 +402,10 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         row's env.  All arrays are fresh."""
         self._assert_idle("recv")
         try:
-            return self._pool.recv()
+            obs, rewards, terminated, truncated, infos = self._pool.recv()
         except EnvError as err:
             raise _retyped(err) from None
+        return obs, rewards, terminated, truncated, present_infos(infos, len(rewards))
 
     # --- calls and attributes ---------------------------------------------
 
@@ -419,8 +430,8 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         return self._collect("call_wait", timeout)
 
     def _call_now(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, ...]:
-        if name in _NOT_CALLABLE:
-            raise ValueError(f"Trying to call function `{name}` with `call`, use `{name}` directly instead.")
+        if name in NOT_CALLABLE:   # AsyncVectorEnv refuses them (they would desync the vector env)
+            raise not_callable(name)
         try:
             return self._pool.call(name, *args, **kwargs)
         except EnvError as err:

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
-from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
 from . import _core
 from .errors import SpacesDifferError
+from .gym_compat import is_space_dtype_shape_equiv
 from .spacetree import tree_of
 
 ALIGN = _core.LINE

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium.vector import AutoresetMode
 
 from . import _core, openmp
 from . import layout as L
@@ -29,6 +28,7 @@ from .arguments import check_seed, check_typos, env_constructors, env_id_list, k
 from .autoreset_modes import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
 from .batched import check_hosting
 from .dispatch import Dispatch
+from .gym_compat import AutoresetMode
 from .infos import InfoReader
 from .pickled import LatestValues, PickledActionSender, PickledLeaves, warn_pickled
 from .plan import plan_pool

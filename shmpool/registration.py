@@ -19,10 +19,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import gymnasium
-from gymnasium.envs.registration import EnvSpec, VectorizeMode
+from gymnasium.envs.registration import EnvSpec
 
 from .arguments import POOL_KEYWORDS, check_count, check_seed, check_typos, keywords_of, know_own_tasks
 from .envpool_env import ENV_TYPES, RENDER_MODES, EnvPoolEnv, base_config
+from .gym_compat import VectorizeMode
 from .gymnasium_face import VECTOR_PARAMETERS, VectorEnv
 from .topology import allowed_cpus
 

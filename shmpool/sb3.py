@@ -56,7 +56,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
 from .arguments import POOL_KEYWORDS, check_typos, is_ray_pool, keywords_of, make_by_id
 from .autoreset_modes import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
-from .infos import unbatch_info
+from .info_rows import unbatch_info
 from .pool import Pool
 
 if TYPE_CHECKING:

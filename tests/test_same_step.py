@@ -10,6 +10,7 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
+from envs import same
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from shmpool.workers.shard import Shard
@@ -78,29 +79,6 @@ class EndingEnv(gym.Env):
             if self.length == 2:
                 info = {}
         return self._obs(), float(action), terminated, end and not terminated, info
-
-
-def same(a, b, path: str) -> None:
-    """Exact equality: the same types (numpy scalars vs python numbers too), dict keys, array
-    dtypes and shapes, and values; object arrays element by element."""
-    assert type(a) is type(b), f"{path}: {type(a).__name__} vs {type(b).__name__}"
-    if isinstance(a, dict):
-        assert set(a) == set(b), f"{path}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
-        for k in a:
-            same(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, (tuple, list)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            same(x, y, f"{path}[{i}]")
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
-        if a.dtype == object:
-            for i, (x, y) in enumerate(zip(a, b)):
-                same(x, y, f"{path}[{i}]")
-        else:
-            np.testing.assert_array_equal(a, b, err_msg=path)
-    else:
-        assert a == b, f"{path}: {a!r} vs {b!r}"
 
 
 def reference_loop(obs_kind: str, actions: list[np.ndarray], seed: int) -> list[tuple]:

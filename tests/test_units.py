@@ -239,7 +239,7 @@ def test_wire_wait_times_out_and_serves_requests_in_order():
 def test_unbatch_info_inverts_add_info():
     """One env's info back from the vector layout (SB3's face and batched shards both use it):
     masked keys only where marked, unmasked keys for every env, python scalars back as such."""
-    from shmpool.infos import unbatch_info
+    from shmpool.info_rows import unbatch_info
     infos: dict = {}
     add_info(infos, {"a": 1, "s": "x", "n": {"f": 0.5}}, 0, 3)
     add_info(infos, {"a": 2, "v": np.float32(3)}, 2, 3)

@@ -6,7 +6,9 @@ import numpy as np
 from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.autoreset_modes import NEXT_STEP, SAME_STEP
-from shmpool.infos import IN_SLOT, InfoWriter, column_dtype, unbatch_info
+from shmpool.gym_compat import reset_kwargs
+from shmpool.info_rows import unbatch_info
+from shmpool.infos import IN_SLOT, InfoWriter, column_dtype
 from shmpool.pickled import PickledLeaves
 from shmpool.spacetree import MissingItems, SpaceTree, tree_of
 
@@ -232,7 +234,8 @@ class Shard:
         if seed is None:
             seed = self.pending_seeds[j]
         self.pending_seeds[j] = None
-        obs, info = self.envs[j].reset(seed=seed, options=options)   # options= always, as gymnasium passes it
+        # as the installed gymnasium's vector envs call it (1.x: options= always; 0.29: only what is given)
+        obs, info = self.envs[j].reset(**reset_kwargs(seed, options))
         self.autoreset[j] = False
         v = self.views
         v.reward[i] = 0.0

@@ -1,0 +1,203 @@
+"""The one room where shmpool meets the installed gymnasium's version: 1.x, or 0.29.x (``LEGACY``).
+
+Everything of gymnasium that exists in one version only, and everything the faces do differently
+under the two, is decided here once, at import; the rest of shmpool imports these names and has no
+version test of its own.  Installing shmpool never moves the user's gymnasium (``gymnasium>=0.29.1``).
+
+Under gymnasium 1.x every name below is gymnasium's own and every function is what the faces did
+before this module existed.  Under 0.29, shmpool's faces behave as 0.29's ``AsyncVectorEnv``:
+
+- **One autoreset, on the same step.**  0.29's vector envs reset an ending env inside the step
+  that ended it and return the reset observation; the last observation and info are in
+  ``infos["final_observation"]`` / ``infos["final_info"]`` (object arrays, ``None`` for the envs
+  that did not end) with their ``_final_observation`` / ``_final_info`` masks.  So the pool runs
+  SAME_STEP (``DEFAULT_AUTORESET``) and :func:`present_infos` renames and re-lays its infos.
+  ``autoreset_mode=`` is *mapped*, not refused: 0.29's ``AsyncVectorEnv`` has no such keyword, so
+  no 0.29 code passes it by habit, and code written for shmpool's own keyword (an EnvPool script
+  that wants EnvPool's next-step autoreset) keeps working; ``"same_step"`` is 0.29's behaviour
+  above, ``"next_step"``/``"disabled"`` are the pool's modes as under 1.x, with 0.29's info layout.
+- **0.29's info layout.**  0.29's ``VectorEnv._add_info`` batches numbers (python's or numpy's)
+  into arrays of their type and keeps everything else, dicts and arrays included, as one object
+  per env; 1.x recurses into dicts and stacks arrays.  :func:`present_infos` rebuilds 0.29's
+  layout from each env's own info.
+- **Reset arguments.**  0.29 passes ``seed=``/``options=`` to an env's ``reset`` only when they
+  are given (:func:`reset_kwargs`); 1.x always passes both.
+- **call's refused names and message** (:func:`not_callable`), and the metadata (0.29's has no
+  ``autoreset_mode``, :func:`vector_metadata`).
+- ``AutoresetMode`` and ``VectorizeMode`` (1.x's enums) are stand-ins of the same members and values;
+  ``batch_differing_spaces`` (``observation_mode="different"``, a 1.x keyword) is refused with the
+  reason; ``is_space_dtype_shape_equiv`` is shmpool's own rule for the spaces the pool lays out.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from .info_rows import unbatch_info
+
+__all__ = ["DEFAULT_AUTORESET", "GYMNASIUM_VERSION", "LEGACY", "NOT_CALLABLE", "AutoresetMode", "VectorizeMode",
+           "batch_differing_spaces", "is_space_dtype_shape_equiv", "not_callable", "present_infos", "reset_kwargs",
+           "vector_metadata"]
+
+GYMNASIUM_VERSION = tuple(int(p) for p in gymnasium.__version__.split(".")[:2] if p.isdigit())
+#: gymnasium 0.29.x is installed (the vector API before 1.0).
+LEGACY = GYMNASIUM_VERSION < (1, 0)
+
+
+if LEGACY:
+    class AutoresetMode(enum.Enum):
+        """gymnasium 1.x's ``AutoresetMode``, which 0.29 lacks: the same members and values, so
+        ``autoreset_mode=`` takes the same names under both."""
+
+        NEXT_STEP = "NextStep"
+        SAME_STEP = "SameStep"
+        DISABLED = "Disabled"
+
+    class VectorizeMode(enum.Enum):
+        """The modes 0.29's (experimental) ``gymnasium.make_vec`` knows; ``"custom"`` is its
+        name for 1.x's ``"vector_entry_point"``."""
+
+        ASYNC = "async"
+        SYNC = "sync"
+        VECTOR_ENTRY_POINT = "custom"
+
+    #: What a VectorEnv built without ``autoreset_mode`` runs: 0.29's only autoreset.
+    DEFAULT_AUTORESET = AutoresetMode.SAME_STEP
+    #: Names ``call`` refuses (0.29's worker refuses them with a ValueError).
+    NOT_CALLABLE = ("reset", "step", "seed", "close")
+    _NOT_CALLABLE_MESSAGE = "Trying to call function `{name}` with `_call`. Use `{name}` directly instead."
+else:
+    from gymnasium.envs.registration import VectorizeMode  # noqa: F401  (re-exported)
+    from gymnasium.vector import AutoresetMode  # noqa: F401  (re-exported)
+
+    DEFAULT_AUTORESET = AutoresetMode.NEXT_STEP
+    NOT_CALLABLE = ("reset", "step", "close", "_setattr", "_check_spaces")
+    _NOT_CALLABLE_MESSAGE = "Trying to call function `{name}` with `call`, use `{name}` directly instead."
+
+
+def not_callable(name: str) -> ValueError:
+    """The error ``call(name)`` raises for a name in ``NOT_CALLABLE``, as the installed
+    gymnasium's ``AsyncVectorEnv`` words it."""
+    return ValueError(_NOT_CALLABLE_MESSAGE.format(name=name))
+
+
+def reset_kwargs(seed: Any, options: Any) -> dict[str, Any]:
+    """The keywords an env's ``reset`` gets from a vector env: both always under 1.x; under 0.29
+    only those given (its ``AsyncVectorEnv`` leaves out a None seed and None options)."""
+    if not LEGACY:
+        return {"seed": seed, "options": options}
+    return {k: v for k, v in (("seed", seed), ("options", options)) if v is not None}
+
+
+def vector_metadata(env_metadata: dict, mode: Any) -> dict:
+    """A vector env's metadata: a copy of its envs', plus 1.x's ``autoreset_mode`` (0.29 has none)."""
+    out = dict(env_metadata)
+    if not LEGACY:
+        out["autoreset_mode"] = mode
+    return out
+
+
+# --- spaces -----------------------------------------------------------------------------
+
+_FUNDAMENTAL = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def _same_type_shape_dtype(a: spaces.Space, b: spaces.Space) -> bool:
+    """Whether two spaces share type, shapes and dtypes (bounds may differ), for the spaces the
+    pool lays out in shared memory; NotImplementedError for others (the caller compares them)."""
+    if isinstance(a, spaces.Dict):
+        return (isinstance(b, spaces.Dict) and a.spaces.keys() == b.spaces.keys()
+                and all(_same_type_shape_dtype(a[k], b[k]) for k in a.spaces))
+    if isinstance(a, spaces.Tuple):
+        return (isinstance(b, spaces.Tuple) and len(a) == len(b)
+                and all(_same_type_shape_dtype(x, y) for x, y in zip(a, b)))
+    if isinstance(a, _FUNDAMENTAL):
+        return isinstance(b, type(a)) and a.shape == b.shape and a.dtype == b.dtype
+    raise NotImplementedError(f"no type/shape/dtype rule for {type(a).__name__}")
+
+
+def _no_differing_spaces(spaces_: list) -> spaces.Space:
+    raise ValueError("observation_mode='different' needs gymnasium>=1.0 (gymnasium 0.29's vector envs take one "
+                     "observation space for every env): give envs with equal observation spaces, or upgrade")
+
+
+if LEGACY:
+    is_space_dtype_shape_equiv = _same_type_shape_dtype
+    batch_differing_spaces = _no_differing_spaces
+else:
+    from gymnasium.spaces.utils import is_space_dtype_shape_equiv  # noqa: F401  (re-exported)
+    from gymnasium.vector.utils import batch_differing_spaces  # noqa: F401  (re-exported)
+
+
+# --- infos ------------------------------------------------------------------------------
+
+# What the pool's SAME_STEP adds to a step's infos (gymnasium 1.x's names).
+_FINAL_KEYS = ("final_obs", "_final_obs", "final_info", "_final_info")
+# Keys the pool's recv adds to every row, without a mask: they stay as they are.
+_POOL_KEYS = ("env_id",)
+
+
+def _add_info_0_29(infos: dict, info: dict, i: int, n: int) -> None:
+    """gymnasium 0.29's ``VectorEnv._add_info``: a number (python's or numpy's, not np.bool_)
+    into an array of its type, anything else into an object array (None elsewhere); one
+    ``_key`` mask per key; dicts are not recursed."""
+    for key, value in info.items():
+        array = infos.get(key)
+        if array is None:
+            kind = type(value)
+            if kind in (int, float, bool) or issubclass(kind, np.number):
+                array = np.zeros(n, dtype=kind)
+            else:
+                array = np.full(n, None, dtype=object)
+            infos[key], infos[f"_{key}"] = array, np.zeros(n, dtype=bool)
+        array[i] = value
+        infos[f"_{key}"][i] = True
+
+
+def _needs_relayout(infos: dict) -> bool:
+    """Whether 1.x's layout of ``infos`` differs from 0.29's: final keys, nested dicts or
+    stacked arrays (numbers and object arrays are batched alike by both)."""
+    for key, value in infos.items():
+        if key in _FINAL_KEYS or isinstance(value, dict):
+            return True
+        if isinstance(value, np.ndarray) and value.ndim > 1:
+            return True
+    return False
+
+
+def _legacy_infos(infos: dict, rows: int) -> dict:
+    """The pool's batched infos (gymnasium 1.x's layout) in gymnasium 0.29's: each env's own info
+    rebuilt and batched again with 0.29's rules, in env order (the first env with a key decides
+    its array, as in 0.29); an ended env's info is its reset info plus ``final_observation`` and
+    ``final_info`` (its last step's info), as 0.29's worker builds it."""
+    if not infos or not _needs_relayout(infos):
+        return infos
+    kept = {k: infos[k] for k in _POOL_KEYS if k in infos}
+    top = {k: v for k, v in infos.items() if k not in _FINAL_KEYS and k not in kept}
+    ended = infos.get("_final_obs")
+    final_info = infos.get("final_info", {})
+    final_mask = infos.get("_final_info")
+    n = rows
+    out: dict = {}
+    for i in range(n):
+        own = unbatch_info(top, i)
+        if ended is not None and ended[i]:
+            own["final_observation"] = infos["final_obs"][i]
+            own["final_info"] = unbatch_info(final_info, i) if final_mask is None or final_mask[i] else {}
+        if own:
+            _add_info_0_29(out, own, i, n)
+    out.update(kept)
+    return out
+
+
+def _infos_as_they_are(infos: dict, rows: int) -> dict:
+    return infos
+
+
+#: ``present_infos(infos, rows)``: the pool's batched infos of ``rows`` results as the installed
+#: gymnasium's vector envs lay them out (1.x: as they are).
+present_infos = _legacy_infos if LEGACY else _infos_as_they_are
