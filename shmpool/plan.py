@@ -28,6 +28,9 @@ from .arguments import (
 )
 from .batched import BatchedEnvs
 from .costs import StepCost, cheap_enough, step_cost
+from .neighbours import Neighbour, pinned_neighbours
+from .neighbours import describe as describe_neighbours
+from .neighbours import warning as neighbour_warning
 from .openmp import LEAVE_OPENMP, OpenMPChoice
 from .openmp import choose as choose_openmp
 from .topology import (
@@ -70,6 +73,7 @@ class PoolPlan:
     layout_note: str = ""   # why the layout differs from the default one, when it does
     openmp: OpenMPChoice = LEAVE_OPENMP   # what the pool does about the trainer's OpenMP spin
     probe: StepCost | None = None   # what the probe measured (shmpool.costs), None when none ran
+    neighbours: tuple[Neighbour, ...] = ()   # other processes' pool workers pinned to our cores (shmpool.neighbours)
 
     @property
     def bounds(self) -> list[tuple[int, int]]:
@@ -99,6 +103,15 @@ class PoolPlan:
         return (f"wait_policy 'spin' with {self.num_workers} workers on cpus {sorted(set(self.process_cpus))} and "
                 "the parent sharing them: a spinning process keeps a core another one needs; expect a large slowdown")
 
+    @property
+    def warnings(self) -> list[str]:
+        """What the pool warns of once, when it is built."""
+        notes = [self.spin_warning] if self.spin_warning else []
+        if self.neighbours:
+            taken = {n.cpu for n in self.neighbours}
+            notes.append(neighbour_warning(self.neighbours, [c for c in allowed_cpus() if c not in taken]))
+        return notes
+
     def describe_layout(self) -> str:
         """Where the workers run, as ``repr(pool)`` says it."""
         quota = "" if self.cpu_quota is None else f", cpu quota {self.cpu_quota:g}"
@@ -112,7 +125,8 @@ class PoolPlan:
         elif self.probe is not None:
             where = f"{where} ({self.probe.describe()})"
         workers = "1 worker" if self.num_workers == 1 else f"{self.num_workers} workers"
-        return f"{workers} {where}{quota}"
+        shared = f", {describe_neighbours(self.neighbours)}" if self.neighbours else ""
+        return f"{workers} {where}{quota}{shared}"
 
 
 def plan_pool(fns, *, num_workers: int | None, batch_size: int | None, cpus, wait_policy,
@@ -157,9 +171,11 @@ def plan_pool(fns, *, num_workers: int | None, batch_size: int | None, cpus, wai
     if hosting:   # the last (never the largest) shard: the parent also gathers the results
         worker_cpus = worker_cpus[:-1]
     choice = choose_wait_policy(wait_policy, worker_cpus, allowed, quota, trainer, hosted=hosting)
+    neighbours = tuple(pinned_neighbours(worker_cpus)) if pin and worker_cpus else ()
     return PoolPlan(
         num_envs=n, num_workers=w, batch_size=batch, max_lead=lead, max_concurrency=concurrency,
         cpus=tuple(cores), cpu_quota=quota, worker_cpus=tuple(worker_cpus) + (None,) * hosting,
         parent_shard=w - 1 if hosting else None, pinned=bool(pin), wait_choice=choice, step_timeout=timeout,
         on_worker_error=on_error, use_semaphores=use_sems, shard_sizes=tuple(shard_sizes(n, w)),
-        trainer=trainer, layout_note=note, openmp=choose_openmp(bool(worker_cpus)), probe=probe)
+        trainer=trainer, layout_note=note, openmp=choose_openmp(bool(worker_cpus)), probe=probe,
+        neighbours=neighbours)

@@ -21,6 +21,7 @@ from shmpool.batched import BatchedEnvs, hosting_info
 from shmpool.constructors import ShardConstructors
 from shmpool.errors import PoolResourceError
 from shmpool.memory import drop_inherited_regions, receive_region
+from shmpool.neighbours import name_this_worker
 
 from .inbox import PickledActionInbox
 from .inherited import set_aside_trainer_objects, shed_sockets
@@ -113,6 +114,7 @@ def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], con
         # Inside the try: a failure setting the process up reaches the parent's error with its traceback
         # (the worker's stderr may be a progress display's, or nobody's).
         watch = _setup_process(cpu, *parent)
+        name_this_worker(index)   # what another pool on these cores finds (shmpool.neighbours)
         shed_sockets({conn.fileno()})   # the trainer's ports and connections are never a worker's
         _run(conn, index, watch, constructors, start, seeds)
     except Exception as exc:

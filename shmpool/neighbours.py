@@ -1,0 +1,108 @@
+"""Other pools on this machine whose workers are pinned to the cores a new pool would use.
+
+Two training scripts on one box (several seeds at once) each pin their workers to the same cores by
+default, and each then runs at about half its speed (two CleanRL Atari runs: 56-58 SPS each against
+150-258 alone) with nothing said.  A worker names its process ``shmpool-w<k>`` (``/proc/<pid>/comm``,
+``WORKER_NAME_PREFIX``), which any user may read, as any user may read a process's allowed cpus; a new
+pool lists the workers of *other* processes pinned to one of its cores, says so once (``Pool`` warns),
+and ``repr(pool)`` shows them.  A pool's own process's other pools are not counted (the suite, or a
+trainer with a train and an eval pool, decides that itself), nor unpinned workers (``pin=False``: the
+kernel spreads them).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+WORKER_NAME_PREFIX = "shmpool-w"   # a worker's process name (at most 15 bytes: the kernel's comm)
+
+
+def name_this_worker(index: int) -> None:
+    """Name this process ``shmpool-w<index>`` (its ``comm``; the command line stays as it was)."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(f"{WORKER_NAME_PREFIX}{index}"[:15])
+    except OSError:   # no /proc: nothing can find us, and nothing else changes
+        pass
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A worker of another process's pool pinned to ``cpu``: its ``pid``, its pool's process ``owner``
+    (the parent pid) and that process's ``user``."""
+
+    pid: int
+    cpu: int
+    owner: int
+    user: str
+
+
+def _field(status: str, name: str) -> str | None:
+    for line in status.splitlines():
+        if line.startswith(name + ":"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def _cpu_list(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out.update(range(int(a), int(b) + 1))
+        elif part:
+            out.add(int(part))
+    return out
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return str(uid)
+
+
+def pinned_neighbours(cpus: list[int], proc: str = "/proc") -> list[Neighbour]:
+    """The workers of other processes' pools pinned to exactly one of ``cpus``, by cpu then pid (empty
+    where ``/proc`` cannot be read)."""
+    me = os.getpid()
+    wanted = set(cpus)
+    found = []
+    try:
+        pids = [int(p) for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/comm") as f:
+                if not f.read().startswith(WORKER_NAME_PREFIX):
+                    continue
+            with open(f"{proc}/{pid}/status") as f:
+                status = f.read()
+        except OSError:   # gone meanwhile, or not ours to read
+            continue
+        owner, allowed, uid = _field(status, "PPid"), _field(status, "Cpus_allowed_list"), _field(status, "Uid")
+        if owner is None or allowed is None or int(owner) == me:
+            continue
+        pinned = _cpu_list(allowed)
+        if len(pinned) == 1 and pinned <= wanted:
+            found.append(Neighbour(pid, pinned.pop(), int(owner), _user(int(uid.split()[0])) if uid else "?"))
+    return sorted(found, key=lambda n: (n.cpu, n.pid))
+
+
+def describe(neighbours: list[Neighbour] | tuple[Neighbour, ...]) -> str:
+    """The neighbours as ``repr(pool)`` and the warning say them."""
+    owners = sorted({(n.owner, n.user) for n in neighbours})
+    who = ", ".join(f"process {pid} of user {user}" for pid, user in owners)
+    cpus = sorted({n.cpu for n in neighbours})
+    return f"cpus {cpus} shared with the workers of another shmpool pool ({who})"
+
+
+def warning(neighbours: list[Neighbour] | tuple[Neighbour, ...], free: list[int]) -> str:
+    """What a pool pinned beside ``neighbours`` warns of, with what to do (``free``: allowed cores none
+    of them is pinned to)."""
+    advice = (f"give each pool its own cores with cpus= (free here: {free})" if free else
+              "no allowed core is free of them: give each pool its own cores with cpus= on a larger machine")
+    return (f"this pool's workers are pinned to {describe(neighbours)}: both pools then run at about half "
+            f"speed; {advice}, or pin=False to let the kernel place the workers")
