@@ -274,8 +274,8 @@ class Pool(LifecycleFacts):
         self.layout_note = plan.layout_note
         self.wait_choice = plan.wait_choice
         self.wait_policy, self.worker_wait_policy = self.wait_choice.parent, self.wait_choice.worker
-        if plan.spin_warning:
-            warnings.warn(plan.spin_warning, RuntimeWarning, stacklevel=2)
+        for note in plan.warnings:   # said once, here: a spinning wait on shared cores, another pool's cores
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
         self._spin = openmp.NOT_HELD   # its share of openmp.QUIET once started: told of every step
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
         self._copy = copy
