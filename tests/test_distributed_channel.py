@@ -863,3 +863,198 @@ def test_reply_values_only_when_every_reply_is_done_with_a_value():
     assert ch.Reply.values([*ok, reply(answer=ch.Answer(error=ValueError("x")))]) is None
     assert ch.Reply.values([reply(lost=ch.ChannelClosedError("gone")), *ok]) is None
     assert ch.Reply.values([]) == []
+
+
+# --- issue 57: who gets in, and a stream that cannot be read on -------------------------------------------
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the other side hung up on ``sock`` (closed, or reset: bytes it sent were never read)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_peer_that_trickles_its_token_is_hung_up_on_at_one_deadline_for_the_whole_token(monkeypatch):
+    """The token's read was bounded per ``recv``: a byte every 0.2 s (under AUTH_S each) held the accept loop for
+    the whole 16 bytes and more (~3.5 s here, ~78 s at a byte every 3 s and AUTH_S=5)."""
+    monkeypatch.setattr(ch, "AUTH_S", 0.5)
+    server = serve(handler)
+    slow = socket.create_connection(server.address, timeout=5)
+    stop = threading.Event()
+
+    def trickle():   # never the last byte, so only the deadline can end it
+        for _ in range(len(TOKEN) - 1):
+            if stop.wait(0.2):
+                return
+            try:
+                slow.sendall(b"x")
+            except OSError:
+                return
+
+    thread = threading.Thread(target=trickle)
+    t0 = time.monotonic()
+    thread.start()
+    try:
+        assert _hung_up(slow)
+        took = time.monotonic() - t0
+        assert 0.45 <= took < 1.5, took   # AUTH_S, plus a 1 s margin for a loaded machine
+    finally:
+        stop.set()
+        thread.join()
+        slow.close()
+        server.close()
+
+
+def test_silent_peers_queued_before_the_driver_do_not_delay_its_first_call(monkeypatch):
+    """Two local peers that connect and say nothing, then one that trickles: read one after the other, each held
+    the driver's first call AUTH_S (with the default 5 s and step_timeout=4 the RayPool closed)."""
+    monkeypatch.setattr(ch, "AUTH_S", 2.0)
+    server = serve(handler)
+    silent = [socket.create_connection(server.address, timeout=5) for _ in range(2)]
+    trickler = socket.create_connection(server.address, timeout=5)
+    trickler.sendall(TOKEN[:3])
+    time.sleep(0.1)   # they are accepted first
+    t0 = time.monotonic()
+    channel = ch.Channel.connect(server.address, TOKEN, 5)
+    try:
+        reply = channel.call("echo", "first")
+        assert ch.wait([reply], 1, 6.0) == [reply] and reply.answer.value == ("first",)
+        assert time.monotonic() - t0 < 1.0   # the old code: 2 x AUTH_S = 4 s at least
+        for sock in [*silent, trickler]:   # each still hung up on at its own deadline
+            assert _hung_up(sock)
+        assert time.monotonic() - t0 < 2.0 + 1.0
+    finally:
+        channel.close()
+        for sock in [*silent, trickler]:
+            sock.close()
+        server.close()
+
+
+def test_the_accepting_thread_hangs_up_on_the_oldest_caller_past_its_room(monkeypatch):
+    monkeypatch.setattr(ch, "KNOCKING", 2)
+    server = serve(handler)
+    callers = [socket.create_connection(server.address, timeout=5) for _ in range(3)]
+    try:
+        assert _hung_up(callers[0])
+        channel = ch.Channel.connect(server.address, TOKEN, 5)   # the newest caller pushes the second out
+        reply = channel.call("echo", 1)
+        assert ch.wait([reply], 1, 5.0) == [reply] and reply.answer.value == (1,)
+        channel.close()
+    finally:
+        for sock in callers:
+            sock.close()
+        server.close()
+
+
+BAD_HEADERS = {
+    "length 2**64-1 (-1 as a signed length)": ch.HEADER.pack(0, 0, 2**64 - 1),
+    "length 1 TiB": ch.HEADER.pack(0, 0, 2**40),
+    "length one past the bound": ch.HEADER.pack(0, 0, 2**30 + 1),
+    "pickle longer than the body": ch.HEADER.pack(100, 0, 10) + bytes(10),
+}
+MALFORMED = r"what came is no frame: a frame header announcing \d+ bytes \(at most 1073741824\) for \d+ arrays"
+
+
+@pytest.mark.parametrize("header", list(BAD_HEADERS.values()), ids=list(BAD_HEADERS))
+def test_a_malformed_frame_header_drops_that_connection_and_the_actor_keeps_accepting(header):
+    """It killed the serving thread (ValueError, MemoryError), the listener left open with nobody accepting."""
+    server = serve(handler)
+    sock = socket.create_connection(server.address, timeout=5)
+    try:
+        sock.sendall(TOKEN + frame_bytes(ch.Request("echo", (1,))))
+        assert ch.recv_message(sock).value == (1,)   # let in and served
+        sock.sendall(header)
+        assert _hung_up(sock)
+        channel = ch.Channel.connect(server.address, TOKEN, 5)
+        reply = channel.call("echo", 2)
+        assert ch.wait([reply], 1, 5.0) == [reply] and reply.answer.value == (2,)
+        channel.close()
+    finally:
+        sock.close()
+        server.close()
+    assert server.thread.join(5) is None and not server.thread.is_alive()   # the driver hung up: it ended
+
+
+def _fake_actor(first_answer: bytes) -> tuple[socket.socket, threading.Thread, list]:
+    """A listener that lets one caller in, reads one request, sends ``first_answer`` and records whether the
+    caller then hung up on it (within 5 s)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list = []
+
+    def run():
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(5)
+            ch.recv_exact(conn, len(TOKEN))
+            ch.recv_message(conn)
+            conn.sendall(first_answer)
+            try:   # the driver's later requests, until it hangs up
+                while conn.recv(1 << 16):
+                    pass
+                seen.append(True)
+            except ConnectionResetError:
+                seen.append(True)
+            except TimeoutError:
+                seen.append(False)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return listener, thread, seen
+
+
+@pytest.mark.parametrize("header", list(BAD_HEADERS.values()), ids=list(BAD_HEADERS))
+@pytest.mark.parametrize("path", ["wait", "the C step's read"])
+def test_a_malformed_answer_header_loses_the_connection_as_an_ended_one_does(header, path):
+    """The driver's wait raised ValueError/MemoryError; now the call is lost, worded as any ended connection
+    (RayPool then names the pool and its node), and the actor is hung up on.  Through ``wait`` an answer before
+    the header still counts; the C step's read (``read_joined``) settles its one reply as lost."""
+    from shmpool.distributed._inbox import ReadTarget
+    from shmpool.distributed._step_io import read_joined
+
+    before = frame_bytes(ch.Answer(value=7)) if path == "wait" else b""
+    listener, thread, seen = _fake_actor(before + header)
+    channel = ch.Channel.connect(listener.getsockname(), TOKEN, 5)
+    try:
+        if path == "wait":
+            first, lost = channel.call("echo", 1), channel.call("echo", 2)
+            assert ch.wait([first, lost], 2, 5.0) == [first, lost]
+            assert first.answer.value == 7
+        else:
+            target = ReadTarget(b"", 0, np.empty(4, np.uint8))
+            lost = channel.call("step", np.zeros(2))
+            lost.target = target
+            assert read_joined([channel], [channel.fd], [channel.reader.inbox], [target], time.monotonic() + 5.0,
+                               lambda bodies: None) is None
+            assert lost.done and not target.filled
+        thread.join(5)
+        host, port = listener.getsockname()
+        assert type(lost.lost) is ch.ChannelClosedError
+        assert re.fullmatch(rf"its connection \({host}:{port}\) ended: {MALFORMED}.*; the connection was dropped",
+                            str(lost.lost))
+        assert seen == [True]
+        later = channel.call("echo", 3)
+        assert later.done and later.lost is lost.lost
+    finally:
+        channel.close()
+        listener.close()
+        thread.join(5)
+
+
+def test_a_message_longer_than_a_frame_carries_is_refused_as_that_call_s_error(monkeypatch):
+    monkeypatch.setattr(ch, "MAX_BODY", 4096)
+    with pytest.raises(ValueError, match=r"^a message of 5\d\d\d bytes is more than one frame carries \(4096 bytes\)$"):
+        ch.encode(ch.Request("echo", (np.zeros(5000, np.uint8),)))
+    server = ch.ChannelServer("127.0.0.1", TOKEN, {"grow": lambda: np.zeros(5000, np.uint8), "echo": lambda *a: a})
+    channel = ch.Channel.connect(server.address, TOKEN, 5)
+    try:
+        big, small = channel.call("grow"), channel.call("echo", 1)
+        assert ch.wait([big, small], 2, 5.0) == [big, small]
+        assert big.lost is None and type(big.answer.error) is ValueError
+        assert re.fullmatch(r"a message of 5\d\d\d bytes is more than one frame carries \(4096 bytes\)",
+                            str(big.answer.error))
+        assert small.answer.value == (1,)   # the connection goes on
+    finally:
+        channel.close()
+        server.close()

@@ -2,6 +2,8 @@
 import numpy as np
 
 ENDED_BY_PEER: int
+MALFORMED: int
+MAX_BODY: int
 
 class ReadTarget:
     prefix: bytes
@@ -11,6 +13,7 @@ class ReadTarget:
     def __init__(self, prefix: bytes, at: int, into: np.ndarray) -> None: ...
 
 class FrameInbox:
+    malformed: str | None
     @property
     def partial(self) -> bool: ...
     def read(self, fd: int, targets: list[ReadTarget | None] | None = None

@@ -47,6 +47,12 @@ cdef enum:
 
 cdef int WOULD_BLOCK = EWOULDBLOCK   # a variable: it equals EAGAIN on Linux, a duplicate case as a switch
 ENDED_BY_PEER = -1     # ``FrameInbox.read``'s status when the other side closed the connection
+MALFORMED = -2         # ``FrameInbox.read``'s status when a frame's header cannot be one (:data:`MAX_BODY`)
+# The longest body a frame may announce: a header past it (or one whose pickle and array sizes do not fit its
+# body) is a broken stream, not a frame, and must not become an allocation of whatever its bytes say (a
+# length of 2**64 - 1 read as -1 was a ValueError, 2**40 a MemoryError, either one killing the reader).
+# 1 GiB: ~10x a reset of 1024 Atari frames in colour; the sender refuses a bigger frame as that call's error.
+MAX_BODY = 1 << 30
 
 
 cdef class ReadTarget:
@@ -102,6 +108,7 @@ cdef class FrameInbox:
     cdef cnp.ndarray spare      # the last body handed out
     cdef ReadTarget target      # the frame being read's target (None: none)
     cdef int mode               # WHOLE, CHECKING or DIVERTING
+    cdef readonly object malformed   # what was wrong with the header that broke the stream (None: nothing)
 
     def __cinit__(self):
         self.head_got = 0
@@ -119,8 +126,15 @@ cdef class FrameInbox:
         return self.head_got > 0 or self.body is not None
 
     cdef int _start_body(self, list targets, Py_ssize_t index) except -1:
-        """The header is in: the body's memory, and whether ``targets[index]`` may take part of it."""
-        cdef cnp.npy_intp n = <cnp.npy_intp>_le(self.head + 8, 8)
+        """The header is in: the body's memory, and whether ``targets[index]`` may take part of it; 1 (nothing
+        started, :attr:`malformed` said why) when the header cannot be a frame's."""
+        cdef uint64_t length = _le(self.head + 8, 8)
+        cdef uint64_t before = 8 * _le(self.head + 4, 4) + _le(self.head, 4)   # array sizes and pickle
+        if length > MAX_BODY or before > length:
+            self.malformed = (f"a frame header announcing {length} bytes (at most {MAX_BODY}) for "
+                              f"{_le(self.head + 4, 4)} arrays and a pickle of {_le(self.head, 4)} bytes")
+            return 1
+        cdef cnp.npy_intp n = <cnp.npy_intp>length
         self.body = self._new_body(n)
         self.got = 0
         self.target = None
@@ -156,8 +170,9 @@ cdef class FrameInbox:
 
     def read(self, int fd, list targets=None):
         """``(frames, status)``: the frames completed from what ``fd`` holds now, in order, and how reading
-        stopped: 0 (nothing more has arrived), :data:`ENDED_BY_PEER`, or the ``errno`` of a failed read (the
-        frames before it still count).
+        stopped: 0 (nothing more has arrived), :data:`ENDED_BY_PEER`, :data:`MALFORMED` (a header no frame has:
+        :attr:`malformed` says what it announced; nothing more is read, every later call says so again), or the
+        ``errno`` of a failed read (the frames before it still count).
 
         ``targets``: a :class:`ReadTarget` (or None) for each frame to come, the one under way first: the ``j``-th
         frame this call returns was read by ``targets[j]`` when that target's ``filled`` is set.  The range it
@@ -167,6 +182,8 @@ cdef class FrameInbox:
         cdef int err = 0
         cdef char* at
         cdef size_t want
+        if self.malformed is not None:
+            return frames, MALFORMED
         while True:
             if self.body is None:
                 with nogil:
@@ -175,7 +192,8 @@ cdef class FrameInbox:
                 if k > 0:
                     self.head_got += k
                     if self.head_got == HEAD:
-                        self._start_body(targets, len(frames))
+                        if self._start_body(targets, len(frames)):
+                            return frames, MALFORMED
                     else:
                         continue
             else:   # a body still short of its length (a complete one, even empty, was handed out below)

@@ -203,7 +203,7 @@ def read_joined(list channels, list fds, list inboxes, list targets, double dead
     finally:
         if result is None:   # not joined, or a signal's handler raised: every answer read settles its reply
             for k in range(n):
-                channels[k].settle(FrameReader.answers(frames[k], aimed[k]), read_ended(statuses[k]))
+                channels[k].settle(FrameReader.answers(frames[k], aimed[k]), read_ended(statuses[k], inboxes[k]))
     if result is None:
         return None
     answer = Answer(value=result)

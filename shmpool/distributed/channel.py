@@ -39,14 +39,16 @@ import cloudpickle
 import numpy as np
 
 from ._frames import RowsFramer, arrays_at, check_length, frame_meta, frame_parts, is_plain, layout_end, plain_layout
-from ._inbox import ENDED_BY_PEER, FrameInbox, ReadTarget, readable
+from ._inbox import ENDED_BY_PEER, MALFORMED, MAX_BODY, FrameInbox, ReadTarget, readable
 from .batches import FramedRows, Rows, masks_are_bool
 
 HEADER = struct.Struct("<IIQ")   # pickle bytes, arrays, body bytes (array sizes, pickle, aligned arrays)
 ALIGN = 16            # each array's offset in a frame's body: numpy's widest usual alignment
 TOKEN_BYTES = 16
 STALL_S = 60.0        # a frame (or a send) that stops half-way for this long: the connection is treated as lost
-AUTH_S = 5.0          # a caller that has not sent its token by then is hung up on (the driver sends it at once)
+AUTH_S = 5.0          # a caller that has not sent its whole token by then is hung up on (the driver sends it at once)
+KNOCKING = 64         # callers awaiting their token's end at once; the oldest is hung up on to make room
+ACCEPT_POLL_S = 1.0   # with no caller knocking, how often the accepting thread looks whether the server closed
 IOV_MAX = 512         # parts per sendmsg (Linux allows 1024)
 JOIN_BYTES = 64 * 1024   # a frame up to this size is joined and sent at once (cheaper than sendmsg of parts)
 # Socket buffers big enough for a whole answer: with the defaults a 221 KiB answer crossed in many
@@ -71,6 +73,11 @@ def _tuned_socket(host: str, port: int) -> tuple[socket.socket, Any]:
 
 class ChannelClosedError(ConnectionError):
     """The connection to an actor ended: its process exited or was killed, or its node went away."""
+
+
+class ChannelProtocolError(ChannelClosedError):
+    """What came on a connection is no frame (a header announcing an impossible length): the stream cannot be
+    read on, so the connection is dropped."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +258,8 @@ def _frame_prefix(meta: bytes | memoryview, arrays: list[np.ndarray]) -> tuple[b
     for a in arrays:
         pads.append(_padded(body))
         body += pads[-1] + a.nbytes
+    if body > MAX_BODY:   # the other end would drop the connection on its header: this message's error instead
+        raise ValueError(f"a message of {body} bytes is more than one frame carries ({MAX_BODY} bytes)")
     return HEADER.pack(len(meta), len(arrays), body) + sizes + bytes(meta), tuple(pads)
 
 
@@ -390,10 +399,14 @@ def answer_parts(value: Any) -> list:
     return encode(Answer(value=value)) if parts is None else parts
 
 
-def read_ended(status: int) -> BaseException | None:
-    """How a connection ended, from :meth:`~._inbox.FrameInbox.read`'s status: None while it is open."""
+def read_ended(status: int, inbox: FrameInbox | None = None) -> BaseException | None:
+    """How a connection ended, from :meth:`~._inbox.FrameInbox.read`'s status (``inbox``: the one that read it):
+    None while it is open."""
     if status == ENDED_BY_PEER:
         return ChannelClosedError("the connection was closed by the other side")
+    if status == MALFORMED:
+        said = "" if inbox is None else f": {inbox.malformed}"
+        return ChannelProtocolError(f"what came is no frame{said}; the connection was dropped")
     return OSError(status, os.strerror(status)) if status else None
 
 
@@ -411,7 +424,7 @@ class FrameReader:
         ended if it did (after those messages: an actor's last answer still counts).  ``targets``: a target
         (or None) for each message to come, in order (:meth:`~._inbox.FrameInbox.read`)."""
         frames, status = self.inbox.read(sock.fileno(), targets)
-        return FrameReader.answers(frames, targets), read_ended(status)
+        return FrameReader.answers(frames, targets), read_ended(status, self.inbox)
 
     @staticmethod
     def answers(frames: list[tuple[np.ndarray, int, int]], targets: list[ReadTarget | None] | None) -> list:
@@ -466,7 +479,7 @@ def whole_frames(fd: int, inbox: FrameInbox, ready: select.poll) -> list:
         frames, status = inbox.read(fd)
         if frames:
             return frames   # an end or error after them is met by the next read
-        ended = read_ended(status)
+        ended = read_ended(status, inbox)
         if ended is not None:
             raise ended
         if not ready.poll(STALL_S * 1000):
@@ -481,45 +494,121 @@ def _portable_answer(exc: BaseException) -> list:
         return encode(Answer(error=RuntimeError(f"{type(exc).__name__}: {exc}"[:2000])))
 
 
+class Knock:
+    """A caller accepted and not yet let in: the token bytes it has sent, and when it is hung up on."""
+
+    __slots__ = ("conn", "got", "deadline")
+
+    def __init__(self, conn: socket.socket, deadline: float) -> None:
+        self.conn = conn
+        self.got = bytearray()
+        self.deadline = deadline
+
+
 class ChannelServer:
     """The actor's end: listens on ``host`` (port chosen by the OS), accepts the driver that presents
     ``token`` and answers its :class:`Request` frames in one thread: ``handlers[method](*args)``.  A method
     ``handlers`` lacks is answered with a ValueError.  ``spin_s``: how long it may poll for the next call before
-    sleeping (:class:`CallGaps`; 0: it always sleeps)."""
+    sleeping (:class:`CallGaps`; 0: it always sleeps).
+
+    Callers are let in one poll for all: each has AUTH_S for its whole token, and a silent or trickling one
+    never delays another (read one after the other, two silent local peers queued before the driver held its
+    first call 2 x AUTH_S, past a ``step_timeout``).  Once the driver that was let in hangs up, nobody else is;
+    one whose stream breaks (:class:`ChannelProtocolError`) is dropped and the server accepts again."""
 
     def __init__(self, host: str, token: bytes, handlers: Mapping[str, Callable[..., Any]],
                  spin_s: float = SPIN_S) -> None:
         self.token = token
         self.spin_s = spin_s
         self.handlers = dict(handlers)
+        self.closed = False
         self.listener, where = _tuned_socket(host, 0)
         self.listener.bind(where)
         self.listener.listen()
+        self.listener.setblocking(False)   # accept() in the poll loop: a caller gone meanwhile must not block it
         self.address: tuple[str, int] = self.listener.getsockname()[:2]
         self.thread = threading.Thread(target=self._run, name="shmpool-channel", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:   # closed
+            conn = self._let_in()
+            if conn is None:   # closed
                 return
             with conn:
-                conn.settimeout(AUTH_S)
-                try:
-                    token = recv_exact(conn, len(self.token))
-                except (OSError, ChannelClosedError):
-                    continue
-                if not hmac.compare_digest(bytes(token), self.token):
-                    continue   # not our driver: hang up and keep listening
                 conn.settimeout(STALL_S)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._serve(conn)
-            self.close()   # one driver per actor: once it hangs up, nobody else is let in
-            return
+                broken = self._serve(conn)
+            if not broken:
+                self.close()   # one driver per actor: once it hangs up, nobody else is let in
+                return
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _let_in(self) -> socket.socket | None:
+        """The next caller that presents the token (non-blocking, its token read); None once the server closed."""
+        knocking: dict[int, Knock] = {}   # by fd, oldest first
+        polled = select.poll()
+        listening = self.listener.fileno()
+        polled.register(listening, select.POLLIN)
+        try:
+            while not self.closed:
+                now = time.monotonic()
+                for fd in [fd for fd, k in knocking.items() if k.deadline <= now]:
+                    self._hang_up(knocking, polled, fd)
+                wait_s = min([k.deadline - now for k in knocking.values()], default=ACCEPT_POLL_S)
+                for fd, _ in polled.poll(max(0, math.ceil(min(wait_s, ACCEPT_POLL_S) * 1000))):
+                    if fd == listening:
+                        if not self._accept(knocking, polled):
+                            return None
+                        continue
+                    if fd in knocking and self._hears(knocking, polled, fd):
+                        conn = knocking.pop(fd).conn
+                        polled.unregister(fd)
+                        return conn
+            return None
+        finally:
+            for fd in list(knocking):
+                self._hang_up(knocking, polled, fd)
+
+    def _accept(self, knocking: dict[int, Knock], polled: select.poll) -> bool:
+        """Accept every caller waiting; False once the listener is closed."""
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:   # closed
+                return False
+            conn.setblocking(False)
+            if len(knocking) >= KNOCKING:
+                self._hang_up(knocking, polled, next(iter(knocking)))
+            knocking[conn.fileno()] = Knock(conn, time.monotonic() + AUTH_S)
+            polled.register(conn.fileno(), select.POLLIN)
+
+    def _hears(self, knocking: dict[int, Knock], polled: select.poll, fd: int) -> bool:
+        """Read what caller ``fd`` sent of its token: True once it is the whole token; a wrong one, an end or an
+        error hangs up on it."""
+        knock = knocking[fd]
+        try:
+            got = knock.conn.recv(len(self.token) - len(knock.got))
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            got = b""
+        knock.got += got
+        if got and len(knock.got) < len(self.token):
+            return False
+        if got and hmac.compare_digest(bytes(knock.got), self.token):
+            return True
+        self._hang_up(knocking, polled, fd)   # not our driver (or gone): hang up and keep listening
+        return False
+
+    @staticmethod
+    def _hang_up(knocking: dict[int, Knock], polled: select.poll, fd: int) -> None:
+        polled.unregister(fd)
+        knocking.pop(fd).conn.close()
+
+    def _serve(self, conn: socket.socket) -> bool:
+        """Answer ``conn``'s calls until it ends; True when it ended on a broken stream."""
         idle = select.poll()
         idle.register(conn.fileno(), select.POLLIN)
         gaps = CallGaps(self.spin_s)
@@ -531,8 +620,10 @@ class ChannelServer:
                     if not inbox.partial:   # between calls the driver may pause as long as it likes (an evaluation)
                         await_call(idle, gaps)
                     frames.extend(whole_frames(conn.fileno(), inbox, idle))
+                except ChannelProtocolError:
+                    return True
                 except (OSError, ChannelClosedError):
-                    return
+                    return False
                 # A driver on this core may still be sending a step's other requests: let it finish before this call's
                 # pool takes the core, or it waits out a scheduler slice (1–4 ms) with those pools idle (issue 34).
                 os.sched_yield()
@@ -557,9 +648,10 @@ class ChannelServer:
             try:
                 send_parts(conn, parts)
             except OSError:
-                return
+                return False
 
     def close(self) -> None:
+        self.closed = True
         self.listener.close()
 
 
@@ -658,6 +750,11 @@ class Channel:
 
     def _lose(self, exc: BaseException) -> None:
         if self.lost is None:
+            if isinstance(exc, ChannelProtocolError):   # nothing more can be read: the actor is told at once
+                try:   # shutdown, not close: the descriptor stays this channel's until close()
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             host, port = self.address
             self.lost = ChannelClosedError(f"its connection ({host}:{port}) ended: {str(exc) or type(exc).__name__}")
             self.lost.__cause__ = exc if exc is not self.lost else None
