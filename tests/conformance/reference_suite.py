@@ -69,8 +69,9 @@ class Outcome:
     skipped: dict[str, str]  # test id -> skip reason
 
 
-def run(test_file: Path, timeout: float, extra_args: tuple[str, ...] = ()) -> Outcome:
-    """Run ``test_file`` in a child pytest (its own rootdir, no plugins of ours) and read its junit XML."""
+def run(test_file: Path, timeout: float, extra_args: tuple[str, ...] = (), qualified: bool = False) -> Outcome:
+    """Run ``test_file`` (or a folder of them) in a child pytest (its own rootdir, no plugins of ours) and
+    read its junit XML; ``qualified``: cases are named ``module::case`` (a folder's files share case names)."""
     report = test_file.with_suffix(".xml")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(test_file.parent), os.environ.get(
         "PYTHONPATH")]))}
@@ -82,7 +83,7 @@ def run(test_file: Path, timeout: float, extra_args: tuple[str, ...] = ()) -> Ou
         pytest.fail(f"the reference suite {test_file.name} did not run")
     passed, skipped, failed = set(), {}, {}
     for case in ET.parse(report).getroot().iter("testcase"):
-        name = case.get("name")
+        name = f"{case.get('classname')}::{case.get('name')}" if qualified else case.get("name")
         problem = case.find("failure")
         if problem is None:
             problem = case.find("error")
