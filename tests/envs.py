@@ -87,6 +87,10 @@ class FaultyEnv(gym.Env):
             return np.zeros(4, np.complex64)
         if self.how == "nan_reward":
             return "nan_reward"
+        if self.how == "fork":  # a bare fork whose child returns from step (it ends itself 0.3 s later)
+            if os.fork() == 0:
+                import threading
+                threading.Timer(0.3, os._exit, (0,)).start()
         return None
 
     def reset(self, *, seed=None, options=None):

@@ -832,3 +832,59 @@ def test_nested_numeric_infos_need_no_side_message(monkeypatch, no_leaks):
         infos = envs.step(np.zeros(2, np.int64))[4]
     assert infos["episode"]["l"].tolist() == [1, 1] and infos["_episode"].tolist() == [True, True]
     assert handed == []
+
+
+class ForksInStep(gym.Env):
+    """Counts its steps; every step (and ``spawn``) forks a child that returns from the env's call, as a
+    careless ``os.fork()`` does (the child ends itself 0.3 s later, wherever it is by then)."""
+
+    observation_space = spaces.Box(0, 1e9, (1,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self):
+        self.n = 0
+
+    def _fork(self):
+        import os
+        if os.fork() == 0:
+            threading.Timer(0.3, os._exit, (0,)).start()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n = 0
+        return np.zeros(1), {}
+
+    def step(self, action):
+        self.n += 1
+        self._fork()
+        return np.array([float(self.n)]), 1.0, False, False, {}
+
+    def spawn(self):
+        self._fork()
+        return self.n
+
+
+def test_a_child_an_env_forks_never_writes_the_worker_s_rows(no_leaks):
+    """A bare ``os.fork()`` inside ``step`` or a ``call``: its child returned into the worker's loop and
+    served the shard beside the worker, so 28 steps of 29 came back a count behind.  It now ends where
+    the env's call returns; the rows and answers are SyncVectorEnv's."""
+    fns = [ForksInStep] * 4
+    ref = gym.vector.SyncVectorEnv([CounterOnly] * 4)
+    ref.reset(seed=0)
+    with shmpool.Pool(fns, num_workers=2, parent_shard=False) as pool:
+        pool.reset(seed=0)
+        for t in range(1, 12):
+            obs, rew, term, trunc, infos = pool.step(np.zeros(4, np.int64))
+            want = ref.step(np.zeros(4, np.int64))
+            assert obs[:, 0].tolist() == [float(t)] * 4 == want[0][:, 0].tolist(), t
+            assert infos == {} and rew.tolist() == [1.0] * 4
+            if t % 4 == 0:
+                assert list(pool.call("spawn")) == [t] * 4
+                assert list(pool.get_attr("n")) == [t] * 4
+
+
+class CounterOnly(ForksInStep):
+    """ForksInStep without the forks: the reference."""
+
+    def _fork(self):
+        pass

@@ -23,6 +23,7 @@ from shmpool.errors import PoolResourceError
 from shmpool.memory import drop_inherited_regions, receive_region
 from shmpool.neighbours import name_this_worker
 
+from . import forks
 from .inbox import PickledActionInbox
 from .inherited import set_aside_trainer_objects, shed_sockets
 from .shard import BatchShard, Shard
@@ -115,6 +116,7 @@ def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], con
         # (the worker's stderr may be a progress display's, or nobody's).
         watch = _setup_process(cpu, *parent)
         name_this_worker(index)   # what another pool on these cores finds (shmpool.neighbours)
+        forks.watch_forks()       # a process an env forks never acts as this worker
         shed_sockets({conn.fileno()})   # the trainer's ports and connections are never a worker's
         _run(conn, index, watch, constructors, start, seeds)
     except Exception as exc:
@@ -606,6 +608,13 @@ class Server:
 
     @staticmethod
     def env_call(env, op: str, name: str, payload):
+        answer = Server.call_env(env, op, name, payload)
+        if forks.in_child:
+            forks.leave_child(f"the env's {name or op}")
+        return answer
+
+    @staticmethod
+    def call_env(env, op: str, name: str, payload):
         if op == P.CALL:
             attr = _get(env, name)
             args, kwargs = payload

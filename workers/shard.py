@@ -12,6 +12,7 @@ from shmpool.infos import IN_SLOT, InfoWriter, column_dtype
 from shmpool.pickled import PickledLeaves
 from shmpool.spacetree import MissingItems, SpaceTree, tree_of
 
+from . import forks
 from ._rows import ResultRows
 
 
@@ -199,12 +200,16 @@ class Shard:
         env = self.envs[j]
         if self.autoreset[j]:
             obs, info = env.reset()
+            if forks.in_child:
+                forks.leave_child(f"env {i}'s reset")
             self.autoreset[j] = False
             v.reward[i] = 0.0
             v.terminated[i] = False
             v.truncated[i] = False
         else:
             obs, reward, terminated, truncated, info = env.step(self.action(i))
+            if forks.in_child:
+                forks.leave_child(f"env {i}'s step")
             if not self.rows.put_status(i, reward, terminated, truncated):
                 raise ResultError(f"reward is {reward}: rewards must be finite")
             if terminated or truncated:
@@ -217,6 +222,8 @@ class Shard:
                         # A bound row is about to be overwritten by the reset observation.
                         final = {"final_obs": obs.copy() if obs is self.bound[j] else obs, "final_info": info}
                     obs, info = env.reset()
+                    if forks.in_child:
+                        forks.leave_child(f"env {i}'s reset")
                     info = {**final, **info}
         self._put_obs(i, j, obs)
         return info
@@ -236,6 +243,8 @@ class Shard:
         self.pending_seeds[j] = None
         # as the installed gymnasium's vector envs call it (1.x: options= always; 0.29: only what is given)
         obs, info = self.envs[j].reset(**reset_kwargs(seed, options))
+        if forks.in_child:
+            forks.leave_child(f"env {i}'s reset")
         self.autoreset[j] = False
         v = self.views
         v.reward[i] = 0.0
@@ -325,6 +334,8 @@ class BatchShard:
         try:
             if reset:
                 info = self.env.reset(ids, self._seeds(ids, seeds), options)
+                if forks.in_child:
+                    forks.leave_child("a batched shard's reset")
                 v.reward[g] = 0.0
                 v.terminated[g] = False
                 v.truncated[g] = False
@@ -335,6 +346,8 @@ class BatchShard:
                         f"{self.start}..{self.stop - 1} in one send(); send all of them together or use "
                         "a shmpool.batched.BatchEnv")
                 info = self.env.step(ids, self.actions(ids))
+                if forks.in_child:
+                    forks.leave_child("a batched shard's step")
                 bad = ~np.isfinite(v.reward[g]) if self.strict else None
                 if bad is not None and bad.any():
                     self._finish(ids, info, finish_env, fail_env, bad)

@@ -155,6 +155,21 @@ def env_fails(fail_in: str, how: str = "raise", at: int = 2, **kwargs) -> Callab
     return run
 
 
+def env_forks(mode: str) -> Outcome:
+    """Env 3 forks a child inside every step from step 2 on, and the child returns from ``step``:
+    three more steps, whose rows must be the envs' own (each env's observation is its step count)."""
+    with pool_with(faulty("step", 2, "fork")) as pool:
+        pool.reset()
+        pool.step(ZEROS)
+        start = time.perf_counter()
+        wrong = 0
+        for t in range(2, 5):
+            obs = step_all(pool, mode)[0]   # async: all 4 (batch_size 4), in completion order
+            wrong += int((obs[:, 0] != t).sum())
+        state = "usable, every row the env's own" if not wrong else f"usable, {wrong} rows wrong"
+        return outcome(None, time.perf_counter() - start, state, pool)
+
+
 def refuses_then(pool: shmpool.Pool, mode: str) -> str:
     """After a failed reset: stepping is refused with an error that asks for reset()."""
     try:
@@ -318,6 +333,7 @@ CASES: dict[str, tuple[Callable[[str], Outcome], tuple[str, ...]]] = {
     "KeyboardInterrupt in step/recv": (keyboard_interrupt(0.1), MODES),
     "KeyboardInterrupt early in step/recv": (keyboard_interrupt(0.01), MODES),
     "parent killed (SIGKILL)": (parent_killed, MODES),
+    "a child forked in step returns": (env_forks, MODES),
 }
 
 ENV3 = r"env 3 \(worker 1, pid \d+\)"
@@ -370,6 +386,7 @@ EXPECTED: dict[str, Expected] = {
         "KeyboardInterrupt", r"^\nshmpool: the pool was closed and its workers killed \((step|recv) was interrupted\)$",
         CLOSED, limit=0.35),
     "parent killed (SIGKILL)": Expected("none", "", "workers gone, /dev/shm clean", limit=2.0),
+    "a child forked in step returns": Expected("none", "", "usable, every row the env's own", limit=2.0),
 }
 
 
