@@ -785,9 +785,39 @@ def test_reset_mask_and_options_list(cluster):
         got, _ = rp.reset(seed=list(range(6)), options={"reset_mask": mask})
         want, _ = lp.reset(seed=list(range(6)), options={"reset_mask": mask})
         np.testing.assert_array_equal(got, want)
-        with pytest.raises(NotImplementedError, match="pool 1"):
-            rp.reset(options={"reset_mask": np.array([True, True, False, False, True, True])})
         np.testing.assert_array_equal(rp.reset(options=[None] * 6)[0].shape, (6, 4))
+
+
+@pytest.mark.parametrize("mask, transport", [([True, False, False, False, True, False], "direct"),
+                                             ([False, False, True, False, False, False], "direct"),
+                                             ([True, False, False, False, True, False], "ray")],
+                         ids=["pool 1 left out", "pools 0 and 2 left out", "pool 1 left out, Ray calls"])
+def test_a_reset_mask_that_leaves_a_pool_out_resets_only_its_envs_as_gymnasium_does(cluster, mask, transport):
+    """Without autoreset, ``reset(options={"reset_mask": m})`` resets the envs in ``m`` and the others keep their
+    observations; a RayPool raised NotImplementedError unless every pool had an env in the mask (issue 57).
+    Here against a local Pool and gymnasium's SyncVectorEnv with the same mask."""
+    import gymnasium as gym
+
+    mask = np.array(mask)
+    ones = np.ones(6, dtype=np.int64)
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make(TASK)] * 6, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+    with (RayPool(TASK, 6, seed=0, num_workers=1, autoreset_mode="disabled", transport=transport) as rp,
+          shmpool.Pool(TASK, 6, seed=0, num_workers=1, autoreset_mode="disabled") as lp):
+        vecs = (rp, lp, sync)
+        for v in vecs:
+            v.reset(seed=5)
+        before = [v.step(ones)[0] for v in vecs][0]
+        out = [v.reset(seed=list(range(100, 106)), options={"reset_mask": mask}) for v in vecs]
+        for obs, infos in out[1:]:
+            np.testing.assert_array_equal(out[0][0], obs)
+            assert out[0][1].keys() == infos.keys()
+        np.testing.assert_array_equal(out[0][0][~mask], before[~mask])   # the envs left out kept theirs
+        assert not np.array_equal(out[0][0][mask], before[mask])
+        after = [v.step(ones) for v in vecs]
+        for a in after[1:]:
+            for x, y in zip(after[0][:4], a[:4]):
+                np.testing.assert_array_equal(x, y)
+    sync.close()
 
 
 # --- faults -----------------------------------------------------------------------------------

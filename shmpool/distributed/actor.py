@@ -26,7 +26,8 @@ from .placement import numa_cpu_groups, slot_cpus
 
 # What the driver's direct connection may call: every call that touches the pool (describe stays a Ray call,
 # since the connection's address is part of its answer).
-CHANNEL_CALLS = frozenset({"reset", "step", "async_reset", "send", "recv", "send_recv", "per_env", "close"})
+CHANNEL_CALLS = frozenset({"reset", "observations", "step", "async_reset", "send", "recv", "send_recv", "per_env",
+                           "close"})
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class PoolActor:
             self.refused, self.server = SpacesRefused(exc.observation_spaces), None
             return
         self.env_ids = np.arange(self.pool.num_envs, dtype=np.int64)   # every step answer's ids, never written
+        self.obs: Any = None   # the pool's observations (copy=False: views of its region, current after every call)
         self.env_ids.flags.writeable = False
         # wait_policy="block" asks every wait of the pool to sleep: the actor's wait for the driver's calls too
         spin_s = 0.0 if kwargs.get("wait_policy") == "block" else SPIN_S
@@ -151,7 +153,16 @@ class PoolActor:
     @_portable
     def reset(self, seeds: list, options: Any) -> Resets:
         obs, infos = self.pool.reset(seed=seeds, options=options)
+        self.obs = obs
         return Resets(obs, infos)
+
+    @_portable
+    def observations(self) -> Resets:
+        """What ``reset`` answers for a mask that leaves every env of this pool out: nothing is reset, the envs keep
+        their observations (as gymnasium's vector envs keep those of envs a mask leaves out) and give no infos."""
+        if self.obs is None:
+            raise RuntimeError("this pool was never reset: it has no observations yet")
+        return Resets(self.obs, {})
 
     @_portable
     def step(self, actions: Any) -> Rows:

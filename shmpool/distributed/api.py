@@ -45,7 +45,7 @@ from .faults import (
 )
 from .fleet import Fleet
 from .ledger import Ledger
-from .placement import Placement, Slot, describe_range
+from .placement import Placement, Slot
 from .recovery import Recovery
 
 # Ray's own worker object, read before ``ray.is_initialized()``: a connected driver's common case then costs ~8 µs of
@@ -245,25 +245,25 @@ class RayPool(LifecycleFacts):
 
         ``seed``: an int gives env ``i`` the seed ``seed + i`` (on whichever node it runs),
         a list one per env.  ``options``: a dict for every env, a list with one per env, or a
-        dict with ``"reset_mask"`` (bool ``(num_envs,)``) to reset only those envs."""
+        dict with ``"reset_mask"`` (bool ``(num_envs,)``) to reset only those envs: the others keep their
+        observations, as in gymnasium's vector envs (a pool with no env in the mask is not reset at all)."""
         self._life.check_idle()
         seeds = seed_list(seed, self.num_envs)
         ranges = [self.env_range(k) for k in range(self.num_pools)]
         per_pool: list[Any] = [options for _ in ranges]
+        left_out: set[int] = set()   # pools with no env in the mask: not reset, their envs keep their observations
         if isinstance(options, (list, tuple)):
             options = check_options_list(options, self.num_envs)
             per_pool = [options[r.start:r.stop] for r in ranges]
         elif options is not None and "reset_mask" in options:
             mask = check_reset_mask(options["reset_mask"], self.num_envs)
-            for k, r in enumerate(ranges):
-                if not mask[r.start:r.stop].any():
-                    raise NotImplementedError(
-                        f"reset_mask leaves pool {k} (envs {describe_range(r)}) out entirely; a RayPool "
-                        "needs at least one env of each pool in the mask")
+            left_out = {k for k, r in enumerate(ranges) if not mask[r.start:r.stop].any()}
+            # a pool left out and rebuilt meanwhile resets all its envs (Recovery.restart_sync drops the mask)
             per_pool = [{**options, "reset_mask": mask[r.start:r.stop]} for r in ranges]
         self._forget_async()
         self._ledger.sync_autoreset.clear()
-        refs = [self._fleet.call(k, "reset", seeds[r.start:r.stop], per_pool[k]) for k, r in enumerate(ranges)]
+        refs = [self._fleet.call(k, "observations") if k in left_out else
+                self._fleet.call(k, "reset", seeds[r.start:r.stop], per_pool[k]) for k, r in enumerate(ranges)]
         outcomes = self._wait(refs, list(range(self.num_pools)), "reset")
         answers: list[Resets] = self._recovery.settle(outcomes, "reset", restart=True, seeds=seeds, options=per_pool)
         self._life.ready()
