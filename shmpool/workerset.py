@@ -125,9 +125,11 @@ class WorkerSet:
 
     def spawn_all(self, fns, seeds: list, deadline: float | None = None) -> None:
         me = (os.getpid(), psutil.Process().create_time(), threading.current_thread() is threading.main_thread())
+        blobs: dict = {}   # one blob per constructor for every shard (shmpool.constructors)
+        inherit = self.ctx.get_start_method() == "fork"
         for k, (a, b) in enumerate(self.bounds):
             cpu = self.cpus[k] if self.pinned else None
-            packed = ShardConstructors.pack(fns[a:b])
+            packed = ShardConstructors.pack(fns[a:b], inherit, blobs)
             if k == self.hosted:
                 # Unpickled here too: the hosted envs get their own copies, not the trainer's objects.
                 hosted_fns = packed.unpack()

@@ -113,3 +113,51 @@ def test_a_constructor_found_by_reference_is_unpickled_twice_not_once_per_env(mo
     assert len(loads) == 50 + 2
     assert len({id(f) for f in fns[:50]}) == 50     # each closure its own copy (and its own space)
     assert all(f is _ByReference for f in fns[50:])
+
+
+def test_a_constructor_is_pickled_once_for_every_shard():
+    """The trainer keeps one blob per constructor (for restarts and the hosted shard), not one per shard:
+    a captured 100 MB array cost 100 MB more in the trainer for each worker."""
+    from shmpool.constructors import ShardConstructors
+    big = np.zeros(1000)
+    fns = [lambda: SpaceSampler(spaces.Box(0, 1, (1,))) if big is not None else None] * 4
+    blobs: dict = {}
+    first, second = ShardConstructors.pack(fns[:2], blobs=blobs), ShardConstructors.pack(fns[2:], blobs=blobs)
+    assert first.per_env[0] is first.per_env[1] is second.per_env[0] is second.per_env[1]
+    assert len(blobs) == 1
+
+
+class LockedCartPole(gym.Wrapper):
+    """CartPole built under a lock the trainer holds between builds, logging to a file it opened."""
+
+    def __init__(self, lock, log):
+        with lock:
+            log.write("built\n")
+            log.flush()
+        super().__init__(gym.make("CartPole-v1"))
+
+
+@pytest.mark.parametrize("parent_shard", [False, True], ids=["workers", "parent_shard"])
+def test_a_constructor_that_cannot_be_pickled_is_inherited_as_async_vector_env_inherits_it(parent_shard, tmp_path,
+                                                                                         no_leaks):
+    """A constructor capturing a lock and an open file: AsyncVectorEnv (fork) takes it, and so does a pool whose
+    workers are forked (each worker inherits it as fork leaves it; a hosted shard uses the trainer's own);
+    trajectories equal AsyncVectorEnv's.  Without fork nothing can inherit it: a TypeError says so."""
+    import multiprocessing
+    import threading
+    lock, log = threading.Lock(), open(tmp_path / "log.txt", "w")
+    fns = [lambda: LockedCartPole(lock, log)] * NUM_ENVS
+    ref = AsyncVectorEnv(fns, context="fork")
+    try:
+        expected = trajectory(ref)
+    finally:
+        ref.close()
+    before = (tmp_path / "log.txt").read_text().count("built")
+    with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard, start_method="fork") as pool:
+        assert trajectory(pool) == expected
+    log.close()
+    assert (tmp_path / "log.txt").read_text().count("built") - before == NUM_ENVS   # each env, through the file
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        with pytest.raises(TypeError, match=r"^env constructor <function .*> cannot be pickled \(TypeError: "
+                                            r"cannot pickle '_thread.lock' object\); the workers are not forked"):
+            shmpool.Pool(fns, num_workers=2, parent_shard=False, start_method="forkserver")
