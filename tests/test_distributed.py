@@ -986,6 +986,62 @@ def test_close_stops_actors_and_workers(cluster):
     assert not gone(procs)
 
 
+@pytest.mark.parametrize("op", ["step", "send+recv"])
+def test_ctrl_c_during_a_call_closes_the_raypool_as_it_closes_a_local_pool(cluster, op):
+    """A KeyboardInterrupt in a RayPool call left it open with the call pending (its actors still stepping); a local
+    Pool is closed, its workers killed, the interrupt re-raised with a note (issue 57).  SIGINT comes from a timer
+    while env 3 sleeps in its step."""
+    import threading
+
+    import gymnasium as gym
+
+    class Sleepy(gym.Wrapper):   # defined here: cloudpickled by value
+        def step(self, action):
+            if getattr(self, "sleepy", False):
+                time.sleep(30)
+            return super().step(action)
+
+    def make():
+        return Sleepy(gym.make(TASK))
+
+    zeros = np.zeros(4, dtype=np.int64)
+
+    def interrupted(pool) -> tuple[KeyboardInterrupt, float]:
+        pool.reset(seed=0)
+        pool.set_attr("sleepy", True, env_ids=[3])
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        t0 = time.monotonic()
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt) as info:
+                if op == "step":
+                    pool.step(zeros)
+                else:
+                    pool.send(zeros)
+                    pool.recv()
+        finally:
+            timer.join()
+        return info.value, time.monotonic() - t0
+
+    with shmpool.Pool([make] * 4, num_workers=2, parent_shard=False) as lp:
+        _, _ = interrupted(lp)
+        assert lp.closed
+    rp = RayPool(make, 4, seed=0, num_workers=1)
+    try:
+        procs = set().union(*(descendants(d["pid"]) for d in rp.nodes))
+        exc, took = interrupted(rp)
+        assert rp.closed and rp.state == lp.state
+        assert took < 0.5 + 2.0   # the signal's delay, then the actors killed without the close grace
+        notes = getattr(exc, "__notes__", [])
+        want = "shmpool: the RayPool was closed and its actors killed (" + ("step" if op == "step" else "recv")
+        assert [n for n in notes if n.startswith(want)] == [want + " was interrupted)"], notes
+        with pytest.raises(shmpool.PoolClosedError):
+            rp.step(zeros)
+        assert not gone(procs)
+    finally:
+        rp.close(timeout=1.0)
+
+
 def test_a_raypool_after_the_user_s_ray_shutdown_says_so_and_starts_no_ray(cluster):
     """Issue 30: step()/close() raised a bare Exception and Ray started a new local instance."""
     rp = RayPool(TASK, 4, seed=0, num_workers=1)

@@ -40,6 +40,7 @@ from .faults import (
     Watch,
     gather,
     node_gone,
+    note,
     outcome_of,
     wait_done,
 )
@@ -55,7 +56,10 @@ _RAY_WORKER = getattr(getattr(getattr(ray, "_private", None), "worker", None), "
 
 
 def _entry(method: Callable) -> Callable:
-    """A public call: one at a time per pool; a ``close()`` that came during it runs when it ends."""
+    """A public call: one at a time per pool; a ``close()`` that came during it runs when it ends; Ctrl-C
+    (KeyboardInterrupt) during it closes the pool, as it closes a local Pool."""
+    op = ENTRY_OPS.get(method.__name__, method.__name__)
+
     @functools.wraps(method)
     def wrapper(self: RayPool, *args: Any, **kwargs: Any) -> Any:
         life = self._life
@@ -67,9 +71,22 @@ def _entry(method: Callable) -> Callable:
                 life.close()
                 raise PoolClosedError(RAY_GONE)
             return method(self, *args, **kwargs)
+        except KeyboardInterrupt as exc:
+            # Mid-call the pools' state is unknown (a step half-sent, answers unread): their actors are killed at
+            # once, as a local Pool kills its workers, not asked to close (a pool still stepping would hold the
+            # interrupt for the close grace).
+            if not life.closed:
+                self._abort()
+            if not any(INTERRUPTED in n for n in getattr(exc, "__notes__", ())):
+                note(exc, f"shmpool: {INTERRUPTED} ({op} was interrupted)")
+            raise
         finally:
             life.leave(self._shut_down)
     return wrapper
+
+
+INTERRUPTED = "the RayPool was closed and its actors killed"
+ENTRY_OPS = {"_sync_step": "step", "_per_env": "a per-env call"}   # how a note names an entry's call
 
 
 TRANSPORTS = ("direct", "ray")
@@ -529,7 +546,7 @@ class RayPool(LifecycleFacts):
             self._life.end_close()
 
     def _abort(self) -> None:
-        """The fatal path (``step_timeout`` passed): a pool that overran is not asked to close, its
+        """The fatal path (``step_timeout`` passed, Ctrl-C): a pool that overran is not asked to close, its
         actors are killed at once (their workers die with them), so the error comes at the bound,
         not after the close grace."""
         self._life.close()
