@@ -123,7 +123,9 @@ class RayPool(LifecycleFacts):
 
     ``transport``: ``"direct"`` (default): each actor's pool calls (reset, step, send/recv, call...)
     go over one TCP connection from this process to the actor, opened at start-up on the address Ray
-    uses for the node and guarded by a random token; arrays travel as raw bytes.  A connection
+    uses for the node and guarded by a random token; arrays travel as raw bytes.  The token only keeps
+    other users and processes from driving a pool: there is no TLS or encryption (a peer on the network can
+    read or alter the bytes), and it sits inside Ray's trust boundary (see :mod:`.channel`).  A connection
     that cannot be opened (a driver outside the cluster's network) leaves that pool on Ray calls,
     with a RuntimeWarning.  Between calls an actor polls its connection (yielding its core) for up to
     2 ms before it sleeps, while the driver's calls have been coming that quickly; ``wait_policy="block"``

@@ -16,6 +16,16 @@ nothing holds its arrays: ``_inbox``).  Every step's request and answer (plain a
 short form: a pickle of their layout alone, written and read once per layout (:class:`Layouts`), the arrays'
 views made in C (``_frames``).  Calls on one connection are answered in order, one at a time, by the actor's
 serving thread.  Nothing here needs Ray.
+
+What the token protects, and what it does not: it is a random secret (:data:`TOKEN_BYTES` bytes) that Ray
+carries to the actor in its constructor's arguments, and the actor serves only the connection that presents
+it, so other users and processes that can reach the port (on the node or the network) cannot drive the pool.
+Nothing more: there is no TLS, no encryption and no integrity check, and the token crosses in clear, so a peer
+that can read or alter the traffic can read the observations and actions, replay the token or change the
+bytes.  It sits inside Ray's trust boundary (whoever reaches the cluster's Ray can read the token and run any
+code on the nodes anyway): a RayPool belongs on a network trusted as Ray itself is.  Callers are let in by one
+poll, each with :data:`AUTH_S` for its whole token; a frame header no frame can have (:data:`MAX_BODY`) drops
+its connection (:class:`ChannelProtocolError`).
 """
 from __future__ import annotations
 
@@ -565,7 +575,7 @@ class ChannelServer:
                         polled.unregister(fd)
                         return conn
             return None
-        finally:
+        finally:   # the driver is in (or the server closed): nobody else would be let in, so nobody waits
             for fd in list(knocking):
                 self._hang_up(knocking, polled, fd)
 
