@@ -23,6 +23,7 @@ ALLOWED_REACH_INS = {
     # must not run the trainer's atexit)
     ("workers/loop.py", "os._exit"),
     ("shmpool/costs.py", "os._exit"),
+    ("workers/forks.py", "os._exit"),   # a child an env forked, ending before it acts as the worker
     # a subclass calling its base class's hook
     ("workers/recipes/mujoco.py", "super()._healthy"),
 }
