@@ -119,6 +119,6 @@ class Dispatch:
         self.step_target = None
 
     def retarget(self) -> None:
-        """After replacements stepped their shards again (``restarts.restep``): the sync counter
+        """After replacements stepped their shards again (``Supervisor.wait``): the sync counter
         may or may not hold the dead worker's count, so the target is the counter itself."""
         self.step_target = self.wire.sync_count()

@@ -350,8 +350,9 @@ class Pool(LifecycleFacts):
             workers, dispatch, views.status, InfoReader(views, region.map, obs_space), life,
             self.wait_policy, self.step_timeout, fatal, store_pickled_obs)
         if self._replacing:
-            self._restarts = Restarts(self._restart_record, workers, region, dispatch, supervisor, self._map_msg,
-                                      (obs_space, act_space), self._startup_timeout, fatal)
+            self._restarts = Restarts(self._restart_record, workers, region, dispatch, supervisor.status,
+                                      supervisor.early, self._map_msg, (obs_space, act_space),
+                                      self._startup_timeout, fatal)
             supervisor.use_restarts(self._restarts)
 
     # --- public API: sync ---------------------------------------------------------------
@@ -419,9 +420,9 @@ class Pool(LifecycleFacts):
         wire = dispatch.wire
         if not wire.wait_sync(dispatch.step_target, policy,
                               SLICE_NS if timeout is None else min(SLICE_NS, int(timeout * 1e9))):
-            # A restart during the step re-targets it (Restarts.restep): read the target each slice.
+            # A restart during the step re-targets it (Supervisor.wait): read the target each slice.
             self._supervisor.wait("step", lambda slice_ns: wire.wait_sync(dispatch.step_target, policy, slice_ns),
-                                  timeout, on_restart=None if self._restarts is None else self._restarts.restep)
+                                  timeout)
         dispatch.step_done()
         life.step_done()
         infos = self._supervisor.collect(None, "step")
@@ -586,8 +587,6 @@ class Pool(LifecycleFacts):
         """Drop every view of the region the pool made, then the region itself: a closed
         pool holds no memory unless the caller still holds arrays it returned."""
         self._views = self._obs_views = self._actions = None
-        if self._supervisor is not None:
-            self._supervisor.restarts = None   # the two rooms refer to each other: no cycle outlives the pool
         self._dispatch = self._supervisor = self._restarts = None
         if self._region is not None:
             self._region.release()

@@ -4,14 +4,17 @@ pool never notices.
 Only a pool built with ``on_worker_error="restart"`` ever calls into this room; in
 "raise" mode a dead worker closes the pool, and the hot path (``step_wait``,
 ``recv``) has no restart branch.  It is built with the parts it uses: the worker set,
-the region, the dispatch room (in-flight marks, the pending step's target), the
-supervisor (its waits, and the side messages it holds for later) and the ``fatal``
-callback; it holds no reference to the pool.  Each restart goes into the pool's
-``RestartRecord`` (counts and a bounded log), which outlives the room.
+the region, the dispatch room (in-flight marks, the pending step's target), the status
+bytes and the side messages held for later (``early``), and the ``fatal`` callback; it
+holds no reference to the pool nor to the supervisor, which calls it and acts on what
+``replace`` returns (``AfterRestart``): the supervisor's one wait re-steps a sync step's
+replaced shards, so no wait is ever entered from inside another.  Each restart goes into
+the pool's ``RestartRecord`` (counts and a bounded log), which outlives the room.
 """
 from __future__ import annotations
 
 import collections
+import enum
 import time
 from collections.abc import Callable
 
@@ -21,11 +24,17 @@ from . import protocol as P
 from .dispatch import Dispatch
 from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError, with_traceback
 from .region import Region
-from .supervisor import Supervisor
 from .workerset import SLICE_S, WorkerSet, death
 
 LOG_LIMIT = 1000      # restart_log keeps the latest entries; ``restarts`` counts them all
-WATCH_S = 0.1         # recv() looks at the processes at least this often
+
+
+class AfterRestart(enum.Enum):
+    """What the supervisor's wait must do once a worker was replaced."""
+
+    NOTHING = "nothing"        # no sync step pending: owed async envs were requested again
+    STEP_AGAIN = "step again"  # a sync step is pending: post the replacement a step, wait until every
+                               # worker is idle, then re-target the step at the counter (Dispatch.retarget)
 
 
 class RestartRecord:
@@ -47,19 +56,19 @@ class Restarts:
     """Replacing workers of one pool, and the results taken over from dead ones."""
 
     def __init__(self, record: RestartRecord, workers: WorkerSet, region: Region, dispatch: Dispatch,
-                 supervisor: Supervisor, map_msg: P.MapRegion, spaces: tuple, startup_timeout: float | None,
-                 fatal: Callable[[], None]) -> None:
+                 status: np.ndarray, early: dict, map_msg: P.MapRegion, spaces: tuple,
+                 startup_timeout: float | None, fatal: Callable[[], None]) -> None:
         self.record = record
         self.workers = workers
         self.region = region
         self.dispatch = dispatch
-        self.supervisor = supervisor
+        self.status = status        # the envs' status bytes
+        self.early = early          # side messages of envs already taken (the supervisor reads them there)
         self.map_msg = map_msg
         self.spaces = spaces        # (observation, action): a replacement's envs must have them
         self.fatal = fatal
         self.ready: collections.deque[int] = collections.deque()  # taken-over results, before the wire's
         self.startup_timeout = startup_timeout
-        self.next_watch = 0.0
 
     # --- the async path: results published by a dead worker -----------------------------
 
@@ -70,20 +79,10 @@ class Restarts:
             got += 1
         return got
 
-    def take(self, out: np.ndarray, n: int, op: str) -> int:
-        """``recv``'s take in restart mode: watch the workers now and then (the others can
-        fill every batch while a dead one's envs starve unseen), hand out taken-over
-        results first, then the wire's."""
-        if time.monotonic() >= self.next_watch:
-            self.next_watch = time.monotonic() + WATCH_S
-            self.supervisor.check_alive(op)
-        got = self.take_ready(out, 0, n)
-        return self.supervisor.take(out, n, op, got) if got < n else got
-
     # --- replacing a worker ----------------------------------------------------------------
 
-    def replace(self, k: int, op: str, cause: str | None = None) -> None:
-        """Replace dead (or killed) worker ``k``.
+    def replace(self, k: int, op: str, cause: str | None = None) -> AfterRestart:
+        """Replace dead (or killed) worker ``k``; returns what the waiting call must do next.
 
         Results it published and the parent had not taken stay valid (those whose side
         message was lost are recomputed); envs it still owed are requested again from
@@ -103,7 +102,7 @@ class Restarts:
         # after publishing its result).
         messages = [m for m in workers.salvage(k) if isinstance(m, (P.Failure, P.Extra)) and m.env_id is not None]
         published = wire.reset_worker(k)
-        status = self.supervisor.status
+        status = self.status
         keep, lost = [], []
         taken_over = set(published)   # the parent had not taken these yet
         if dispatch.step_target is None:
@@ -112,7 +111,7 @@ class Restarts:
                 if m.env_id in taken_over:
                     by_env[m.env_id] = m
                 else:   # its result was taken already (held back, or later in this batch)
-                    self.supervisor.early[m.env_id] = m
+                    self.early[m.env_id] = m
             for e in published:
                 if status[e] == P.STATUS_OK:
                     keep.append(e)
@@ -133,6 +132,7 @@ class Restarts:
         self.record.add({"worker": k, "pid": pid, "exitcode": code, "cause": cause, "op": op,
                          "new_pid": workers.procs[k].pid, "in_flight": len(redo),
                          "seconds": time.monotonic() - t0, "time": time.time()})
+        return AfterRestart.NOTHING if dispatch.step_target is None else AfterRestart.STEP_AGAIN
 
     def _spawn_replacement(self, k: int, op: str, cause: str) -> None:
         """Start worker ``k`` again, map the region, reset its envs.  If that fails, the pool is closed."""
@@ -173,22 +173,6 @@ class Restarts:
                                                          exc.remote_traceback)) from exc
             raise WorkerDiedError(f"{what}: {exc}; the pool is closed", worker=k, pid=proc.pid,
                                   exitcode=code) from exc
-
-    def restep(self, replaced: list[int]) -> None:
-        """Replacements during a sync step step their shards again (restart results).
-        The sync counter may or may not hold the dead worker's count, so wait until
-        every worker is idle and make the pending step's target the counter itself."""
-        if self.dispatch.step_target is None:
-            return
-        wire = self.region.wire
-
-        def step_again(workers: list[int]) -> None:
-            for k in workers:
-                wire.post(k, P.CMD_STEP)
-
-        step_again(replaced)
-        self.supervisor.wait("step", self.supervisor.all_done, on_restart=step_again)
-        self.dispatch.retarget()
 
     def owed_error(self, k: int, op: str) -> WorkerRestartedError:
         """A worker replaced while it owed the answer to ``op``."""

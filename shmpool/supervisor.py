@@ -8,7 +8,8 @@ announces on the side channels (``collect``) and the answers to side messages
 (``replies``), and takes finished envs from the wire (``take``).  It is built with the
 parts it uses (as ``distributed.recovery`` is) and holds no reference to the pool: its
 fatal path is the ``fatal`` callback, its restart path the ``restarts`` room when the
-pool has one.  It never frees anything itself.
+pool has one: the supervisor calls it, never the other way round, and acts on what a
+replacement needs next in its one wait (``AfterRestart``).  It never frees anything itself.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import functools
 import itertools
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 import numpy as np
 
@@ -26,17 +26,13 @@ from .dispatch import Dispatch
 from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError
 from .infos import InfoReader, add_info, collides, merge_in_env_order
 from .reset_args import ResetRequest
+from .restarts import AfterRestart, Restarts
 from .state import CLOSED_DURING_CALL, Lifecycle
 from .workerset import SLICE_NS, WorkerSet
 
+WATCH_S = 0.1         # restart mode: recv() looks at the processes at least this often
 
-class Replacing(Protocol):
-    """What the supervisor asks of the restart room (``shmpool.restarts.Restarts``)."""
 
-    def replace(self, k: int, op: str, cause: str | None = None) -> None: ...
-    def take_ready(self, out: np.ndarray, start: int, n: int) -> int: ...
-    def take(self, out: np.ndarray, n: int, op: str) -> int: ...
-    def owed_error(self, k: int, op: str) -> WorkerRestartedError: ...
 
 
 class Supervisor:
@@ -60,7 +56,8 @@ class Supervisor:
         self.step_timeout = step_timeout
         self.fatal = fatal
         self.store_pickled_obs = store_pickled_obs
-        self.restarts: Replacing | None = None   # the restart room (use_restarts), in restart mode only
+        self.restarts: Restarts | None = None   # the restart room (use_restarts), in restart mode only
+        self.next_watch = 0.0   # restart mode: when recv next looks at the processes
         # Side messages read before their env's turn: a worker sends them in its completion
         # order, and recv hands out an env it held back (max_lead) after envs that finished later.
         self.early: dict[int, P.Extra | P.Failure] = {}
@@ -152,7 +149,7 @@ class Supervisor:
                                   f"{type(msg).__name__} of env {msg.env_id}")
         return msg
 
-    def use_restarts(self, restarts: Replacing) -> None:
+    def use_restarts(self, restarts: Restarts) -> None:
         """``on_worker_error="restart"``: dead workers are replaced, and recv and drain take through
         the restart room (it watches the workers and hands out taken-over results first)."""
         self.restarts = restarts
@@ -160,7 +157,17 @@ class Supervisor:
     @property
     def recv_take(self) -> Callable[[np.ndarray, int, str], int]:
         """The take of ``recv`` and ``drain``: the restart room's in restart mode, else ``take``."""
-        return self.take if self.restarts is None else self.restarts.take
+        return self.take if self.restarts is None else self.take_watching
+
+    def take_watching(self, out: np.ndarray, n: int, op: str) -> int:
+        """``recv``'s take in restart mode: watch the workers now and then (the others can
+        fill every batch while a dead one's envs starve unseen), hand out taken-over
+        results first, then the wire's."""
+        if time.monotonic() >= self.next_watch:
+            self.next_watch = time.monotonic() + WATCH_S
+            self.check_alive(op)
+        got = self.restarts.take_ready(out, 0, n)
+        return self.take(out, n, op, got) if got < n else got
 
     def take(self, out: np.ndarray, n: int, op: str, start: int = 0) -> int:
         """Fill ``out[start:n]`` with env ids the workers published, in completion order.
@@ -189,14 +196,16 @@ class Supervisor:
             self.wait(op, more)
         return got
 
-    def wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None,
-             on_restart: Callable[[list[int]], None] | None = None) -> None:
+    def wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None) -> None:
         """Repeat ``ready(slice_ns)`` waits, checking close requests, the workers and the
         step timeout between slices.  ``timeout`` raises TimeoutError and leaves the
-        operation pending.  With ``on_worker_error="restart"``, ``on_restart(workers)``
-        follows each restart."""
+        operation pending.  With ``on_worker_error="restart"``, a worker replaced while a sync
+        step is pending steps its shard again (``AfterRestart.STEP_AGAIN``): this wait then
+        waits until every worker is idle, re-targets the step at the counter (the dead
+        worker's count may or may not be in it) and goes on with ``ready``."""
         start = time.monotonic()
         step_start = start
+        settling = False   # replacements are stepping again: wait for all idle, then re-target
         try:
             while True:
                 slice_ns = SLICE_NS
@@ -205,14 +214,18 @@ class Supervisor:
                     if left <= 0:
                         raise TimeoutError(f"{op} did not finish within {timeout} s; it is still pending")
                     slice_ns = min(slice_ns, int(left * 1e9))
-                if ready(slice_ns):
+                if settling and self.all_done(slice_ns):
+                    settling = False
+                    self.dispatch.retarget()
+                if not settling and ready(slice_ns):
                     return
                 self.workers.pump()
-                restarted = self.between_slices(op, step_start)
-                if restarted:
+                step_again = self.between_slices(op, step_start)
+                if step_again:
                     step_start = time.monotonic()  # the replacements get a full step_timeout
-                    if on_restart is not None:
-                        on_restart(restarted)
+                    for k in step_again:
+                        self.wire.post(k, P.CMD_STEP)
+                    settling = True
         except KeyboardInterrupt:
             self.fatal()
             raise
@@ -220,7 +233,7 @@ class Supervisor:
     def between_slices(self, op: str, since: float | None = None) -> list[int]:
         """Between two slices of a wait: a close() requested meanwhile ends the call; dead
         workers raise (or are replaced); ``since`` given, the step timeout is checked.
-        Returns the workers replaced."""
+        Returns the workers replaced that must step again (a sync step is pending)."""
         if self.life.close_requested:
             raise PoolClosedError(CLOSED_DURING_CALL)
         restarted = self.check_alive(op)
@@ -231,17 +244,14 @@ class Supervisor:
 
     def check_alive(self, op: str) -> list[int]:
         """Raise for a dead worker, or (``on_worker_error="restart"``) replace it;
-        returns the workers replaced."""
-        dead = self.workers.dead()
-        for k in dead:
-            self.worker_lost(k, op)
-        return dead
+        returns the workers replaced that must step again."""
+        return [k for k in self.workers.dead() if self.worker_lost(k, op) is AfterRestart.STEP_AGAIN]
 
-    def worker_lost(self, k: int, op: str, cause: str | None = None) -> None:
-        """Worker ``k`` died (or was killed): replace it, or close the pool and raise."""
+    def worker_lost(self, k: int, op: str, cause: str | None = None) -> AfterRestart:
+        """Worker ``k`` died (or was killed): replace it (and say what the wait must do next), or
+        close the pool and raise."""
         if self.restarts is not None:
-            self.restarts.replace(k, op, cause)
-            return
+            return self.restarts.replace(k, op, cause)
         err = self.workers.died(k, op)
         self.fatal()
         raise err
@@ -252,11 +262,14 @@ class Supervisor:
     def fail_timeout(self, op: str) -> list[int]:
         late = [k for k in range(len(self.workers)) if self.wire.done_seq(k) != self.wire.cmd_seq(k)]
         if late and self.restarts is not None:
+            step_again = []
             for k in late:  # hung: kill and replace
                 self.workers.kill(k)
-                self.worker_lost(k, op, f"did not finish {op} within step_timeout={self.step_timeout} s "
-                                         "and was killed")
-            return late
+                after = self.worker_lost(k, op, f"did not finish {op} within step_timeout={self.step_timeout} s "
+                                                "and was killed")
+                if after is AfterRestart.STEP_AGAIN:
+                    step_again.append(k)
+            return step_again
         envs = [f"{a}..{b - 1}" for k, (a, b) in enumerate(self.workers.bounds) if k in late]
         self.fatal()
         raise TimeoutError(

@@ -297,3 +297,34 @@ def test_twenty_kills_in_a_long_run(mode, no_leaks):
         n = min(len(got[e]), len(expected[e]))
         assert n > steps * batch // N // 2
         assert got[e][:n] == expected[e][:n], f"env {e} diverged"
+
+
+def test_a_death_during_a_step_is_handled_in_one_wait(monkeypatch, no_leaks):
+    """The walk of one dead worker in restart mode (ARCHITECTURE): the step's one wait replaces it,
+    re-steps its shard and re-targets the step; no wait is entered from inside another (the restart
+    room called the supervisor's wait again from inside the outer wait's callback)."""
+    from shmpool.supervisor import Supervisor
+    depth, deepest = 0, []
+    real = Supervisor.wait
+
+    def counted(self, *args, **kwargs):
+        nonlocal depth
+        depth += 1
+        deepest.append(depth)
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            depth -= 1
+    monkeypatch.setattr(Supervisor, "wait", counted)
+    with cartpole_pool(delay=0.02, on_worker_error="restart") as pool:
+        pool.reset(seed=0)
+        a = np.zeros(N, np.int64)
+        pool.step(a)
+        pool.step_async(a)
+        time.sleep(0.005)
+        kill(pool, 1)
+        _, _, _, trunc, infos = pool.step_wait()
+        assert pool.restarts == 1 and trunc[SHARD[1]].all() and not trunc[SHARD[0] + SHARD[2]].any()
+        assert infos["_worker_restarted"].tolist() == [k in SHARD[1] for k in range(N)]
+        pool.step(a)   # the pool goes on at the re-targeted counter
+    assert deepest and max(deepest) == 1, deepest
