@@ -262,6 +262,33 @@ def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster
     assert targeted.count("bodies in C") >= 10   # and the steps between layout changes whole in C (StepIO)
 
 
+def test_silent_local_peers_at_the_actors_ports_do_not_delay_the_driver_s_first_calls(cluster, monkeypatch):
+    """Two peers connect to each actor's port just before the driver and say nothing: the actor read them one after
+    the other, AUTH_S (5 s) each, so the first reset waited 10 s and step_timeout=4 closed the pool (issue 57)."""
+    import socket
+
+    from shmpool.distributed.fleet import Fleet
+
+    peers: list[socket.socket] = []
+    connect = Fleet.connect
+
+    def crowded(self, k):
+        peers.extend(socket.create_connection(self.infos[k].channel, timeout=5) for _ in range(2))
+        connect(self, k)
+
+    monkeypatch.setattr(Fleet, "connect", crowded)
+    try:
+        with RayPool(TASK, 6, seed=0, num_workers=1, step_timeout=4) as rp:
+            assert [d["transport"] for d in rp.nodes] == ["direct"] * 3 and len(peers) == 6
+            t0 = time.monotonic()
+            rp.reset(seed=0)
+            rp.step(np.zeros(6, dtype=np.int64))
+            assert time.monotonic() - t0 < 2.0   # a loaded machine's margin; the old code: 2 x AUTH_S = 10 s
+    finally:
+        for sock in peers:
+            sock.close()
+
+
 def test_a_pool_its_driver_cannot_reach_directly_is_driven_through_ray(cluster, monkeypatch):
     """One actor's connection fails (a driver outside the cluster's network): that pool's calls go through Ray,
     with a warning, beside the others' direct ones, and the pool's rows are still the local pool's."""
