@@ -1058,3 +1058,12 @@ def test_a_message_longer_than_a_frame_carries_is_refused_as_that_call_s_error(m
     finally:
         channel.close()
         server.close()
+
+
+@pytest.mark.parametrize("header", list(BAD_HEADERS.values()), ids=list(BAD_HEADERS))
+def test_the_blocking_read_of_one_frame_refuses_a_malformed_header_as_the_inbox_does(header):
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(header)
+        with pytest.raises(ch.ChannelProtocolError, match="^" + MALFORMED):
+            ch.recv_frame(b)

@@ -356,6 +356,9 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
 def recv_frame(sock: socket.socket) -> tuple[bytearray, int, int]:
     """One whole frame: its body, pickle length and array count (:func:`decode_body` makes the message)."""
     meta_len, count, body_len = HEADER.unpack(recv_exact(sock, HEADER.size))
+    if body_len > MAX_BODY or 8 * count + meta_len > body_len:   # as FrameInbox judges a header
+        raise ChannelProtocolError(f"what came is no frame: a frame header announcing {body_len} bytes (at most "
+                                   f"{MAX_BODY}) for {count} arrays and a pickle of {meta_len} bytes")
     return recv_exact(sock, body_len), meta_len, count
 
 
