@@ -7,6 +7,7 @@ runs one worker per node, so the whole file fits two cores.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -287,6 +288,73 @@ def test_silent_local_peers_at_the_actors_ports_do_not_delay_the_driver_s_first_
     finally:
         for sock in peers:
             sock.close()
+
+
+class BreakingProxy:
+    """A TCP relay between the driver and one actor that, once ``inject`` is set, answers the driver's next call
+    with a frame header no frame has (a body of 2**64-1 bytes) instead of the actor's answer."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        import socket
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = self.listener.getsockname()[:2]
+        self.target = target
+        self.inject = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        import select
+        import socket
+
+        from shmpool.distributed.channel import HEADER
+
+        driver, _ = self.listener.accept()
+        actor = socket.create_connection(self.target)
+        with driver, actor:
+            while True:
+                for sock in select.select([driver, actor], [], [])[0]:
+                    data = sock.recv(1 << 16)
+                    if not data:
+                        return
+                    if sock is driver:
+                        actor.sendall(data)
+                    elif self.inject.is_set():
+                        driver.sendall(HEADER.pack(0, 0, 2**64 - 1))
+                        return
+                    else:
+                        driver.sendall(data)
+
+
+def test_a_malformed_answer_is_a_lost_connection_naming_the_pool_and_its_node(cluster, monkeypatch):
+    """The driver's wait raised ValueError out of a step when an answer's header announced a negative length; now
+    it is the pool's death, worded as any lost connection, and the RayPool closes (issue 57)."""
+    from shmpool.distributed.channel import Channel
+
+    proxies: list[BreakingProxy] = []
+    connect = Channel.connect.__func__
+
+    def through_proxy(cls, address, token, timeout):
+        proxies.append(BreakingProxy(address))
+        return connect(cls, proxies[-1].address, token, timeout)
+
+    monkeypatch.setattr(Channel, "connect", classmethod(through_proxy))
+    zeros = np.zeros(6, dtype=np.int64)
+    with RayPool(TASK, 6, seed=0, num_workers=1) as rp:
+        rp.reset(seed=0)
+        rp.step(zeros)
+        proxies[1].inject.set()
+        node = rp.nodes[1]["node_id"]
+        host, port = proxies[1].address
+        with pytest.raises(RemotePoolDiedError) as info:
+            rp.step(zeros)
+        assert re.search(rf"^pool 1 \(Ray actor pid \d+ on node {node} \(.*\), envs 2..3\) died during step: "
+                         rf"ChannelClosedError: its connection \({host}:{port}\) ended: what came is no frame: a frame "
+                         r"header announcing 18446744073709551615 bytes \(at most 1073741824\) .*; the pool is closed$",
+                         str(info.value))
+        assert info.value.worker == 1 and info.value.node_id == node and rp.closed
 
 
 def test_a_pool_its_driver_cannot_reach_directly_is_driven_through_ray(cluster, monkeypatch):
