@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import time
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -285,3 +286,18 @@ def test_under_0_29_the_envpool_face_autoresets_on_the_same_step(no_leaks):
         assert not np.array_equal(obs[0], info["final_observation"][0])
     finally:
         env.close()
+
+
+def test_wrapped_envs_are_built_and_set_without_gymnasiums_wrapper_warnings(no_leaks):
+    """shmpool's own lookups (``bind_obs``, ``set_wrapper_attr``) never go through gymnasium 0.29's
+    forwarding ``Wrapper.__getattr__``, which warns on every read and would find an inner env's."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        envs = shmpool.VectorEnv([lambda: gym.wrappers.TimeLimit(InfoEnv(), 50)] * 2, parent_shard=True)
+        try:
+            envs.reset(seed=0)
+            envs.set_attr("value", 3)
+            assert envs.get_attr("value") == (3, 3)
+        finally:
+            envs.close()
+    assert not [str(w.message) for w in caught if "deprecated" in str(w.message)]

@@ -91,16 +91,22 @@ def _error(conn, env_id, phase: str, exc: BaseException) -> None:
     P.report(conn, P.Failure.of(env_id, phase, exc))
 
 
+# The two lookups below ask the env's class, so that gymnasium 0.29's Wrapper.__getattr__ (which
+# forwards to the inner env with a deprecation warning) is never asked for them.
+
+
 def _get(env, name: str):
     """gymnasium's lookup through wrappers, as its vector envs do; plain getattr otherwise."""
-    getter = getattr(env, "get_wrapper_attr", None)
-    return getter(name) if getter is not None else getattr(env, name)
+    getter = getattr(type(env), "get_wrapper_attr", None)
+    return getter(env, name) if getter is not None else getattr(env, name)
 
 
 def _set(env, name: str, value) -> None:
-    setter = getattr(env, "set_wrapper_attr", None)
+    """gymnasium 1.x's ``set_wrapper_attr``; plain setattr on the outermost env where there is
+    none (gymnasium 0.29, whose AsyncVectorEnv sets it so)."""
+    setter = getattr(type(env), "set_wrapper_attr", None)
     if setter is not None:
-        setter(name, value)
+        setter(env, name, value)
     else:
         setattr(env, name, value)
 

@@ -137,9 +137,11 @@ class Shard:
         if len(views.obs) == 1 and obs_tree.is_leaf:
             rows = views.obs[0]
             for j, env in enumerate(envs):
-                bind = getattr(env, "bind_obs", None)
-                if bind is not None and not getattr(env, "obs_buffer_is_state", False):
-                    self.bound[j] = bind(rows[start + j])
+                # Looked up on the class: the env itself, never an env inside a wrapper (gymnasium
+                # 0.29's Wrapper.__getattr__ would forward the lookup, with a deprecation warning).
+                bind = getattr(type(env), "bind_obs", None)
+                if bind is not None and not getattr(type(env), "obs_buffer_is_state", False):
+                    self.bound[j] = bind(env, rows[start + j])
         acts = views.act
         if len(acts) == 1 and act_tree.is_leaf:
             single = acts[0]
