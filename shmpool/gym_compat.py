@@ -22,6 +22,8 @@ before this module existed.  Under 0.29, shmpool's faces behave as 0.29's ``Asyn
   layout from each env's own info.
 - **Reset arguments.**  0.29 passes ``seed=``/``options=`` to an env's ``reset`` only when they
   are given (:func:`reset_kwargs`); 1.x always passes both.
+- **Dict observations are OrderedDicts** (what 0.29's Dict spaces sample and its vector envs
+  batch into), ``DICT_TYPE``.
 - **call's refused names and message** (:func:`not_callable`), and the metadata (0.29's has no
   ``autoreset_mode``, :func:`vector_metadata`).
 - ``AutoresetMode`` and ``VectorizeMode`` (1.x's enums) are stand-ins of the same members and values;
@@ -31,6 +33,7 @@ before this module existed.  Under 0.29, shmpool's faces behave as 0.29's ``Asyn
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from typing import Any
 
 import gymnasium
@@ -39,9 +42,9 @@ from gymnasium import spaces
 
 from .info_rows import unbatch_info
 
-__all__ = ["DEFAULT_AUTORESET", "GYMNASIUM_VERSION", "LEGACY", "NOT_CALLABLE", "AutoresetMode", "VectorizeMode",
-           "batch_differing_spaces", "is_space_dtype_shape_equiv", "not_callable", "present_infos", "reset_kwargs",
-           "vector_metadata"]
+__all__ = ["DEFAULT_AUTORESET", "DICT_TYPE", "GYMNASIUM_VERSION", "LEGACY", "NOT_CALLABLE", "AutoresetMode",
+           "VectorizeMode", "batch_differing_spaces", "is_space_dtype_shape_equiv", "not_callable", "present_infos",
+           "reset_kwargs", "vector_metadata"]
 
 GYMNASIUM_VERSION = tuple(int(p) for p in gymnasium.__version__.split(".")[:2] if p.isdigit())
 #: gymnasium 0.29.x is installed (the vector API before 1.0).
@@ -77,6 +80,10 @@ else:
     DEFAULT_AUTORESET = AutoresetMode.NEXT_STEP
     NOT_CALLABLE = ("reset", "step", "close", "_setattr", "_check_spaces")
     _NOT_CALLABLE_MESSAGE = "Trying to call function `{name}` with `call`, use `{name}` directly instead."
+
+
+#: The mapping a Dict space's values are: what ``Dict.sample()`` gives and the vector envs batch into.
+DICT_TYPE: type[dict] = OrderedDict if LEGACY else dict
 
 
 def not_callable(name: str) -> ValueError:

@@ -23,6 +23,11 @@ from typing import Any
 
 from gymnasium import spaces
 
+from .gym_compat import DICT_TYPE
+
+# A Dict's values split exactly from a plain dict or the mapping the installed gymnasium's Dict gives.
+_MAPPINGS = frozenset({dict, DICT_TYPE})
+
 
 @dataclass(frozen=True)
 class Branch:
@@ -67,8 +72,8 @@ def _dict_branch(space: spaces.Dict) -> Branch:
         def take(value) -> tuple:
             return ()
     return Branch(keys, tuple(space.spaces.values()), take,
-                  lambda items: dict(zip(keys, items)),
-                  lambda value: type(value) is dict and value.keys() == key_set)
+                  lambda items: DICT_TYPE(zip(keys, items)),
+                  lambda value: type(value) in _MAPPINGS and value.keys() == key_set)
 
 
 @branch.register(spaces.Tuple)

@@ -90,6 +90,8 @@ GYMNASIUM_1_ONLY = {
     "test_spacetree.py::test_assemble_is_splits_inverse": "gymnasium 0.29's Dict spaces sample OrderedDicts",
     "test_spacetree.py::test_empty_branches": "gymnasium 0.29's Dict spaces sample OrderedDicts",
     "test_spacetree.py::test_random_nested_spaces": "gymnasium 0.29's Dict spaces sample OrderedDicts",
+    "test_spacetree.py::test_a_custom_space_is_one_leaf": "it expects plain dicts; 0.29's Dict values are OrderedDicts",
+    "test_spacetree.py::test_split_exact_only_for_plain": "under 0.29 an OrderedDict is a Dict's own value",
     "test_sb3_adapter.py::test_errors_keep_their_type": _HAS_ATTR,
     "test_sb3_adapter.py::test_a_plain_pool_gets_every_method": _HAS_ATTR,
     "test_recipes_mujoco.py::test_matches_gymnasium": "gymnasium 0.29 has no -v5 MuJoCo envs to compare with",

@@ -301,3 +301,20 @@ def test_wrapped_envs_are_built_and_set_without_gymnasiums_wrapper_warnings(no_l
         finally:
             envs.close()
     assert not [str(w.message) for w in caught if "deprecated" in str(w.message)]
+
+
+class DictObsEnv(InfoEnv):
+    """Dict observations (OrderedDicts under gymnasium 0.29, dicts under 1.x, as its Dict space samples)."""
+
+    observation_space = spaces.Dict({"pos": spaces.Box(-1e3, 1e3, (2,), np.float32), "t": spaces.Discrete(10)})
+
+    def _obs(self):
+        sample = self.observation_space.sample()   # the mapping type this gymnasium's Dict gives
+        sample["pos"][:] = (self.t, self.length)
+        sample["t"] = self.t
+        return sample
+
+
+def test_dict_observations_equal_the_reference(no_leaks):
+    fns = [functools.partial(DictObsEnv, length) for length in (2, 3, 4)]
+    same(run("shmpool", fns, steps=6)[0], run("AsyncVectorEnv", fns, steps=6)[0], "run")
