@@ -27,8 +27,8 @@ from .gym_compat import VectorizeMode
 from .gymnasium_face import VECTOR_PARAMETERS, VectorEnv
 from .topology import allowed_cpus
 
-__all__ = ["TWIN_NAMESPACE", "list_tasks", "make", "make_vec", "register_envs", "register_task", "twin_id",
-           "vector_entry_point"]
+__all__ = ["TWIN_NAMESPACE", "list_tasks", "make", "make_vec", "register_ale_ids", "register_envs",
+           "register_task", "twin_id", "vector_entry_point"]
 
 TWIN_NAMESPACE = "shmpool"
 
@@ -153,6 +153,23 @@ def twin_id(env_id: str) -> str:
     """The shmpool twin of a gymnasium id: ``CartPole-v1`` -> ``shmpool/CartPole-v1``,
     ``ALE/Pong-v5`` -> ``shmpool-ALE/Pong-v5`` (gymnasium ids have one namespace)."""
     return f"{TWIN_NAMESPACE}-{env_id}" if "/" in env_id else f"{TWIN_NAMESPACE}/{env_id}"
+
+
+def register_ale_ids() -> bool:
+    """Register gymnasium's Atari ids (``ALE/Pong-v5``, ``BreakoutNoFrameskip-v4``, ...) when ale-py
+    is installed; True if it is.  ``import shmpool`` does this once, before any face resolves an id,
+    so each face knows them on its first call whatever was called before (gymnasium 1.x registers
+    them only on ``gym.register_envs(ale_py)``; ale-py registers them on import where it can)."""
+    try:
+        if importlib.util.find_spec("ale_py") is None:
+            return False
+        ale_py = importlib.import_module("ale_py")
+    except ImportError:   # installed but broken (or blocked with sys.modules["ale_py"] = None)
+        return False
+    register = getattr(gymnasium, "register_envs", None)   # gymnasium >= 1.0
+    if register is not None:
+        register(ale_py)
+    return True
 
 
 def _is_twin(spec: EnvSpec) -> bool:
