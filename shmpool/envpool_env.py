@@ -276,7 +276,9 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
         return info
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._config.items())})"
+        """EnvPool's ``EnvPoolEnv(<config>)`` and the pool's plan: ``... over Pool(...)``."""
+        config = ", ".join(f"{k}={v!r}" for k, v in self._config.items())
+        return f"{type(self).__name__}({config}) over {self._pool!r}"
 
     __str__ = __repr__
 

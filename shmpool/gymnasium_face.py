@@ -486,6 +486,11 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         except Exception:
             pass
 
+    def __repr__(self) -> str:
+        """gymnasium's ``VectorEnv(<id>, num_envs=n)`` and the pool's plan: ``... over Pool(...)``
+        (layout, waits and why, crowding), what a user asks when the speed surprises them."""
+        return f"{super().__repr__()} over {self._pool!r}"
+
     def __enter__(self) -> VectorEnv:
         return self
 

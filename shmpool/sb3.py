@@ -198,6 +198,10 @@ class ShmVecEnv(VecEnv):
         """The underlying ``shmpool.Pool`` (or ``RayPool``)."""
         return self._pool
 
+    def __repr__(self) -> str:
+        """``ShmVecEnv(num_envs=n) over Pool(...)``: the pool's plan (layout, waits, crowding)."""
+        return f"{type(self).__name__}(num_envs={self.num_envs}) over {self._pool!r}"
+
     # --- stepping -------------------------------------------------------------
 
     def reset(self) -> VecEnvObs:
