@@ -57,6 +57,7 @@ import gymnasium
 import numpy as np
 
 from .autoreset_modes import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
+from .gym_compat import hosted_autoreset_mode
 from .spacetree import tree_of
 
 __all__ = ["BatchEnv", "Batched", "BatchedEnvs", "VectorEnvAdapter", "as_batch_env", "check_hosting",
@@ -116,8 +117,7 @@ class VectorEnvAdapter(BatchEnv):
         self.metadata = dict(getattr(env, "metadata", {}) or {})
         self.render_mode = getattr(env, "render_mode", None)
         self.spec = getattr(env, "spec", None)
-        mode = self.metadata.get("autoreset_mode", gymnasium.vector.AutoresetMode.NEXT_STEP)
-        self.autoreset_modes = (parse_autoreset_mode(mode),)
+        self.autoreset_modes = (parse_autoreset_mode(hosted_autoreset_mode(env, self.metadata)),)
         self._lists = isinstance(env, (gymnasium.vector.SyncVectorEnv, gymnasium.vector.AsyncVectorEnv))
         self._split_obs = tree_of(self.single_observation_space).split
 

@@ -43,8 +43,8 @@ from gymnasium import spaces
 from .info_rows import unbatch_info
 
 __all__ = ["DEFAULT_AUTORESET", "DICT_TYPE", "GYMNASIUM_VERSION", "LEGACY", "NOT_CALLABLE", "AutoresetMode",
-           "VectorizeMode", "batch_differing_spaces", "is_space_dtype_shape_equiv", "not_callable", "present_infos",
-           "reset_kwargs", "vector_metadata"]
+           "VectorizeMode", "batch_differing_spaces", "hosted_autoreset_mode", "is_space_dtype_shape_equiv",
+           "not_callable", "present_infos", "reset_kwargs", "vector_metadata"]
 
 GYMNASIUM_VERSION = tuple(int(p) for p in gymnasium.__version__.split(".")[:2] if p.isdigit())
 #: gymnasium 0.29.x is installed (the vector API before 1.0).
@@ -98,6 +98,16 @@ def reset_kwargs(seed: Any, options: Any) -> dict[str, Any]:
     if not LEGACY:
         return {"seed": seed, "options": options}
     return {k: v for k, v in (("seed", seed), ("options", options)) if v is not None}
+
+
+def hosted_autoreset_mode(env: Any, metadata: dict) -> Any:
+    """The autoreset of a gymnasium VectorEnv the pool hosts as a batched shard: 1.x's metadata says
+    it.  Under 0.29 one is refused: its autoreset puts ``final_observation`` in infos, which the
+    pool's batched shards do not read (host its envs one by one instead: ``VectorEnv(env_fns)``)."""
+    if LEGACY:
+        raise TypeError(f"hosting a gymnasium VectorEnv ({type(env).__name__}) in a pool needs gymnasium>=1.0; "
+                        "under gymnasium 0.29 give the pool its env constructors instead")
+    return metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
 
 
 def vector_metadata(env_metadata: dict, mode: Any) -> dict:

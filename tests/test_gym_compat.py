@@ -318,3 +318,13 @@ class DictObsEnv(InfoEnv):
 def test_dict_observations_equal_the_reference(no_leaks):
     fns = [functools.partial(DictObsEnv, length) for length in (2, 3, 4)]
     same(run("shmpool", fns, steps=6)[0], run("AsyncVectorEnv", fns, steps=6)[0], "run")
+
+
+def sync_vector_env(num_envs, start=0):
+    return gym.vector.SyncVectorEnv([InfoEnv] * num_envs)
+
+
+@legacy_only
+def test_under_0_29_hosting_a_vector_env_is_refused_with_the_reason(no_leaks):
+    with pytest.raises(Exception, match="hosting a gymnasium VectorEnv .* needs gymnasium>=1.0"):
+        shmpool.Pool(shmpool.Batched(sync_vector_env), 2, num_workers=1)
