@@ -210,7 +210,10 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         # Like Sync/AsyncVectorEnv: no spec unless make_vec sets one (the env's own
         # spec does not describe how to rebuild the vector env).
         self.spec = None
-        self.viewer = None   # gymnasium 0.29's VectorEnv.close reads it
+        # What gymnasium 0.29's VectorEnv.__init__ sets: its close() reads viewer, its wrappers
+        # (RecordEpisodeStatistics, ...) ask is_vector_env.  1.x reads neither.
+        self.viewer = None
+        self.is_vector_env = True
         self._structured_actions = isinstance(self.single_action_space, (Dict, Tuple))
         self._state = AsyncState.DEFAULT
         self._pending: BackgroundCall | None = None   # the reset_async/call_async at work

@@ -328,3 +328,24 @@ def sync_vector_env(num_envs, start=0):
 def test_under_0_29_hosting_a_vector_env_is_refused_with_the_reason(no_leaks):
     with pytest.raises(Exception, match="hosting a gymnasium VectorEnv .* needs gymnasium>=1.0"):
         shmpool.Pool(shmpool.Batched(sync_vector_env), 2, num_workers=1)
+
+
+def episode_statistics(kind):
+    """The version's own episode-statistics vector wrapper over ``kind``: its infos, times left out."""
+    wrapper = gym.wrappers.RecordEpisodeStatistics if LEGACY else gym.wrappers.vector.RecordEpisodeStatistics
+    envs = wrapper(build(kind, info_envs()))
+    try:
+        out = [envs.reset(seed=0)[1]]
+        for t in range(9):
+            infos = envs.step(np.array([(t + i) % 3 for i in range(3)]))[4]
+            infos.get("episode", {}).pop("t", None)
+            out.append(infos)
+        return out
+    finally:
+        envs.close()
+
+
+def test_the_versions_episode_statistics_wrapper_works_on_top(no_leaks):
+    want = episode_statistics("AsyncVectorEnv")
+    assert any("episode" in infos for infos in want)
+    same(episode_statistics("shmpool"), want, "infos")
