@@ -33,7 +33,8 @@ Run it (from the repository root)::
     python tests/fuzz.py --minutes 30          # the same
     python -m tests.fuzz --seed 123 -v         # one case again, every op printed
 
-``tests/test_fuzz.py`` is the bounded run in the suite (hypothesis, derandomized).
+``tests/test_fuzz.py`` is the bounded run in the suite: ``SHMPOOL_FUZZ_CASES`` cases (default 16) from
+``SHMPOOL_FUZZ_SEED`` (random unless set, printed), case ``i`` being ``--seed SHMPOOL_FUZZ_SEED + i``.
 
 Tolerated (docs/porting/*.md, shmpool/sb3.py, or no data at stake):
 
@@ -113,7 +114,7 @@ def frac(*parts: Any) -> float:
 
 
 # ============================================================================================
-# choosers: one plan generator, driven by a seed (the CLI) or by hypothesis (the suite)
+# the chooser: one plan generator, driven by a seed (the CLI and tests/test_fuzz.py alike)
 # ============================================================================================
 
 class SeedChooser:
@@ -128,25 +129,6 @@ class SeedChooser:
 
     def chance(self, p: float) -> bool:
         return bool(self.rng.random() < p)
-
-
-class DataChooser:
-    """Hypothesis's ``data`` behind the chooser interface (shrinks towards the first option,
-    small numbers and ``chance() == False``)."""
-
-    def __init__(self, data: Any) -> None:
-        from hypothesis import strategies as st
-        self.st = st
-        self.data = data
-
-    def int(self, lo: int, hi: int) -> int:
-        return self.data.draw(self.st.integers(lo, hi))
-
-    def pick(self, options: list | tuple) -> Any:
-        return self.data.draw(self.st.sampled_from(list(options)))
-
-    def chance(self, p: float) -> bool:
-        return self.data.draw(self.st.integers(0, 999)) >= 1000 - round(p * 1000)
 
 
 # ============================================================================================
