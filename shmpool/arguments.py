@@ -75,33 +75,27 @@ def make_by_id(env_id: str, kwargs: dict) -> gymnasium.Env:
     return gymnasium.make(env_id, **kwargs)
 
 
-# shmpool's own task ids (``shmpool.registration.list_tasks``), handed in by the registry when it
-# is imported: it sits above this module (it builds pools), so this module cannot import it.
-_own_tasks: Callable[[], list[str]] = list
+# shmpool's recipes (``shmpool.registration``), handed in by the registry when it is imported: it
+# sits above this module (it builds pools), so this module cannot import it.
+_recipes: Callable[[str, int, dict], Any] = lambda env_id, num_envs, env_kwargs: None  # noqa: E731
 
 
-def know_own_tasks(list_tasks: Callable[[], list[str]]) -> None:
-    """Called once by ``shmpool.registration``: how to list shmpool's own task ids."""
-    global _own_tasks
-    _own_tasks = list_tasks
+def know_recipes(recipes: Callable[[str, int, dict], Any]) -> None:
+    """Called once by ``shmpool.registration``: ``recipes(env_id, num_envs, env_kwargs)`` gives the
+    envs of the recipe an id names (None for a gymnasium id)."""
+    global _recipes
+    _recipes = recipes
 
 
 def check_env_id(env_id: str) -> None:
-    """An unknown id fails here, in the parent, with gymnasium's suggestion; one of shmpool's own
-    tasks (``shmpool.list_tasks()``: EnvPool's ``Pong-v5``...) also says where it is built."""
-    try:
-        gymnasium.spec(env_id)
-    except gymnasium.error.Error as exc:
-        if env_id not in _own_tasks():
-            raise
-        raise type(exc)(f"{exc}: {env_id!r} is a shmpool task with EnvPool's options; build it with "
-                        f"shmpool.make({env_id!r}, num_envs=...), or give gymnasium's own id "
-                        f"(for Atari, 'ALE/{env_id}')") from exc
+    """An unknown id fails here, in the parent, with gymnasium's suggestion."""
+    gymnasium.spec(env_id)
 
 
 def env_constructors(env: Any, num_envs: int | None, env_kwargs: dict) -> list[Callable[[], Any]]:
-    """Turn a gymnasium id, one callable or a list of callables into one callable per env
-    (a ``shmpool.Batched`` env into a ``BatchedEnvs``, sliced into shards the same way)."""
+    """Turn a gymnasium id, a recipe id (``Pong-v5``: ``shmpool.registration``), one callable or a
+    list of callables into one callable per env (a ``shmpool.Batched`` env into a ``BatchedEnvs``,
+    sliced into shards the same way)."""
     from .batched import Batched  # batched imports layout, which needs the compiled wire
 
     if num_envs is not None:
@@ -112,9 +106,13 @@ def env_constructors(env: Any, num_envs: int | None, env_kwargs: dict) -> list[C
                             "arguments in make_fn")
         return env.sized(num_envs)
     if isinstance(env, str):
-        check_env_id(env)
         if num_envs is None:
+            check_env_id(env)   # an unknown id is named first
             raise ValueError("num_envs is required when the env is given by id")
+        recipe = _recipes(env, num_envs, env_kwargs)   # shmpool's own task (Pong-v5): its envs
+        if recipe is not None:
+            return recipe.sized(num_envs) if isinstance(recipe, Batched) else recipe
+        check_env_id(env)
         return [functools.partial(make_by_id, env, env_kwargs)] * num_envs
     if env_kwargs:
         raise TypeError(f"unexpected keyword arguments {sorted(env_kwargs)}: env kwargs are only accepted "

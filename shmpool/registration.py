@@ -7,6 +7,24 @@
   the modes ``"sync"``, ``"async"`` and ``"vector_entry_point"``, so a twin id is the one
   way it can build a shmpool env: ``gymnasium.make_vec("shmpool/CartPole-v1", 8)``.
 - :func:`make` is EnvPool's ``make`` (argument names and meanings) over the same VectorEnv.
+- :func:`register_recipes` puts shmpool's own tasks (the Atari ``<Game>-v5`` recipes with
+  EnvPool's semantics, the MuJoCo ``-v5`` recipes, ``BatchPong-v0``) in gymnasium's registry.
+
+What an id means, in every face (``make_vec``, ``VectorEnv``, ``Pool``, SB3's ``ShmVecEnv``,
+``gymnasium.make_vec`` of the ids below; ``make``, EnvPool's face, differs in one point):
+
+- a gymnasium id (``CartPole-v1``, ``ALE/Pong-v5``, ``Ant-v5``) is gymnasium's env, and its
+  twin ``shmpool/<id>`` the same env;
+- a recipe id gymnasium does not have (``Pong-v5``, ``BatchPong-v0``) is the recipe, and so is
+  ``shmpool/<id>`` (what ``gymnasium.make_vec`` and SB3's ``make_vec_env`` are given);
+- ``shmpool-recipe/<id>`` is always the recipe: the one name of the MuJoCo recipes outside
+  ``make``, because gymnasium's ``Ant-v5`` must keep meaning gymnasium's env wherever gymnasium's
+  names are used.  ``make`` (EnvPool's face) takes a recipe's id first, as EnvPool's ``make``
+  means its own tasks: ``make("Ant-v5")`` is the recipe.
+
+A recipe's options (EnvPool's names for Atari: ``episodic_life``, ``reward_clip``,
+``noop_max``, ``frame_skip``, ``stack_num``, ``img_height``, ...) are keywords of every face,
+handed to the recipe by :func:`recipe_constructors`, the one path ``make`` uses too.
 """
 from __future__ import annotations
 
@@ -21,26 +39,26 @@ from typing import Any
 import gymnasium
 from gymnasium.envs.registration import EnvSpec
 
-from .arguments import POOL_KEYWORDS, check_count, check_seed, check_typos, keywords_of, know_own_tasks
+from .arguments import POOL_KEYWORDS, check_count, check_seed, check_typos, keywords_of, know_recipes
 from .envpool_env import ENV_TYPES, RENDER_MODES, EnvPoolEnv, base_config
 from .gym_compat import VectorizeMode
 from .gymnasium_face import VECTOR_PARAMETERS, VectorEnv
 from .topology import allowed_cpus
+from .workers.recipes import MUJOCO_TASK_IDS, atari_games
 
-__all__ = ["TWIN_NAMESPACE", "list_tasks", "make", "make_vec", "register_ale_ids", "register_envs",
-           "register_task", "twin_id", "vector_entry_point"]
+__all__ = ["RECIPE_NAMESPACE", "TWIN_NAMESPACE", "list_tasks", "make", "make_vec", "recipe_constructors",
+           "recipe_task", "register_ale_ids", "register_envs", "register_recipes", "register_task", "twin_id",
+           "vector_entry_point"]
 
 TWIN_NAMESPACE = "shmpool"
+RECIPE_NAMESPACE = "shmpool-recipe"
 
 
 # --- gymnasium.make_vec's twin ----------------------------------------------------
 
 
 def _create_single_env(spec: EnvSpec, kwargs: dict, wrappers: tuple) -> gymnasium.Env:
-    env = gymnasium.make(spec, **kwargs)
-    for wrapper in wrappers:
-        env = wrapper(env)
-    return env
+    return _wrapped(functools.partial(gymnasium.make, spec, **kwargs), wrappers)
 
 
 def _find_spec(env_id: str | EnvSpec) -> EnvSpec:
@@ -89,7 +107,10 @@ def make_vec(
     """
     check_vectorization_mode(vectorization_mode)
     check_typos("make_vec", kwargs, POOL_KEYWORDS | VECTOR_PARAMETERS | keywords_of(make_vec))
-    spec = copy.deepcopy(_find_spec(env_id))
+    task = recipe_task(env_id.id if isinstance(env_id, EnvSpec) else env_id)
+    # A recipe is recorded under its shmpool-recipe/ id, so that envs.spec rebuilds it.
+    spec = copy.deepcopy(gymnasium.spec(recipe_id(task)) if task and not isinstance(env_id, EnvSpec)
+                         else _find_spec(env_id))
     spec_kwargs = spec.kwargs
     spec.kwargs = {}
     num_envs = check_count("num_envs", spec_kwargs.pop("num_envs", num_envs))
@@ -99,12 +120,14 @@ def make_vec(
     spec_kwargs.update(kwargs)
     env_kwargs, more_vector_kwargs = _split_vector_kwargs(spec_kwargs)
     vector_kwargs.update(more_vector_kwargs)
-    if spec.entry_point is None:
+    if task is not None:
+        env = VectorEnv(_wrapped_recipe(task, num_envs, env_kwargs, wrappers), **vector_kwargs)
+    elif spec.entry_point is None:
         raise gymnasium.error.Error(
             f"Cannot create vectorized environment for {spec.id} because it doesn't have an entry point defined.")
-
-    env_fn = functools.partial(_create_single_env, spec, env_kwargs, wrappers)
-    env = VectorEnv([env_fn] * num_envs, **vector_kwargs)
+    else:
+        env_fn = functools.partial(_create_single_env, spec, env_kwargs, wrappers)
+        env = VectorEnv([env_fn] * num_envs, **vector_kwargs)
 
     recorded = copy.deepcopy(spec)
     # Pool options are recorded as plain kwargs: that is the only way gymnasium's
@@ -118,6 +141,24 @@ def make_vec(
     recorded.vector_entry_point = functools.partial(vector_entry_point, spec.id)
     env.spec = recorded
     return env
+
+
+def _wrapped(fn: Callable[[], gymnasium.Env], wrappers: tuple) -> gymnasium.Env:
+    env = fn()
+    for wrapper in wrappers:
+        env = wrapper(env)
+    return env
+
+
+def _wrapped_recipe(task: str, num_envs: int, env_kwargs: dict, wrappers: tuple) -> Any:
+    """``make_vec``'s envs of a recipe: its constructors, each env wrapped in ``wrappers``."""
+    fns = recipe_constructors(task, num_envs, env_kwargs)
+    if not wrappers:
+        return fns
+    if not isinstance(fns, list):
+        raise gymnasium.error.Error(f"{task} is a batched recipe (one object steps a worker's envs): "
+                                    "wrappers of single envs cannot wrap it")
+    return [functools.partial(_wrapped, fn, wrappers) for fn in fns]
 
 
 def check_vectorization_mode(mode: VectorizeMode | str | None) -> None:
@@ -145,7 +186,11 @@ def vector_entry_point(env_id: str, num_envs: int = 1, **kwargs: Any) -> VectorE
     ``wrappers`` in this mode); keywords named like VectorEnv/pool parameters
     (``num_workers``, ``copy``, ``autoreset_mode``, ...) configure the VectorEnv,
     the rest go to ``gymnasium.make(env_id, ...)`` (``render_mode``,
-    ``max_episode_steps``, the env's own kwargs)."""
+    ``max_episode_steps``, the env's own kwargs), or to the recipe of a recipe id."""
+    if kwargs.get("max_episode_steps", 0) is None:
+        # gymnasium 0.29's "custom" mode always passes the spec's limit, None for a recipe
+        # (which keeps its own); None means "the id's own limit" in gymnasium too.
+        del kwargs["max_episode_steps"]
     return VectorEnv(env_id, num_envs, **kwargs)
 
 
@@ -240,7 +285,8 @@ def register_task(task_id: str, builder: Callable[..., list[Callable[[], gymnasi
 # beyond shmpool); loaded on first use so that importing shmpool never imports mujoco (or
 # ale-py).  Each gives ``tasks()``; it is registered from here, so the recipes never import
 # this module.
-_BUILTIN_RECIPES = {"shmpool.workers.recipes.batch_pong": None, "shmpool.workers.recipes.mujoco": "mujoco",
+_BATCH_PONG = "shmpool.workers.recipes.batch_pong"
+_BUILTIN_RECIPES = {_BATCH_PONG: None, "shmpool.workers.recipes.mujoco": "mujoco",
                     "shmpool.workers.recipes.atari": "ale_py"}
 _loaded_builtins = False
 
@@ -260,9 +306,7 @@ def _load_builtin_tasks() -> None:
 
 
 # Ids the recipes of an extra would serve, recognised without importing it (for the hint below).
-_MUJOCO_V5 = frozenset(f"{name}-v5" for name in (
-    "Ant", "HalfCheetah", "Hopper", "Humanoid", "HumanoidStandup", "InvertedDoublePendulum",
-    "InvertedPendulum", "Pusher", "Reacher", "Swimmer", "Walker2d"))
+_MUJOCO_V5 = frozenset(MUJOCO_TASK_IDS)
 _EXTRAS = {"mujoco": ("mujoco", "the ten MuJoCo -v5 tasks"), "ale_py": ("atari", "every Atari <Game>-v5")}
 
 
@@ -294,7 +338,75 @@ def list_tasks() -> list[str]:
     return sorted(_TASKS)
 
 
-know_own_tasks(list_tasks)
+def recipe_constructors(task_id: str, num_envs: int, env_kwargs: dict) -> Any:
+    """The recipe ``task_id``'s envs: ``builder(num_envs=n, **env_kwargs)``, one constructor per
+    env (or a ``Batched``).  The one way every face hands a recipe its options."""
+    _load_builtin_tasks()
+    return _TASKS[task_id](num_envs=num_envs, **env_kwargs)
+
+
+def recipe_id(task_id: str) -> str:
+    """``Pong-v5`` -> ``shmpool-recipe/Pong-v5``: the recipe's id in gymnasium's registry."""
+    return f"{RECIPE_NAMESPACE}/{task_id}"
+
+
+def recipe_task(env_id: Any) -> str | None:
+    """The recipe an id names in the gymnasium faces (see the module docstring), or None for a
+    gymnasium id (or anything that is no recipe's id)."""
+    if not isinstance(env_id, str) or ":" in env_id:
+        return None
+    namespace, _, name = env_id.rpartition("/")
+    if namespace != RECIPE_NAMESPACE and (namespace not in ("", TWIN_NAMESPACE)
+                                          or name in gymnasium.envs.registration.registry):
+        return None   # gymnasium's id (Ant-v5, shmpool/Ant-v5) keeps meaning gymnasium's env
+    _load_builtin_tasks()
+    return name if name in _TASKS else None
+
+
+def _recipes_for_faces(env_id: str, num_envs: int, env_kwargs: dict) -> Any:
+    """What ``Pool``/``VectorEnv``/``ShmVecEnv`` build for an id: a recipe's envs, or None."""
+    task = recipe_task(env_id)
+    return None if task is None else recipe_constructors(task, num_envs, env_kwargs)
+
+
+know_recipes(_recipes_for_faces)
+
+
+def _recipe_env(task_id: str, **kwargs: Any) -> gymnasium.Env:
+    """``gymnasium.make`` of a recipe id: one env of the recipe."""
+    fns = recipe_constructors(task_id, 1, kwargs)
+    if not isinstance(fns, list):
+        raise gymnasium.error.Error(f"{task_id} is a batched recipe: build it with a vector face "
+                                    f"(shmpool.make_vec({task_id!r}, num_envs=...))")
+    return fns[0]()
+
+
+def _recipe_ids() -> list[str]:
+    """Every recipe's id, read without importing mujoco (its ids are listed) or the Atari recipes."""
+    ids = list(importlib.import_module(_BATCH_PONG).tasks())
+    if "mujoco" not in missing_extras():
+        ids += MUJOCO_TASK_IDS
+    if "atari" not in missing_extras():
+        ids += atari_games(importlib.import_module("ale_py.roms").get_all_rom_ids())
+    return ids
+
+
+def register_recipes() -> list[str]:
+    """Put the recipes in gymnasium's registry (``import shmpool`` does this once): every recipe as
+    ``shmpool-recipe/<id>``, and as ``shmpool/<id>`` where gymnasium has no ``<id>`` of its own.
+    ``gymnasium.make_vec`` of them builds a shmpool VectorEnv of the recipe, ``gymnasium.make`` one
+    recipe env (SB3's ``make_vec_env`` calls that in each env).  Returns the ids registered now."""
+    registry = gymnasium.envs.registration.registry
+    added = []
+    for task in _recipe_ids():
+        names = [recipe_id(task)] + ([] if task in registry else [twin_id(task)])
+        for name in names:
+            if name in registry:
+                continue
+            gymnasium.register(id=name, entry_point=functools.partial(_recipe_env, task),
+                               vector_entry_point=functools.partial(vector_entry_point, name))
+            added.append(name)
+    return added
 
 
 def _affinity_cpus(offset: int | None, num_threads: int | None) -> list[int] | None:
@@ -415,7 +527,7 @@ def make(
     try:
         spec = None if task_id in _TASKS else _find_spec(task_id)
         if spec is None:
-            env_fns = _TASKS[task_id](num_envs=num_envs, **env_kwargs, **env_render)
+            env_fns = recipe_constructors(task_id, num_envs, {**env_kwargs, **env_render})
             env = EnvPoolEnv(env_fns, **face, **pool_kwargs, **vector_kwargs)
         else:
             env = EnvPoolEnv(task_id, num_envs, **face, **pool_kwargs, **vector_kwargs, **env_kwargs, **env_render)

@@ -53,7 +53,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
     raise ImportError("shmpool.sb3 needs stable-baselines3: pip install 'shmpool[sb3]' "
                       "(or 'stable-baselines3>=2.3')") from _exc
 
-from .arguments import POOL_KEYWORDS, check_typos, is_ray_pool, keywords_of, make_by_id
+from .arguments import POOL_KEYWORDS, check_typos, env_constructors, is_ray_pool, keywords_of
 from .autoreset_modes import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
 from .info_rows import unbatch_info
@@ -129,7 +129,8 @@ class ShmVecEnv(VecEnv):
     - a list of env constructors, as for ``SubprocVecEnv`` (what ``make_vec_env`` passes);
     - one constructor plus ``num_envs``;
     - a gymnasium id plus ``num_envs`` (extra keyword arguments that are not ``Pool``
-      arguments go to ``gymnasium.make``);
+      arguments go to ``gymnasium.make``), or a recipe id (``"Pong-v5"`` with EnvPool's
+      options, ``"shmpool-recipe/Ant-v5"``; see ``shmpool.registration``);
     - an existing ``Pool`` (or ``shmpool.distributed.RayPool``) built with
       ``autoreset_mode="same_step"`` (``ShmVecEnv`` then owns it and closes it).
 
@@ -177,11 +178,14 @@ class ShmVecEnv(VecEnv):
         if parse_autoreset_mode(mode) != SAME_STEP:
             raise ValueError(f"ShmVecEnv always uses autoreset_mode='same_step' (SB3's), got {mode!r}")
         if isinstance(env_fns, str):
-            gym.spec(env_fns)  # an unknown id fails here, with gymnasium's suggestion
-            if num_envs is None:
-                raise ValueError("num_envs is required when the env is given by id")
+            # A gymnasium id or a recipe id (Pong-v5, with EnvPool's options), as every face resolves it.
             env_kwargs = {k: pool_kwargs.pop(k) for k in list(pool_kwargs) if k not in POOL_KEYWORDS}
-            fns = [functools.partial(make_by_id, env_fns, env_kwargs)] * num_envs
+            fns = env_constructors(env_fns, num_envs, env_kwargs)
+            if not isinstance(fns, list):
+                raise ValueError(
+                    f"{env_fns} is a batched recipe (one object steps a worker's envs), which SB3's VecEnv cannot "
+                    "host: it asks every env for its attributes (render_mode, ...) one by one. Use "
+                    f"shmpool.make_vec({env_fns!r}, num_envs=...) or shmpool.make")
         elif callable(env_fns):
             if num_envs is None:
                 raise ValueError("num_envs is required when the env is given by one callable")

@@ -16,6 +16,7 @@ from .registration import (
     make_vec,
     register_ale_ids,
     register_envs,
+    register_recipes,
     register_task,
     twin_id,
     vector_entry_point,
@@ -30,6 +31,7 @@ __all__ = [
     "make_vec",
     "register_ale_ids",
     "register_envs",
+    "register_recipes",
     "register_task",
     "twin_id",
     "vector_entry_point",
@@ -37,3 +39,4 @@ __all__ = [
 
 register_ale_ids()   # first: their twins are registered below with every other id
 register_envs()
+register_recipes()   # after the twins: a recipe takes shmpool/<id> only where gymnasium has no <id>

@@ -39,10 +39,11 @@ def test_env_keywords_far_from_ours_still_reach_the_env(no_leaks):
         assert pool.get_attr("_sutton_barto_reward") == (True, True)
 
 
-def test_a_builtin_task_id_given_to_pool_names_make_and_gymnasium_s_id():
+def test_a_builtin_task_id_given_to_pool_builds_the_recipe(no_leaks):
+    # Once refused with a pointer to shmpool.make; every face now builds the recipe (issue 59).
     pytest.importorskip("ale_py")
-    with pytest.raises(gym.error.Error, match=r"shmpool\.make\('Pong-v5', num_envs=\.\.\.\).*'ALE/Pong-v5'"):
-        shmpool.Pool("Pong-v5", 16)
+    with shmpool.Pool("Pong-v5", 2, stack_num=2) as pool:
+        assert pool.single_observation_space.shape == (2, 84, 84)
 
 
 def test_make_vec_counts_are_checked_as_pool_checks_them():

@@ -5,6 +5,7 @@ import pytest
 
 pytest.importorskip("mujoco")
 
+from shmpool.workers.recipes import MUJOCO_TASK_IDS  # noqa: E402
 from shmpool.workers.recipes import mujoco as recipes  # noqa: E402
 
 import shmpool  # noqa: E402
@@ -84,6 +85,9 @@ def test_matches_gymnasium(case):
 def test_tasks_are_registered():
     tasks = recipes.tasks()
     assert set(tasks) == set(recipes.TASKS) and set(tasks) <= set(shmpool.list_tasks())
+    # The ids the registry lists without importing mujoco are exactly the recipes.
+    assert sorted(MUJOCO_TASK_IDS) == sorted(recipes.TASKS)
+    assert {f"shmpool-recipe/{t}" for t in recipes.TASKS} <= set(gym.registry)
     fns = tasks["Ant-v5"](num_envs=3, max_episode_steps=10)
     assert len(fns) == 3 and isinstance(fns[0](), recipes.Ant)
 

@@ -68,33 +68,17 @@ try:
 except ImportError:   # registering the ids needs only ale-py; building an env needs OpenCV
     cv2 = None
 
+from . import atari_games, atari_task_id
 from ._frames import AreaPush, area_is_generic
 
 __all__ = ["GAMES", "AreaPush", "AtariEnv", "check_options", "task_id", "tasks"]
 
 _RAW_HEIGHT, _RAW_WIDTH = 210, 160
-# ROMs without a single-player mode: gymnasium and EnvPool register no env for them.
-_MULTIPLAYER_ONLY = frozenset({"combat", "joust", "maze_craze", "warlords"})
-
-
-def task_id(rom: str) -> str:
-    """``"space_invaders"`` -> ``"SpaceInvaders-v5"``: gymnasium's ``ALE/<Name>-v5`` name."""
-    return rom.title().replace("_", "") + "-v5"
-
-
-def _games() -> dict[str, str]:
-    games = {}
-    for rom in sorted(roms.get_all_rom_ids()):
-        if rom in _MULTIPLAYER_ONLY:
-            continue
-        games[task_id(rom)] = rom
-        # EnvPool capitalizes each word (``TicTacToe3d-v5``); keep its spelling working too.
-        games.setdefault("".join(w.capitalize() for w in rom.split("_")) + "-v5", rom)
-    return games
+task_id = atari_task_id   # the name this module has always exported
 
 
 #: Task id (``"Pong-v5"``) -> ALE ROM id (``"pong"``), every game ale-py ships.
-GAMES: dict[str, str] = _games()
+GAMES: dict[str, str] = atari_games(roms.get_all_rom_ids())
 
 
 def check_options(**options: Any) -> None:
