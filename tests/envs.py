@@ -79,8 +79,8 @@ class FaultyEnv(gym.Env):
             os._exit(3)
         if self.how == "hang":
             time.sleep(3600)
-        if self.how == "sleep":  # slow, not broken
-            time.sleep(0.5)
+        if self.how == "sleep":  # slow, not broken (tests/faults/matrix.py's SLOW_STEP_S)
+            time.sleep(3.0)
         if self.how == "bad_obs":
             return np.zeros(5, np.float32)
         if self.how == "bad_dtype":

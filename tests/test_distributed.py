@@ -512,6 +512,8 @@ def test_recv_that_cannot_finish_raises_at_once(cluster):
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="only 3 are in flight"):
             rp.recv()
+        # Refused from the in-flight counts before any wait; a recv that waited for rows would block for good
+        # (nothing else is in flight).  1 s is far above a check's microseconds, for a loaded CI.
         assert time.monotonic() - t0 < 1
         del keep
 
@@ -729,6 +731,8 @@ def test_an_env_constructor_error_comes_back_with_the_env_s_own_text(cluster):
     with pytest.raises(RemotePoolDiedError, match=r"died during start-up: its local pool could not be built: "
                                                   r".*env \d+ .*raised in make: ValueError: no such level: 7"):
         RayPool(broken, 4, num_workers=1)
+    # Actors start on three nodes (~5 s on a loaded CI): the bound says the failure ended the start-up, not a
+    # start-up timeout waited out later.
     assert time.monotonic() - start < 60
 
 
@@ -929,6 +933,8 @@ def test_killed_actor_raises_quickly_and_closes(cluster):
         with pytest.raises(RemotePoolDiedError) as info:
             for _ in range(10_000):
                 rp.step(np.zeros(6, dtype=np.int64))
+        # The death is seen at the next step (its connection ends), idle well under 1 s; 5 s also covers the
+        # 1 s liveness check and a loaded CI.  A death never noticed would step on to the loop's end instead.
         assert time.monotonic() - t0 < 5
         err = info.value
         assert isinstance(err, shmpool.WorkerDiedError)
@@ -1036,6 +1042,9 @@ def test_node_removed_raises_quickly(cluster):
             for _ in range(100_000):
                 *_, infos = rp.recv()
                 rp.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        # A removed node's pool is seen gone at a liveness check (every 1 s) or when its connection ends; the
+        # GCS can take several seconds to mark the node dead on a loaded CI, so 30 s; without the check the
+        # loop would wait on the vanished node for good.
         assert time.monotonic() - t0 < 30
         assert info.value.node_id == extra.node_id
 

@@ -142,7 +142,12 @@ def test_wait_returns_at_its_timeout_and_at_once_with_zero():
     reply = channel.call("step", 1)
     t0 = time.monotonic()
     assert ch.wait([reply], 1, 0) == []
-    assert time.monotonic() - t0 < 0.05
+    # The peer never answers, so a zero taken as "no timeout" would never return; one taken as a slice or a
+    # default timeout would wait it.  A poll takes microseconds: 0.2 s, the next wait's timeout, is 4x the
+    # old 0.05 s bound that a loaded CI crossed, and still fails on any wait of that size.
+    assert time.monotonic() - t0 < 0.2
+    t0 = time.monotonic()
+    # It waited its 0.2 s; 1 s above it is 5x for a loaded CI, and a timeout that never fires fails it.
     assert ch.wait([reply], 1, 0.2) == [] and 0.2 <= time.monotonic() - t0 < 1.0
     assert not reply.done
     channel.close()
@@ -174,6 +179,8 @@ def test_an_answer_that_stops_half_way_does_not_hold_the_wait(monkeypatch):
     reply = channel.call("step", 1)
     t0 = time.monotonic()
     assert ch.wait([reply], 1, 0.3) == []
+    # The rest of the frame comes only after go_on, so returning at all shows the wait did not block in the
+    # read (the old code sat out STALL_S, 3 s here); 1.5 s is 5x its 0.3 s timeout for a loaded CI.
     assert time.monotonic() - t0 < 1.5 and not reply.done
     go_on.set()
     assert ch.wait([reply], 1, 5.0) == [reply]
@@ -241,6 +248,8 @@ def test_the_actor_hangs_up_on_a_request_that_stops_half_way_after_the_stall_tim
         answer = ch.recv_message(sock)
         assert np.array_equal(answer.value[0], np.arange(100))
         assert sock.recv(1) == b""   # the actor hung up: nobody else may connect, the driver sees its pool gone
+        # It waited STALL_S (0.3 s) for the rest, then hung up (the hang-up is the event; without a stall
+        # timeout the recv above would run into the socket's 5 s): 2 s is ~6x STALL_S for a loaded CI.
         assert 0.25 <= time.monotonic() - t0 < 2.0
     finally:
         sock.close()
@@ -617,7 +626,7 @@ def test_the_wait_for_several_connections_names_those_with_something_to_read():
         fds = [b.fileno(), d.fileno()]
         t0 = time.monotonic()
         assert readable(fds, 50) == []
-        assert time.monotonic() - t0 >= 0.04
+        assert time.monotonic() - t0 >= 0.04   # it waited its 50 ms (less 10 ms for the clock's rounding)
         c.sendall(b"x")
         assert readable(fds, 1000) == [d.fileno()]
         a.close()   # an ended connection counts as readable: its read says how it ended
@@ -641,6 +650,8 @@ def test_a_signal_during_the_wait_is_handled_at_once_not_at_the_wait_s_end():
             t0 = time.monotonic()
             with pytest.raises(Interrupted):
                 readable([b.fileno()], 5000)
+            # At the signal (0.1 s), not at the wait's 5 s end: 2 s is 20x the idle time, and still fails on
+            # a wait that let the handler run only once the 5 s were up.
             assert time.monotonic() - t0 < 2.0
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -921,10 +932,11 @@ def test_silent_peers_queued_before_the_driver_do_not_delay_its_first_call(monke
     try:
         reply = channel.call("echo", "first")
         assert ch.wait([reply], 1, 6.0) == [reply] and reply.answer.value == ("first",)
-        assert time.monotonic() - t0 < 1.0   # the old code: 2 x AUTH_S = 4 s at least
+        # The old code waited 2 x AUTH_S = 4 s at least; 1 s is 4x under that and ~10x the idle time.
+        assert time.monotonic() - t0 < 1.0
         for sock in [*silent, trickler]:   # once the driver is in, nobody else waits to be let in
             assert _hung_up(sock)
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 1.0   # the same: under the 4 s the old code waited before the first call
     finally:
         channel.close()
         for sock in [*silent, trickler]:

@@ -72,6 +72,8 @@ def test_a_pool_that_never_answers_ends_the_wait_at_step_timeout(monkeypatch):
     t0 = time.monotonic()
     with pytest.raises(faults.StepTimeoutError, match=r"step_timeout=0.5 s: pools \[1\] \(envs of \[1\]\)"):
         faults.gather(["a", "b"], [0, 1], watch(step_timeout=0.5))
+    # Pool 1 never answers: the StepTimeoutError is the event; it waited its 0.5 s and fired within the
+    # next 0.25 s slice (1 s above the timeout leaves a loaded CI 4x that).
     assert 0.5 <= time.monotonic() - t0 < 1.5
 
 
@@ -98,6 +100,8 @@ def test_a_pool_whose_node_left_is_a_death_without_waiting_for_ray(monkeypatch):
     monkeypatch.setattr(faults, "ray", fake)
     t0 = time.monotonic()
     out = faults.gather(["a", "b"], [0, 1], watch())
+    # b stays pending for good and there is no timeout: returning at all is the event (the node_gone checked
+    # below); 1 s is the first liveness check's slice with 4x room.
     assert time.monotonic() - t0 < 1.0
     assert out[0].value == 1
     assert out[1].node_gone and isinstance(out[1].death, ray.exceptions.ActorDiedError)
@@ -115,6 +119,8 @@ def test_a_close_requested_meanwhile_stops_the_wait(monkeypatch):
 
     with pytest.raises(PoolClosedError, match="while this call was in progress"):
         faults.gather(["a"], [0], watch(cancelled=cancelled))
+    # a stays pending for good: the PoolClosedError is the event; the close (at 0.3 s) is seen at the next
+    # 0.25 s slice's end, and 1 s leaves a loaded CI ~2x over that.
     assert time.monotonic() - t0 < 1.0
 
 

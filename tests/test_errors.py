@@ -34,6 +34,8 @@ def test_exception_in_step_names_env_and_keeps_traceback(mode, no_leaks):
         t0 = time.monotonic()
         with pytest.raises(EnvError) as err:
             step_all(pool, mode)
+        # ~6 ms idle (tests/faults/README.md): an env error comes back with its step, never after a slice or
+        # a liveness check; 1 s is 150x that, for a loaded CI.
         assert time.monotonic() - t0 < 1.0
         e = err.value
         assert e.env_id == 3 and e.worker == 1 and e.phase == "step" and e.remote_type == "ValueError"
@@ -149,7 +151,7 @@ def test_failed_call_names_env(no_leaks):
 def test_step_async_wait_and_a_timeout_that_keeps_the_step_pending(no_leaks):
     class Slow(FaultyEnv):
         def step(self, action):
-            time.sleep(0.3)
+            time.sleep(1.0)   # far past the 0.05 s timeout below, for a loaded CI
             return super().step(action)
 
     with shmpool.Pool([Slow] * 2, num_workers=2) as pool:
@@ -165,7 +167,11 @@ def test_step_async_wait_and_a_timeout_that_keeps_the_step_pending(no_leaks):
         t0 = time.monotonic()
         with pytest.raises(TimeoutError, match="step did not finish within 0.05 s; it is still pending"):
             pool.step_wait(timeout=0.05)
-        assert time.monotonic() - t0 < 0.2
+        assert time.monotonic() - t0 >= 0.05
+        # The event, not a time: the 1 s step is still out, so the wait above ended at its timeout, not at the
+        # step's end (a wait that raised only once the step was done would leave nothing pending here).
+        with pytest.raises(TimeoutError, match="it is still pending"):
+            pool.step_wait(timeout=0.01)
         obs, rew, *_ = pool.step_wait(timeout=5)
         assert rew.tolist() == [1.0, 1.0] and obs[:, 0].tolist() == [1.0, 1.0]
         assert not pool.closed

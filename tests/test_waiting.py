@@ -48,6 +48,8 @@ def test_adaptive_wait_still_times_out_in_slices():
     wire, pol = _wire(), _fresh_adaptive()
     t = time.perf_counter()
     assert not wire.wait_command(0, 0, pol, 20_000_000)
+    # It returned unmet at its 20 ms slice: a wait that ignored its timeout would block for good (nothing
+    # posts); 1 s is 50x the slice, room for a loaded CI.
     assert time.perf_counter() - t < 1.0
     assert pol.gap_ns > pol.spin_ns + pol.yield_ns  # a slice without a command: sleep at once next time
 
