@@ -66,7 +66,9 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
     - a list of callables returning envs (drop-in for ``AsyncVectorEnv(env_fns)``),
     - a gymnasium id with ``num_envs`` (other keywords that are not pool
-      parameters go to ``gymnasium.make``),
+      parameters go to ``gymnasium.make``), or a recipe id (``"Pong-v5"``,
+      ``"shmpool-recipe/Ant-v5"``; those keywords are the recipe's options, EnvPool's
+      names for Atari; ``shmpool.registration`` says what an id means),
     - one callable with ``num_envs``,
     - an already built :class:`shmpool.Pool` or
       :class:`shmpool.distributed.RayPool`; the VectorEnv then owns it and

@@ -46,7 +46,9 @@ class Pool(LifecycleFacts):
     """Many envs stepped by pinned worker processes through one shared-memory region.
 
     ``env`` is a gymnasium id (with ``**env_kwargs`` for ``gymnasium.make``), a
-    callable returning an env, or a list of such callables (one per env).
+    recipe id (``"Pong-v5"``, ``"shmpool-recipe/Ant-v5"``: ``shmpool.list_tasks()``, with the
+    recipe's options as ``**env_kwargs``), a callable returning an env, or a list of such
+    callables (one per env).
 
     Sync use (gymnasium ``VectorEnv`` semantics, NEXT_STEP autoreset)::
 
@@ -117,7 +119,9 @@ class Pool(LifecycleFacts):
     Parameters
     ----------
     env : str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]]
-        A gymnasium id (built with ``gymnasium.make(env, **env_kwargs)``), one
+        A gymnasium id (built with ``gymnasium.make(env, **env_kwargs)``), a recipe id
+        (a built-in task gymnasium has no id for, ``"Pong-v5"``, or any ``"shmpool-recipe/<id>"``;
+        ``env_kwargs`` are its options; ``shmpool.registration`` says what an id means), one
         constructor (called ``num_envs`` times), or one constructor per env.
         Constructors are cloudpickled and unpickled once per env inside the workers, so each env
         gets its own copy of what its constructor captured (as with one process per env).

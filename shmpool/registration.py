@@ -90,7 +90,10 @@ def make_vec(
     """``gymnasium.make_vec`` with a shmpool :class:`VectorEnv` as the vectorizer.
 
     Every env is ``gymnasium.make(env_id, **kwargs)`` with ``wrappers`` applied
-    in order, built inside its worker.  ``vector_kwargs`` go to the VectorEnv
+    in order, built inside its worker.  A recipe id (``"Pong-v5"``, ``"BatchPong-v0"``,
+    ``"shmpool-recipe/Ant-v5"``; see the module docstring) builds the recipe, ``kwargs``
+    its options as ``make`` takes them (``episodic_life=True``, ``img_height=64``...);
+    gymnasium's own ids (``"Ant-v5"``) keep meaning gymnasium's envs.  ``vector_kwargs`` go to the VectorEnv
     (``copy``, ``autoreset_mode``, ``num_workers``, ``batch_size``, ``cpus``,
     ``seed``, ...); so do keywords in ``kwargs`` named like those.  As in
     gymnasium, a spec's recorded ``num_envs``/``vector_kwargs``/``wrappers``
@@ -108,6 +111,8 @@ def make_vec(
     check_vectorization_mode(vectorization_mode)
     check_typos("make_vec", kwargs, POOL_KEYWORDS | VECTOR_PARAMETERS | keywords_of(make_vec))
     task = recipe_task(env_id.id if isinstance(env_id, EnvSpec) else env_id)
+    if task is None and isinstance(env_id, str):
+        _check_extra(env_id)
     # A recipe is recorded under its shmpool-recipe/ id, so that envs.spec rebuilds it.
     spec = copy.deepcopy(gymnasium.spec(recipe_id(task)) if task and not isinstance(env_id, EnvSpec)
                          else _find_spec(env_id))
@@ -363,10 +368,25 @@ def recipe_task(env_id: Any) -> str | None:
     return name if name in _TASKS else None
 
 
+def _check_extra(env_id: str) -> None:
+    """An id no installed package serves but a missing extra's recipe would: gymnasium's error for
+    it with the extra named (``pip install 'shmpool[atari]'``), as ``make`` says it."""
+    hint = _missing_extra_hint(env_id)
+    if hint is None:
+        return
+    try:
+        gymnasium.spec(env_id)
+    except gymnasium.error.Error as exc:
+        raise type(exc)(f"{exc} ({hint})") from exc
+
+
 def _recipes_for_faces(env_id: str, num_envs: int, env_kwargs: dict) -> Any:
     """What ``Pool``/``VectorEnv``/``ShmVecEnv`` build for an id: a recipe's envs, or None."""
     task = recipe_task(env_id)
-    return None if task is None else recipe_constructors(task, num_envs, env_kwargs)
+    if task is None:
+        _check_extra(env_id)
+        return None
+    return recipe_constructors(task, num_envs, env_kwargs)
 
 
 know_recipes(_recipes_for_faces)
@@ -472,7 +492,9 @@ def make(
 
     - ``task_id``: a task with a shmpool recipe (:func:`list_tasks`: the MuJoCo v5 tasks
       when ``mujoco`` is installed, every Atari ``<Game>-v5`` with EnvPool's preprocessing
-      when ``ale_py`` is installed) or any gymnasium id.
+      when ``ale_py`` is installed) or any gymnasium id.  A recipe's id comes first, as in
+      EnvPool: ``make("Ant-v5")`` is the recipe, where the gymnasium faces mean gymnasium's
+      Ant by ``"Ant-v5"`` (and the recipe by ``"shmpool-recipe/Ant-v5"``).
     - ``env_type``: ``"gymnasium"`` (gymnasium's 5-tuple) or ``"gym"``: EnvPool's old gym
       API that CleanRL's EnvPool scripts use (``reset()`` returns the observations,
       ``step`` returns ``(obs, reward, done, info)`` with ``info["TimeLimit.truncated"]``).

@@ -7,6 +7,8 @@ with the EnvPool options under the same names.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -182,3 +184,15 @@ def test_a_gymnasium_id_keeps_meaning_gymnasium_s_env(no_leaks):
 def test_an_unknown_recipe_id_is_gymnasium_s_error():
     with pytest.raises(gym.error.NameNotFound):
         shmpool.make_vec("shmpool-recipe/NoSuchGame-v5", num_envs=1)
+
+
+@pytest.mark.parametrize("call", ["shmpool.make_vec('Pong-v5', num_envs=2)", "shmpool.VectorEnv('Pong-v5', 2)",
+                                  "shmpool.Pool('Pong-v5', 2)", "shmpool.make('Pong-v5', num_envs=2)"])
+def test_a_recipe_id_without_its_extra_names_the_extra_in_every_face(call):
+    # As if ale-py were not installed: every face says which extra would serve the id, as make always did.
+    code = (f"import sys; sys.modules['ale_py'] = None\nimport shmpool\ntry:\n    {call}\n"
+            "except Exception as e:\n    print(type(e).__name__, e)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == ("NameNotFound Environment `Pong` doesn't exist. "
+                                   "(Pong-v5 looks like a built-in Atari task: pip install 'shmpool[atari]')"), \
+        done.stdout + done.stderr[-500:]
