@@ -100,6 +100,7 @@ def test_unknown_command_is_named(capsys):
     assert proc.returncode == 2 and "unknown command 'poolvec'" in proc.stderr and "throughput" in proc.stderr
 
 
+@pytest.mark.slow   # runs every quoted bench command's --help in a subprocess: ~40 s on 2 loaded cores
 def test_every_command_the_docs_quote_exists_with_its_options():
     root = Path(__file__).resolve().parent.parent
     texts = [p.read_text() for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]]

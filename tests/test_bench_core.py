@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow   # bench core run end to end in subprocesses
+
 pytest.importorskip("rich")
 
 

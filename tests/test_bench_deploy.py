@@ -9,6 +9,8 @@ import pytest
 from bench import deploy
 from bench._timing import DeviceShape
 
+pytestmark = pytest.mark.slow   # bench deploy's loops run end to end
+
 
 def measured(system: str, n: int, seconds: float, trainer: bool, wait_policy="auto") -> tuple:
     loop = deploy.DeployLoop(system, n, trainer, wait_policy)

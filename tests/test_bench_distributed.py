@@ -8,7 +8,7 @@ pytest.importorskip("ray")
 
 from bench import latency  # noqa: E402
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]   # slow: a Ray cluster and a bench run
 
 
 def test_quick_ray_run_writes_every_cell(tmp_path, capsys):

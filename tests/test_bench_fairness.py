@@ -4,6 +4,8 @@ import pytest
 
 from bench import fairness
 
+pytestmark = pytest.mark.slow   # bench fairness runs, each pool stepped for its measuring window
+
 
 def evenness(*args, seconds: float = 0.3, **kwargs) -> tuple:
     subject = fairness.Evenness(*args, **kwargs)

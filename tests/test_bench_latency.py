@@ -9,6 +9,8 @@ pytest.importorskip("matplotlib")
 
 from bench import _timing, latency  # noqa: E402
 
+pytestmark = pytest.mark.slow   # bench latency runs and their plots
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PCTS = {"p50", "p75", "p90", "p95", "p99"}
 

@@ -5,6 +5,8 @@ pytest.importorskip("mujoco")
 
 from bench import recipe_cost, tasks  # noqa: E402
 
+pytestmark = pytest.mark.slow   # bench recipe_cost steps MuJoCo/Atari recipes every way
+
 
 def test_ant_costs_every_side(capsys):
     assert tasks.main(["--costs-only", "--tasks", "Ant-v5", "--cost-steps", "40", "--cost-repeats", "1",

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow   # bench tasks run end to end
+
 pytest.importorskip("rich")
 pytest.importorskip("mujoco")
 ATARI = all(importlib.util.find_spec(m) is not None for m in ("ale_py", "cv2"))

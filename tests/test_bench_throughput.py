@@ -10,6 +10,8 @@ from bench import throughput
 from bench.throughput import describe_nodes
 from shmpool.topology import format_cpu_list, numa_nodes, split_by_node
 
+pytestmark = pytest.mark.slow   # bench throughput runs (tiny ones, still seconds each)
+
 ALLOWED = sorted(os.sched_getaffinity(0))
 WORKERS = "1,2" if len(ALLOWED) >= 2 else "1"
 FAST = ["--task", "CartPole-v1", "--seconds", "0.2", "--repeats", "1", "--warmup", "0.05"]

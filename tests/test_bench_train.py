@@ -6,6 +6,7 @@ import json
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow   # torch training loops (bench train)
 
 from bench import subjects, train  # noqa: E402
 from bench.ppo import PPOConfig, Trainer  # noqa: E402

@@ -181,6 +181,7 @@ two_cores = pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) != 2,
                                reason="the auto layout hosts a shard only when workers leave no core (2 cores)")
 
 
+@pytest.mark.slow   # a subprocess importing torch: ~11 s on 2 loaded cores
 @two_cores
 def test_cheap_envs_beside_torch_run_in_this_process():
     pytest.importorskip("torch")
@@ -189,6 +190,7 @@ def test_cheap_envs_beside_torch_run_in_this_process():
     assert "every env stepped in this process: a step of one env costs" in out
 
 
+@pytest.mark.slow   # four subprocesses importing torch: ~27 s on 2 loaded cores
 @two_cores
 def test_without_a_trainer_or_with_a_choice_the_layout_is_the_default():
     pytest.importorskip("torch")

@@ -24,7 +24,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 import shmpool  # noqa: E402
 from shmpool.distributed import RayPool, RemotePoolDiedError  # noqa: E402
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]   # slow: local Ray clusters, minutes in all
 
 STORE = 80 * 2**20
 # A lost node is noticed by the GCS health check: the defaults take ~15-30 s, these ~5 s.  Not

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # the mkdocs build, and every snippet run in its own interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 SNIPPET = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

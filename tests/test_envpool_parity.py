@@ -16,6 +16,11 @@ import shmpool
 HAVE_ATARI = all(importlib.util.find_spec(m) is not None for m in ("ale_py", "cv2"))
 TASKS = ["CartPole-v1", pytest.param("Pong-v5", marks=pytest.mark.skipif(not HAVE_ATARI, reason="needs ale-py, cv2"))]
 IMPLS = ["envpool", "shmpool"]
+
+# A reference run: envpool itself beside the EnvPool face, on CartPole and Atari (~45 s on 2 loaded cores, most of
+# it envpool's start-up); the face itself is in the fast run too (test_fuzz.py, test_batched.py, test_faces_*.py).
+pytestmark = pytest.mark.slow
+
 # Keys envpool 1.2.5 always has and shmpool gives only when asked, for the reason in docs/porting/envpool.md.
 LEFT_OUT_INFOS = {"ram"}   # an array info leaves the shared-memory info table: Pong gives it with info_ram=True
 

@@ -20,8 +20,9 @@ import shmpool.vector as envpool
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("ale_py", "cv2")),
-                                reason="needs ale-py, cv2 (extra [atari])")
+pytestmark = [pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("ale_py", "cv2")),
+                                 reason="needs ale-py, cv2 (extra [atari])"),
+              pytest.mark.slow]   # a ported CleanRL agent (torch) rolls out on Atari and updates once
 
 NUM_ENVS, NUM_STEPS = 4, 8
 

@@ -10,6 +10,8 @@ import gymnasium as gym
 import pytest
 
 GYMNASIUM_1 = int(gym.__version__.split(".")[0]) >= 1
+# Each face's first call in a fresh interpreter, which imports ale-py (and SB3 with torch) again: 1.5-5 s a face.
+pytestmark = pytest.mark.slow
 needs_ale = pytest.mark.skipif(importlib.util.find_spec("ale_py") is None or not GYMNASIUM_1,
                                reason="needs ale-py with gymnasium 1.x (ale-py's envs need gymnasium >= 1.0)")
 

@@ -87,6 +87,7 @@ def _resources() -> dict:
             "rss": me.memory_info().rss}
 
 
+@pytest.mark.slow   # a soak: 200 pools, 15-40 s
 @pytest.mark.timeout(600)  # 15-35 s on 2 cores: each pool forks two workers from the (large) test process
 def test_two_hundred_pools_created_and_closed_leak_nothing(no_leaks):
     def one(k):

@@ -161,6 +161,7 @@ def _spins_long_enough():
                     "loud to tell a quiet spin from")
 
 
+@pytest.mark.slow   # a real process with torch and its OpenMP team: 7-19 s on 2 loaded cores
 @pytest.mark.parametrize("imports", ["import torch\n    import shmpool", "import shmpool\n    import torch"],
                          ids=["torch-first", "shmpool-first"])
 def test_in_a_real_process_the_spin_is_quiet_exactly_while_a_pool_with_workers_is_stepped(imports):
@@ -178,6 +179,7 @@ def test_in_a_real_process_the_spin_is_quiet_exactly_while_a_pool_with_workers_i
     assert out["warnings"] == []
 
 
+@pytest.mark.slow   # a real process with torch and its OpenMP team: 7-19 s on 2 loaded cores
 @pytest.mark.parametrize("env, detail", [({"SHMPOOL_NO_OMP_TUNING": "1"}, "SHMPOOL_NO_OMP_TUNING is set"),
                                          ({"GOMP_SPINCOUNT": "300000"}, "GOMP_SPINCOUNT=300000 as the user set it")],
                          ids=["opt-out", "user-setting"])
@@ -211,6 +213,7 @@ PRELOADED = """
 """
 
 
+@pytest.mark.slow   # a real process with torch and its OpenMP team: 7-19 s on 2 loaded cores
 def test_in_a_real_process_with_intel_openmp_preloaded_the_pool_reads_which_runtime_serves_torch():
     # LD_PRELOAD as Intel's PyTorch tuning guides have it: torch's own libgomp is mapped too, but torch's calls
     # go to Intel's runtime, which the pool leaves alone (its waiting threads give way; module docstring).

@@ -64,6 +64,7 @@ print(outcomes)
 """
 
 
+@pytest.mark.slow   # a stress loop: 100 (40) closes racing a step, 3-6 s
 @pytest.mark.parametrize("how,reps", [("signal", 100), ("thread", 40)])
 def test_close_during_step_never_crashes(how, reps):
     """Bug 2: close() from a signal handler (or another thread) while step() waits in the
@@ -163,6 +164,7 @@ def test_forked_child_is_refused_and_leaves_the_parents_workers_alone():
     assert "parent steps on: [2.0, 2.0]" in res.stdout
 
 
+@pytest.mark.slow   # a stress loop: two threads stepping one pool, ~6.5 s
 def test_two_threads_never_mix_steps():
     """Issue 18: one pool stepped from two threads with a 1 µs switch interval returned rows
     of different steps.  Each step() is now one call: every batch is whole."""

@@ -40,6 +40,7 @@ def _actions(n: int, size: int | tuple, seed: int = 1) -> np.ndarray:
 
 # --- equivalence with gymnasium ---------------------------------------------------------------
 
+@pytest.mark.slow   # hundreds of frames against ale-py's envs and gymnasium's wrappers: 1.5-2 s each, quiet
 @pytest.mark.parametrize(("game", "noop_max", "steps"), [("Pong", 0, 300), ("Pong", 30, 200), ("Breakout", 0, 500)])
 def test_matches_gymnasium_wrappers(game, noop_max, steps):
     ref = reference(game, noop_max)
@@ -67,6 +68,7 @@ def test_matches_gymnasium_wrappers(game, noop_max, steps):
         assert ends >= 1   # the random policy loses its five lives: resets were compared too
 
 
+@pytest.mark.slow   # ale-py's envs and the recipe's in a pool side by side: ~5 s each on 2 loaded cores
 @pytest.mark.parametrize(("game", "steps"), [("Pong", 250), ("Breakout", 250)])
 def test_matches_gymnasium_through_pool(game, steps):
     n, seed = 4, 10
@@ -107,6 +109,7 @@ def _envpool(task: str, **kwargs):
         pytest.skip(f"EnvPool cannot make {task}: {type(exc).__name__}: {exc}")
 
 
+@pytest.mark.slow   # frame by frame against envpool itself: 2-4 s each, quiet
 @pytest.mark.parametrize(("game", "options"), [
     ("Pong", {}),
     ("Breakout", {"gray_scale": False}),
@@ -170,6 +173,7 @@ def _close_means(a: np.ndarray, b: np.ndarray, floor: float) -> None:
     assert abs(a.mean() - b.mean()) <= max(4 * se, floor), (a.mean(), b.mean(), se)
 
 
+@pytest.mark.slow   # many random episodes in the recipe and in envpool: ~13 s on 2 loaded cores
 def test_random_policy_statistics_match_envpool():
     """Pong-v5 with the defaults (30 no-ops, FIRE, 4 frames, ...) under a random policy: EnvPool
     and the recipe must give the same distributions of episode length and return.  8 envs x 1

@@ -466,6 +466,7 @@ def test_reset_and_close_with_a_pending_step(no_leaks):
 # --- the example --------------------------------------------------------------------
 
 
+@pytest.mark.slow   # SB3's PPO learns (torch), the example end to end
 def test_sb3_ppo_example_short_run(no_leaks):
     pytest.importorskip("torch")
     cmd = [sys.executable, os.path.join(REPO, "examples", "sb3_ppo.py"), "--total-timesteps", "2048",

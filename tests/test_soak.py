@@ -17,9 +17,12 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 import psutil
+import pytest
 from gymnasium import spaces
 
 import shmpool
+
+pytestmark = pytest.mark.slow   # soak runs: pools built, stepped and killed for many seconds
 
 RSS_SLACK_MB = 32.0   # allocator caches and numpy's pools; a leak per step grows far past it
 

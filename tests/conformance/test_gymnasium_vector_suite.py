@@ -23,6 +23,7 @@ import pytest
 from .reference_suite import run
 
 pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytestmark, pytest.mark.slow]   # slow: gymnasium's own vector tests run against shmpool
 
 VERSION = metadata.version("gymnasium")
 SOURCE = os.environ.get("SHMPOOL_GYMNASIUM_SOURCE")

@@ -9,6 +9,7 @@ pytest.importorskip("stable_baselines3")
 
 # The reference suite runs in a child pytest inside the module fixture (~1 min on 2 cores).
 pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytestmark, pytest.mark.slow]   # slow: SB3's own VecEnv tests run against shmpool
 
 # Cases of SB3's suite that ShmVecEnv fails, each with the reason. Empty is the goal; an entry that
 # passes makes the test fail too, so this list never goes stale.

@@ -239,6 +239,7 @@ def test_replacement_that_cannot_start_closes_the_pool(tmp_path, no_leaks):
         assert pool.closed
 
 
+@pytest.mark.slow   # a soak: 2000 steps twice and 20 replacements, ~10 s each on 2 loaded cores
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_twenty_kills_in_a_long_run(mode, no_leaks):
     """Workers 1 and 2 are killed 20 times (mid-step and idle) over 2000 steps;
