@@ -241,6 +241,15 @@ class LifecycleFacts:
 INTERRUPTED = "the pool was closed and its workers killed"
 
 
+def add_note(exc: BaseException, text: str) -> None:
+    """``exc.add_note(text)`` (Python 3.11+); on 3.10 the note goes into ``__notes__`` as PEP 678
+    keeps it, where code reading notes finds it (3.10's traceback does not print them)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(text)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), text]
+
+
 def public_entry(method: Callable) -> Callable:
     """A ``Pool``'s public method (the entry protocol above): one call at a time per pool (other
     threads wait; a signal handler re-entering is refused), and a ``close()`` that came meanwhile
@@ -257,7 +266,7 @@ def public_entry(method: Callable) -> Callable:
             # stop them, and say so on the way out.
             self._kill_workers_now()
             if not any(INTERRUPTED in note for note in getattr(exc, "__notes__", ())):
-                exc.add_note(f"shmpool: {INTERRUPTED} ({method.__name__} was interrupted)")
+                add_note(exc, f"shmpool: {INTERRUPTED} ({method.__name__} was interrupted)")
             raise
         finally:
             life.leave(self._close_now)
