@@ -72,6 +72,8 @@ _REFERENCE_1X = ("its reference is gymnasium 1.x's vector env (autoreset_mode=, 
                  "max_concurrency=, next-step autoreset)")
 _POOL_VS_SYNC = ("it compares the Pool's own NEXT_STEP default with SyncVectorEnv, whose only autoreset under "
                  "0.29 is the same step")
+_POOL_INFOS = ("it compares the Pool's own infos (1.x's layout under any gymnasium) with SyncVectorEnv's (0.29's "
+               "layout under 0.29)")
 _HAS_ATTR = "VecEnv.has_attr is SB3 2.4's (0.29's pins carry SB3 2.3.2)"
 GYMNASIUM_1_ONLY = {
     "test_action_check.py": "its spaces use Discrete(dtype=), gymnasium 1.x's",
@@ -98,8 +100,30 @@ GYMNASIUM_1_ONLY = {
     "test_recipes_mujoco.py::test_in_pool_matches_sync_vector_env": "gymnasium 0.29 has no -v5 MuJoCo envs",
     "test_recipes_mujoco.py::test_pool_binds_recipe_obs": _REFERENCE_1X,
     "test_recipes_mujoco.py::test_mujoco_warnings": "the MuJoCo of 0.29's pins (2.3.3) does not deprecate settotalmass",
+    "test_silent_data.py::test_an_answer_the_parent_cannot_read": "it reads np_random_seed, a gymnasium 1.x attribute",
+    "test_silent_data.py::test_a_set_attr_value_the_worker": "it reads np_random_seed, a gymnasium 1.x attribute",
+    "test_silent_data.py::test_payloads_larger_than_a_pipe": "it reads np_random_seed, a gymnasium 1.x attribute",
+    "test_silent_data.py::test_info_values_that_change_type": _POOL_INFOS,
+    "test_silent_data.py::test_a_key_that_is_a_dict_a_number": _POOL_INFOS,
+    "test_silent_data.py::test_a_final_info_key_that_is_a_dict": _REFERENCE_1X,
+    "test_silent_data.py::test_the_envpool_face_passes_on_info_keys": _REFERENCE_1X,
+    "test_silent_data.py::test_nested_numeric_infos_need_no_side": "it reads 1.x's nested info layout",
+    "test_parent_shard.py::test_sync_steps_match_sync_vector_env": _POOL_VS_SYNC,
+    "test_parent_shard.py::test_send_recv_matches_sync_vector_env": _POOL_VS_SYNC,
+    "test_parent_shard.py::test_a_one_cpu_quota_runs_no_worker_process": _POOL_VS_SYNC,
+    "test_first_day.py::test_env_keywords_far_from_ours": "sutton_barto_reward is gymnasium 1.x's CartPole keyword",
+    "test_envpool_port.py::test_without_the_forwarding_edit": "gymnasium 0.29's wrappers forward attributes: the edit "
+                                                              "is not needed there",
+    "test_examples.py::test_ppo_cartpole_short_run": "the example uses gymnasium 1.x's vector wrappers",
     "test_recipes_atari.py::test_matches_gymnasium": ("its reference is ale-py's ALE/ ids with gymnasium 1.x's "
                                                       "wrappers; ale-py 0.12 registers no ids under gymnasium 0.29"),
+}
+
+# Where shmpool is not yet exactly 0.29's AsyncVectorEnv: expected to fail (strict, so a fix shows).
+GYMNASIUM_0_29_GAPS = {
+    "test_silent_data.py::test_nested_numeric_infos_match_sync_vector_env": (
+        "the face rebuilds 0.29's info layout from the pool's 1.x batch, in which a nested leaf that is a float in "
+        "one env and None in another already became NaN"),
 }
 
 
@@ -140,3 +164,7 @@ def pytest_collection_modifyitems(config, items):
             file, _, test = key.partition("::")
             if test and item.path.name == file and item.name.startswith(test):
                 item.add_marker(pytest.mark.skip(reason=f"gymnasium 1.x only: {reason}"))
+        for key, reason in GYMNASIUM_0_29_GAPS.items():
+            file, _, test = key.partition("::")
+            if item.path.name == file and item.name.startswith(test):
+                item.add_marker(pytest.mark.xfail(reason=f"not yet 0.29's: {reason}", strict=True))
