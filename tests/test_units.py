@@ -1,4 +1,4 @@
-"""Logic that needs no worker: cpu lists, shard sizes, layout, info columns, the wire."""
+"""Logic that needs no worker: cpu lists, shard sizes, layout, info columns (the wire's own: test_wire.py)."""
 import math
 import mmap
 import multiprocessing as mp
@@ -178,64 +178,6 @@ def test_spin_pingpong_between_processes():
     assert _core.load_word(buf, 0) == 2000
 
 
-def test_words_reject_bad_offsets():
-    buf = mmap.mmap(-1, 64)
-    with pytest.raises(ValueError, match="out of range or unaligned"):
-        _core.load_word(buf, 62)
-    assert _core.cas_word(buf, 8, 0, 5) and not _core.cas_word(buf, 8, 0, 6)
-    assert _core.load_word(buf, 8) == 5
-
-
-def test_sync_counter_wraps_at_2_32():
-    """The sync counter is a 32-bit word that wraps in long runs (2**32 shards): a target
-    just past the wrap must not count as reached before it, nor be missed after."""
-    buf = mmap.mmap(-1, _core.control_size(2, [2]))
-    wire = _core.Wire(buf, [2], num_envs=2)
-    wire.init_header()
-    pol = _core.WaitPolicy("t", 1000, 1000)
-    _core.store_word(buf, _core.LINE, 2**32 - 2)   # the sync counter: header line 1
-    assert wire.sync_count() == 2**32 - 2
-    target = (wire.sync_count() + 3) & 0xFFFFFFFF  # what step_async computes: 1, past the wrap
-    assert target == 1
-    for count in (2**32 - 1, 0):
-        wire.finish_shard()
-        assert wire.sync_count() == count
-        assert not wire.wait_sync(target, pol, 1_000_000), f"target {target} reached at count {count}"
-    wire.finish_shard()
-    assert wire.sync_count() == 1 and wire.wait_sync(target, pol, 1_000_000)
-
-
-def test_wire_wait_times_out_and_serves_requests_in_order():
-    buf = mmap.mmap(-1, _core.control_size(2, [2]))
-    wire = _core.Wire(buf, [2], num_envs=2)
-    wire.init_header()
-    pol = _core.WaitPolicy("t", 1000, 1000)
-    assert not wire.wait_sync(1, pol, 2_000_000)
-    wire.finish_shard()
-    assert wire.wait_sync(1, pol, 2_000_000)
-    # async: requests in, completions out, in order
-    flying = np.zeros(2, dtype=np.uint8)
-    ids = np.array([1, 0], dtype=np.int64)
-    assert wire.claim(ids, flying) and flying.tolist() == [1, 1]
-    assert not wire.claim(np.array([1], dtype=np.int64), flying)  # already in flight
-    flying[:] = 0
-    assert not wire.claim(np.array([0, 0], dtype=np.int64), flying) and flying.tolist() == [0, 0]
-    assert not wire.claim(np.array([0, 2], dtype=np.int64), flying) and flying.tolist() == [0, 0]
-    wire.dispatch(ids, np.zeros(2, dtype=np.int32), True)
-    assert wire.cmd_seq(0) == 1
-    reset = _core.REQ_RESET
-    assert wire.pop_request(0) == 1 | reset and wire.pop_request(0) == 0 | reset and wire.pop_request(0) == -1
-    wire.publish(1)
-    out = np.zeros(2, dtype=np.uint32)
-    assert wire.take_ready(out, 0, 2) == 1 and out[0] == 1   # what is there now, no wait for the rest
-    wire.publish(0)
-    assert wire.take(out, 1, 1, pol, 1_000_000) == 1 and out.tolist() == [1, 0]
-    assert wire.take(out, 0, 1, pol, 1_000_000) == 0  # nothing more: one slice, then give up
-    assert wire.take_ready(out, 0, 2) == 0
-    with pytest.raises(ValueError, match="out is too short"):
-        wire.take_ready(out, 1, 2)
-
-
 def test_unbatch_info_inverts_add_info():
     """One env's info back from the vector layout (SB3's face and batched shards both use it):
     masked keys only where marked, unmasked keys for every env, python scalars back as such."""
@@ -333,18 +275,3 @@ def test_result_rows_copy_only_an_exact_row_and_leave_the_rest_to_numpy():
         assert _rows(True, no_fast_path)[3].put_obs(0, np.zeros(2, np.float32)) is False
     scalar = np.zeros(3, np.int64)   # a () space: rows of one value
     assert _rows(True, scalar)[3].put_obs(1, np.array(9)) is True and scalar.tolist() == [0, 9, 0]
-
-
-@pytest.mark.parametrize("masks,limit,want", [
-    ([], 4, (0, 0, [])),
-    ([0, 0], 4, (0, 0, [])),
-    ([0, 5, 0, 3], 4, (7, 0, [(1, 5), (3, 3)])),
-    ([6, 2, 2**63 + 2], 2, (2**63 + 6, 2, None)),   # more reporting than the limit: no list
-    ([6, 2, 2**63 + 2], 3, (2**63 + 6, 2, [(0, 6), (1, 2), (2, 2**63 + 2)])),
-])
-def test_mask_summary_is_numpys_reductions(masks, limit, want):
-    arr = np.array(masks, dtype=np.uint64)
-    got = _core.mask_summary(arr, limit)
-    assert got == want
-    if len(arr):
-        assert got[:2] == (int(np.bitwise_or.reduce(arr)), int(np.bitwise_and.reduce(arr)))
