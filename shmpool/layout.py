@@ -61,6 +61,19 @@ def all_shared(space: spaces.Space) -> bool:
     return all(isinstance(leaf.space, SHARED_SPACES) for leaf in tree_of(space).leaves)
 
 
+def same_space(a: spaces.Space, b: spaces.Space) -> bool:
+    """Whether two spaces are equal as gymnasium judges them (``a == b``), the exact cases first:
+    the same object, or Boxes of one shape and dtype whose bounds are equal element for element.
+    Box equality runs ``allclose`` over the bounds, whose float temporaries cost ~25 bytes per
+    element: gigabytes, for one image-sized space compared once per env."""
+    if a is b:
+        return True
+    if (type(a) is spaces.Box and type(b) is spaces.Box and a.shape == b.shape and a.dtype == b.dtype
+            and np.array_equal(a.low, b.low) and np.array_equal(a.high, b.high)):
+        return True
+    return a == b
+
+
 def same_layout(a: spaces.Space, b: spaces.Space) -> bool:
     """Whether two spaces share type, shapes and dtypes (gymnasium's ``is_space_dtype_shape_equiv``):
     envs with such spaces can share one layout although their bounds differ."""
@@ -174,13 +187,13 @@ def observation_spaces(bounds: list[tuple[int, int]], described: list, mode: str
     for (a, b), d in zip(bounds, described):
         spaces += d.observation_spaces or [d.observation_space] * (b - a)
     first, different = spaces[0], mode == "different"
-    # Each distinct object once: a worker's unchanged spaces are one object, and Box
-    # equality runs allclose over the bounds (slow for large spaces times many envs).
+    # Each distinct object once: a worker's unchanged spaces are one object (and workers' equal
+    # spaces one object too: protocol.DecodedOnce).
     accepted = {id(first)}
     for i, space in enumerate(spaces):
         if id(space) in accepted:
             continue
-        if space == first or (different and same_layout(space, first)):
+        if same_space(space, first) or (different and same_layout(space, first)):
             accepted.add(id(space))
             continue
         allowed = ("spaces of one type, shape and dtype" if different else

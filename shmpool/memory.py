@@ -288,13 +288,19 @@ def drop_inherited_regions(proc: str = "/proc/self") -> int:
     return dropped
 
 
+def check_room(size: int) -> None:
+    """``PoolResourceError`` when a region of ``size`` bytes cannot be had: more than the address
+    space or the memory this process may get (``check_address_space``, ``check_memory``)."""
+    check_address_space(size)
+    check_memory(size)
+
+
 def create_region(size: int) -> int:
     """A file descriptor of ``size`` bytes of shared memory with every page reserved.
 
     Raises ``PoolResourceError`` (an ``OSError``) naming the size when the memory is not there:
-    before reserving anything when a limit says so (``check_address_space``, ``check_memory``)."""
-    check_address_space(size)
-    check_memory(size)
+    before reserving anything when a limit says so (``check_room``)."""
+    check_room(size)
     if not hasattr(os, "memfd_create"):  # not Linux: a posix shared-memory object, unlinked at once
         shm = posix_ipc.SharedMemory(None, posix_ipc.O_CREX, size=size)
         shm.unlink()

@@ -30,6 +30,7 @@ from .batched import check_hosting
 from .dispatch import Dispatch
 from .gym_compat import AutoresetMode
 from .infos import InfoReader
+from .memory import check_room
 from .pickled import LatestValues, PickledActionSender, PickledLeaves, warn_pickled
 from .plan import plan_pool
 from .region import Region
@@ -315,7 +316,14 @@ class Pool(LifecycleFacts):
         deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
         workers.spawn_all(fns, seeds, deadline)
         workers.guard(self)
-        described = workers.agreed_spaces(deadline)
+        sizes = list(self.plan.shard_sizes)
+
+        def layout_of(d: P.Spaces) -> L.Layout:
+            return L.Layout.build(self.num_envs, sizes, d.observation_space, d.action_space,
+                                  final_obs=self.autoreset_mode == SAME_STEP)
+
+        # A region too large is refused from worker 0's spaces alone, before the others are read.
+        described = workers.agreed_spaces(deadline, lambda first: check_room(layout_of(first).size))
         first = described[0]
         obs_space, act_space = first.observation_space, first.action_space
         check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
@@ -325,9 +333,7 @@ class Pool(LifecycleFacts):
         self.metadata = first.metadata
         self.render_mode = first.render_mode
         self.spec = first.spec
-        sizes = list(self.plan.shard_sizes)
-        layout = L.Layout.build(self.num_envs, sizes, obs_space, act_space,
-                                final_obs=self.autoreset_mode == SAME_STEP)
+        layout = layout_of(first)
         # Leaves that cannot live in shared memory travel pickled (shmpool.pickled).
         self._obs_pickled = PickledLeaves.of(obs_space)
         warn_pickled(self._obs_pickled, PickledLeaves.of(act_space), stacklevel=4)

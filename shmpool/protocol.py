@@ -26,6 +26,7 @@ worker raised; unasked), :class:`CallFailed` (the answer to a message that faile
 """
 from __future__ import annotations
 
+import hashlib
 import pickle
 import threading
 import traceback
@@ -259,6 +260,31 @@ def decode_from_worker(data: bytes) -> ToParent:
     return _checked(pickle.loads(data), (Spaces, Ready, Failure, Extra, Reply, Closed))
 
 
+class DecodedOnce:
+    """Start-up's decoder for the workers' ``Spaces``: messages equal byte for byte decode to one
+    object.  Every worker describes the same spaces, and a ``Box`` of N elements carries 4N bytes
+    of bounds (low, high and two masks); decoding each worker's copy, then comparing them with
+    ``allclose``, held and scanned that many times over in the trainer before the region's size
+    could be checked.  Equal bytes are judged by a digest, so only the first copy is kept; spaces
+    that differ in bytes (a custom class cloudpickled by value, a seeded RNG) are decoded and
+    compared as before.  Kept by the worker set for the pool's life: a replacement worker whose
+    message is the same gets the same spaces, compared by identity."""
+
+    def __init__(self) -> None:
+        self._decoded: dict[bytes, ToParent] = {}
+
+    def decode(self, data: bytes) -> ToParent:
+        if len(data) <= PIPE_SAFE:   # small: decoding costs less than remembering
+            return decode_from_worker(data)
+        key = hashlib.blake2b(data, digest_size=32).digest()
+        msg = self._decoded.get(key)
+        if msg is None:
+            msg = decode_from_worker(data)
+            if type(msg) is Spaces:
+                self._decoded[key] = msg
+        return msg
+
+
 def pack(value: Any) -> bytes:
     """A value that rides inside a message as its own blob: pickled, or cloudpickled when plain
     pickle refuses it (lambdas, classes of ``__main__``, as SB3's and gymnasium's workers send
@@ -325,13 +351,14 @@ def _write_quietly(conn, data: bytes) -> None:
         pass
 
 
-def receive(conn) -> ToParent:
+def receive(conn, decoder: DecodedOnce | None = None) -> ToParent:
     """Parent: the next message from a worker's pipe (blocks; EOFError once it is gone).  A shard
     stepped in this process hands its side messages over as objects (``handed_over``): nothing
-    crosses a process, and the values inside are ``pack``ed blobs all the same."""
+    crosses a process, and the values inside are ``pack``ed blobs all the same.  ``decoder``:
+    start-up's, which decodes a message equal to an earlier one only once."""
     data = conn.recv_bytes()
     if type(data) is bytes:
-        return decode_from_worker(data)
+        return decode_from_worker(data) if decoder is None else decoder.decode(data)
     return _checked(data, (Extra, Failure))
 
 

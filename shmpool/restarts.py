@@ -23,6 +23,7 @@ import numpy as np
 from . import protocol as P
 from .dispatch import Dispatch
 from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError, with_traceback
+from .layout import same_space
 from .region import Region
 from .workerset import SLICE_S, WorkerSet, death
 
@@ -145,7 +146,7 @@ class Restarts:
         deadline = None if self.startup_timeout is None else time.monotonic() + self.startup_timeout
         try:
             d = workers.startup_message(k, P.Spaces, deadline)
-            if (d.observation_space, d.action_space) != self.spaces:
+            if not (same_space(d.observation_space, self.spaces[0]) and same_space(d.action_space, self.spaces[1])):
                 raise ValueError(f"the replacement's envs have spaces {d.observation_space}, {d.action_space}; "
                                  f"the pool has {self.spaces[0]}, {self.spaces[1]}")
             workers.map_region([k], self.map_msg, region, deadline)

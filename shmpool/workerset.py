@@ -113,6 +113,7 @@ class WorkerSet:
         self.conns: list = []
         self.side = [collections.deque() for _ in bounds]   # side messages read ahead of their turn
         self.generation = [0] * len(bounds)                  # bumped per replacement: answers owed die
+        self.spaces_decoder = P.DecodedOnce()   # equal Spaces messages decode to one object
         self._args: list[tuple] = []
         self._finalizer: weakref.finalize | None = None
         self._guarded: weakref.ref = lambda: None   # the pool whose drop kills the workers
@@ -214,7 +215,7 @@ class WorkerSet:
         while True:
             if conn.poll(SLICE_S):
                 try:
-                    msg = P.receive(conn)
+                    msg = P.receive(conn, self.spaces_decoder)
                 except EOFError:
                     raise self.died(k, "starting") from None
                 if type(msg) is expected:
@@ -230,11 +231,15 @@ class WorkerSet:
                 raise TimeoutError(
                     f"worker {k} (envs {a}..{b - 1}) did not finish building its envs within startup_timeout")
 
-    def agreed_spaces(self, deadline: float | None) -> list[P.Spaces]:
+    def agreed_spaces(self, deadline: float | None,
+                      judge_first: Callable[[P.Spaces], None] = lambda first: None) -> list[P.Spaces]:
         """Every worker's ``Spaces`` message (start-up step one), once all action spaces agree with
-        worker 0's (observation spaces are judged by the pool, against its ``observation_mode``)."""
-        described = [self.startup_message(k, P.Spaces, deadline) for k in range(len(self.bounds))]
-        first = described[0]
+        worker 0's (observation spaces are judged by the pool, against its ``observation_mode``).
+        ``judge_first(worker 0's message)`` runs before any other worker's is read: the pool checks
+        there that its region fits, while the trainer holds one copy of the spaces."""
+        first = self.startup_message(0, P.Spaces, deadline)
+        judge_first(first)
+        described = [first, *(self.startup_message(k, P.Spaces, deadline) for k in range(1, len(self.bounds)))]
         for k, d in enumerate(described[1:], 1):
             if d.action_space != first.action_space:
                 raise ValueError(

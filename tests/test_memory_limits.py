@@ -2,6 +2,7 @@
 not an OOM kill: cgroup limits (v2 memory.max, v1 memory.limit_in_bytes) and MemAvailable."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -332,7 +333,10 @@ def _remove_cgroup(group: Path, parent: Path) -> None:
         time.sleep(0.1)
 
 
-def test_real_512_mib_cgroup_refuses_a_1_gib_region_instead_of_an_oom_kill(tmp_path):
+@contextlib.contextmanager
+def _memory_cgroup(limit: int):
+    """A fresh memory cgroup of ``limit`` bytes (no swap): yields its ``cgroup.procs``; skips
+    where one cannot be made (not root, no memory controller)."""
     if os.geteuid() != 0:
         pytest.skip("making a cgroup needs root")
     parent, kind = _memory_cgroup_parent()
@@ -350,30 +354,205 @@ def test_real_512_mib_cgroup_refuses_a_1_gib_region_instead_of_an_oom_kill(tmp_p
         pytest.skip(f"cannot make a cgroup in {parent}: {exc}")
     try:
         if kind == "v2":
-            (group / "memory.max").write_text(str(512 * MiB))
+            (group / "memory.max").write_text(str(limit))
             if (group / "memory.swap.max").exists():
                 (group / "memory.swap.max").write_text("0")
         else:
-            (group / "memory.limit_in_bytes").write_text(str(512 * MiB))
+            (group / "memory.limit_in_bytes").write_text(str(limit))
             if (group / "memory.memsw.limit_in_bytes").exists():
-                (group / "memory.memsw.limit_in_bytes").write_text(str(512 * MiB))
+                (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
+        yield group / "cgroup.procs"
+    finally:
+        _remove_cgroup(group, parent)
+
+
+def _stdout_in_a_512_mib_cgroup(tmp_path: Path, child: str) -> tuple[str, str]:
+    """Run the script ``child`` in a fresh 512 MiB memory cgroup (it moves itself in before Python
+    starts); its stdout and the cgroup's name, once it has exited 0 (not killed)."""
+    with _memory_cgroup(512 * MiB) as procs:
         script = tmp_path / "child.py"
-        script.write_text(CGROUP_CHILD)
-        # The child moves itself into the group before Python starts.
-        procs = group / "cgroup.procs"
+        script.write_text(child)
         done = subprocess.run(["sh", "-c", f'echo $$ > {procs} && exec "$0" "$1"', sys.executable, str(script)],
                               capture_output=True, text=True, timeout=180)
         killed = f"exit {done.returncode} (137 or -9: the OOM killer)"
         assert done.returncode == 0, f"{killed}\n{done.stdout}{done.stderr[-3000:]}"
-        print(done.stdout)
-        lines = done.stdout.splitlines()
-        assert lines[0].startswith("direct ") and float(lines[0].split()[1]) < 1.0, done.stdout
-        assert lines[1].split()[:2] == ["refused", "memory"], done.stdout
-        size, limit = int(lines[1].split()[2]), int(lines[1].split()[3])
-        assert 16 * 64 * MiB <= size < 16 * 64 * MiB + MiB and limit == 512 * MiB, done.stdout
-        message = lines[2]
-        assert "needs 1.0 GiB (" in message and "memory limit of 512.0 MiB" in message, message
-        assert f"cgroup /{group.name}" in message, message
-        assert lines[-1] == "small ok", done.stdout
+        return done.stdout, procs.parent.name
+
+
+def test_real_512_mib_cgroup_refuses_a_1_gib_region_instead_of_an_oom_kill(tmp_path):
+    stdout, group = _stdout_in_a_512_mib_cgroup(tmp_path, CGROUP_CHILD)
+    print(stdout)
+    lines = stdout.splitlines()
+    assert lines[0].startswith("direct ") and float(lines[0].split()[1]) < 1.0, stdout
+    assert lines[1].split()[:2] == ["refused", "memory"], stdout
+    size, limit = int(lines[1].split()[2]), int(lines[1].split()[3])
+    assert 16 * 64 * MiB <= size < 16 * 64 * MiB + MiB and limit == 512 * MiB, stdout
+    message = lines[2]
+    assert "needs 1.0 GiB (" in message and "memory limit of 512.0 MiB" in message, message
+    assert f"cgroup /{group}" in message, message
+    assert lines[-1] == "small ok", stdout
+
+
+# --- spaces with large bounds ------------------------------------------------------------------
+# A Box of N elements holds 4N bytes of bounds (low, high, bounded_below, bounded_above) in every
+# process that has it.  The trainer used to decode every worker's copy and compare them with
+# allclose (~25 bytes of float temporaries per element) before the region's size was checked.
+
+def _box_space(megabytes: int):
+    import numpy as np
+    return gym.spaces.Box(0, 255, (megabytes, 1024, 1024), np.uint8)
+
+
+def _box_env_class(megabytes: int):
+    """An env class whose instances each build an (equal) uint8 Box of ``megabytes`` MiB, as most
+    envs do.  Nothing large on the class itself: its constructor travels pickled."""
+    import numpy as np
+
+    class BigBox(gym.Env):
+        action_space = gym.spaces.Discrete(2)
+
+        def __init__(self):
+            self.observation_space = _box_space(megabytes)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(self.observation_space.shape, np.uint8), {}
+
+        def step(self, action):
+            return np.zeros(self.observation_space.shape, np.uint8), 0.0, False, False, {}
+
+    return BigBox
+
+
+def _space_bytes(space) -> int:
+    return space.low.nbytes + space.high.nbytes + space.bounded_below.nbytes + space.bounded_above.nbytes
+
+
+def _spaces_decoded(monkeypatch) -> list:
+    """Every ``Spaces`` message the trainer decodes from here on."""
+    from shmpool import protocol as P
+    decoded, real = [], P.decode_from_worker
+
+    def counting(data):
+        msg = real(data)
+        if type(msg) is P.Spaces:
+            decoded.append(msg)
+        return msg
+
+    monkeypatch.setattr(P, "decode_from_worker", counting)
+    return decoded
+
+
+def test_a_region_too_large_is_refused_from_worker_0s_spaces_before_the_others_are_read(monkeypatch, no_leaks):
+    import shmpool
+    from shmpool import memory
+    decoded = _spaces_decoded(monkeypatch)
+    seen_at_refusal = []
+
+    def refuse(size, *args, **kwargs):
+        seen_at_refusal.append(len(decoded))
+        raise PoolResourceError(f"refused {size}", errno_=errno.ENOMEM, resource="memory", size=size, limit=1)
+
+    monkeypatch.setattr(memory, "check_memory", refuse)
+    with pytest.raises(PoolResourceError, match=r"^refused \d+$"):
+        shmpool.Pool(_box_env_class(1), 6, num_workers=3)
+    assert seen_at_refusal[:1] == [1], seen_at_refusal   # was [3]: every worker's spaces decoded first
+
+
+def test_workers_equal_spaces_are_decoded_once_in_the_trainer(monkeypatch, no_leaks):
+    import tracemalloc
+
+    import shmpool
+    decoded = _spaces_decoded(monkeypatch)
+    cls = _box_env_class(4)
+    one = _space_bytes(_box_space(4))   # 16 MiB
+    tracemalloc.start()
+    try:
+        pool = shmpool.Pool(cls, 6, num_workers=3)
+        peak = tracemalloc.get_traced_memory()[1]
     finally:
-        _remove_cgroup(group, parent)
+        tracemalloc.stop()
+    with pool:
+        assert len(decoded) == 1, len(decoded)
+        assert all(space is pool.single_observation_space for space in pool.observation_spaces)
+        assert pool.single_observation_space == _box_space(4)
+        obs, _ = pool.reset()
+        assert obs.shape == (6, 4, 1024, 1024)
+    # One decoded copy plus one message's bytes at a time (2 x 16 MiB), and room for the rest of
+    # start-up; it was 3 decoded copies, their bytes and allclose's temporaries (> 10 x 16 MiB).
+    assert peak < 3 * one, f"peak {peak / MiB:.0f} MiB for spaces of {one / MiB:.0f} MiB"
+
+
+def test_a_shards_equal_spaces_are_compared_without_allclose_temporaries(no_leaks):
+    import tracemalloc
+
+    import shmpool
+    cls = _box_env_class(4)
+    one = _space_bytes(_box_space(4))
+    tracemalloc.start()
+    try:   # what building the two envs' spaces costs alone (the installed gymnasium's Box)
+        spaces = [_box_space(4) for _ in range(2)]
+        building = tracemalloc.get_traced_memory()[1]
+        del spaces
+    finally:
+        tracemalloc.stop()
+    tracemalloc.start()
+    try:   # both envs in this process: the shard's own comparison is traced too
+        pool = shmpool.Pool(cls, 2, num_workers=1, parent_shard=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    with pool:
+        assert pool.observation_spaces[0] is pool.observation_spaces[1]
+    # Building the envs, then the message's bytes and its decoded copy (2 x 16 MiB), and room for
+    # the rest.  Box equality's allclose over 4 Mi elements made ~100 MiB of float temporaries.
+    assert peak < building + 2.5 * one, f"peak {peak / MiB:.0f} MiB, building {building / MiB:.0f} MiB"
+
+
+def test_same_space_judges_as_gymnasium_does():
+    import numpy as np
+
+    from shmpool.layout import same_space
+    box = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+    cases = [
+        (box, box),
+        (box, gym.spaces.Box(0.0, 1.0, (3,), np.float32)),
+        (box, gym.spaces.Box(1e-9, 1.0, (3,), np.float32)),       # allclose, not equal: gymnasium says equal
+        (box, gym.spaces.Box(0.0, 2.0, (3,), np.float32)),
+        (box, gym.spaces.Box(0.0, 1.0, (4,), np.float32)),
+        (box, gym.spaces.Box(0.0, 1.0, (3,), np.float64)),
+        (box, gym.spaces.Discrete(3)),
+        (gym.spaces.Dict(a=box), gym.spaces.Dict(a=gym.spaces.Box(0.0, 1.0, (3,), np.float32))),
+        (gym.spaces.Discrete(3), gym.spaces.Discrete(3, start=1)),
+    ]
+    judged = [a == b for a, b in cases]   # gymnasium 0.29's Box equality ignores the dtype; 1.x's does not
+    assert [same_space(a, b) for a, b in cases] == judged
+    assert judged[:5] == [True, True, True, False, False] and judged[6:] == [False, True, False]
+
+
+# 72 envs of 10 MiB observations: a 720 MiB region, refused in a 512 MiB cgroup.  Each worker holds
+# the class's Box (40 MiB of bounds) and its message's bytes; the trainer one decoded copy.  Before,
+# the trainer decoded both workers' copies and ran allclose over them: the OOM killer, at once.
+CGROUP_BIG_BOUNDS_CHILD = textwrap.dedent("""
+    import gymnasium as gym, numpy as np
+    import shmpool
+
+    class BigBox(gym.Env):
+        observation_space = gym.spaces.Box(0, 255, (10, 1024, 1024), np.uint8)
+        action_space = gym.spaces.Discrete(2)
+        def reset(self, *, seed=None, options=None):
+            return np.zeros((10, 1024, 1024), np.uint8), {}
+
+    try:
+        shmpool.Pool(BigBox, 72, num_workers=2)
+    except shmpool.PoolResourceError as exc:
+        print("refused", exc.resource, exc.size, exc.limit)
+    else:
+        print("built")
+""")
+
+
+def test_real_512_mib_cgroup_refuses_a_large_bounds_pool_instead_of_an_oom_kill(tmp_path):
+    stdout, _ = _stdout_in_a_512_mib_cgroup(tmp_path, CGROUP_BIG_BOUNDS_CHILD)
+    words = stdout.split()
+    assert words[:2] == ["refused", "memory"], stdout
+    assert 720 * MiB <= int(words[2]) < 721 * MiB and int(words[3]) == 512 * MiB, stdout

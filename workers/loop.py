@@ -200,11 +200,10 @@ def build_envs(conn, fns, start: int) -> BuiltEnvs | None:
     first = envs[0]
     differing = False   # observation spaces that differ: the pool judges them (observation_mode)
     for k, env in enumerate(envs[1:], 1):
-        # Identity first: Box equality runs allclose over low/high, seconds for large spaces x many envs.
         obs_space, act_space = env.observation_space, env.action_space
-        if not (obs_space is first.observation_space or obs_space == first.observation_space):
+        if not L.same_space(obs_space, first.observation_space):
             differing = True
-        if not (act_space is first.action_space or act_space == first.action_space):
+        if not L.same_space(act_space, first.action_space):
             P.report(conn, P.Failure(start + k, "make", "ValueError",
                                      f"env {start + k} has observation/action spaces {obs_space}, "
                                      f"{act_space}; env {start} has {first.observation_space}, "
