@@ -15,77 +15,126 @@ raised the word's waiters flag.  An adaptive policy (workers under "auto")
 learns how long commands take to come (the parent stamps each post with the
 time) and skips spinning when they come later than its budget: a worker then
 sleeps at once instead of burning a core the trainer needs.
+
+Each idea of the wire is one C header beside this file, its functions
+``static inline``:
+
+- ``_wire.h``: atomics with every memory ordering spelled out, the futex, the clock;
+- ``_control.h``: the control region's map (header lines, per-worker blocks),
+  the commands and the counters in it;
+- ``_waiting.h``: spin, yield, then futex (or the semaphore handshake); the
+  waker's half; the adaptive policy's learnt gap;
+- ``_rings.h``: claims, request rings, completion rings and their tickets;
+- ``_scan.h``: the status scan of a batch, and its info masks' summary;
+- ``_worker_reset.h``: a dead worker's block made ready for its replacement.
+
+This file is the Python-facing layer: argument checks and the errors they
+raise, the buffer export, the posix semaphores (Python objects, the bed where
+there is no futex) and ``WaitPolicy``.
+
+Why headers rather than .pxi files or one cdef class per idea: Cython cannot
+``include`` a .pxi into a cdef class body, and module-level functions in .pxi
+files would spread one class's state over files that each edit it; per-idea
+cdef classes held by the Wire would put an object hop and a vtable call on
+every step.  A header's ``static inline`` functions compile into this one
+extension, ``shmpool._core``, and the C compiler inlines them into the methods
+that call them, as Cython's own cdef functions were before: the hot path does
+the same loads, stores and syscalls, and each idea reads as one file of C with
+its orderings in sight (EnvPool's ``envpool/core`` is split the same way, one
+idea per header).
 """
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_SIMPLE
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
 
 cdef extern from "_wire.h" nogil:
     uint32_t shm_load_acquire(const uint32_t *p)
-    uint32_t shm_load_relaxed(const uint32_t *p)
     void shm_store_release(uint32_t *p, uint32_t v)
-    void shm_store_relaxed(uint32_t *p, uint32_t v)
     void shm_store_seqcst(uint32_t *p, uint32_t v)
-    uint32_t shm_load_seqcst(const uint32_t *p)
     uint32_t shm_add_fetch(uint32_t *p, uint32_t v)
-    uint64_t shm_load_acquire64(const uint64_t *p)
-    uint64_t shm_load_relaxed64(const uint64_t *p)
-    void shm_store_release64(uint64_t *p, uint64_t v)
-    uint64_t shm_fetch_add64(uint64_t *p, uint64_t v)
     int shm_cas(uint32_t *p, uint32_t expected, uint32_t desired)
-    void shm_fence()
-    void shm_cpu_relax()
     int shm_reached(uint32_t value, uint32_t target)
     int64_t shm_now_ns()
     int shm_have_futex()
-    int shm_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns)
-    void shm_futex_wake(uint32_t *word)
     int shm_set_pdeathsig(int sig)
 
-cdef extern from "<sched.h>" nogil:
-    int sched_yield()
+cdef extern from "_control.h" nogil:
+    enum:
+        SHM_LINE
+        SHM_MAX_WORKERS
+        SHM_SIG_SYNC
+        SHM_SIG_PUB
+        SHM_CMD_STEP
+        SHM_CMD_ASYNC
+        SHM_CMD_MESSAGE
+        SHM_CMD_EXIT
+    int shm_command_signal(int worker)
+    int shm_done_signal(int worker)
+    int shm_signal_count(int num_workers)
+    int64_t shm_rings_offset(int num_workers)
+    uint32_t *shm_signal(uint8_t *base, int sid)
+    void shm_init_header(uint8_t *base, uint32_t num_workers, uint32_t num_envs, uint32_t sync_start)
+    int shm_header_matches(const uint8_t *base, uint32_t num_workers, uint32_t num_envs)
+    uint32_t shm_post(uint8_t *base, int worker, uint32_t cmd)
+    uint32_t shm_command(uint8_t *base, int worker, uint32_t *cmd)
+    int64_t shm_post_stamp(uint8_t *base, int worker)
 
-# Control-region geometry.  LINE is two cache lines so that adjacent-line
-# prefetching cannot make two writers share a line.
-LINE = 128
-DEF _LINE = 128
-DEF _HEADER_LINES = 4
-DEF _MAGIC = 0x73686d70  # "shmp"
+cdef extern from "_waiting.h" nogil:
+    enum:
+        SHM_WAIT_REACHED
+        SHM_WAIT_SEMAPHORE
+    int shm_wait_word(uint32_t *word, uint32_t target, int64_t spin_ns, int64_t yield_ns,
+                      int64_t timeout_ns, int futex)
+    int shm_wake(uint32_t *word, int futex)
+    int shm_sem_prepare(uint32_t *word, uint32_t target)
+    int shm_sem_finish(uint32_t *word, uint32_t target)
+    int64_t shm_learn_gap(int64_t gap_ns, int64_t observed_ns, int64_t budget_ns)
+    int64_t shm_gap_after_silence(int64_t budget_ns)
 
-# Header lines.
-DEF _OFF_META = 0
-DEF _OFF_SYNC = 1 * _LINE      # signal: shards finished (sync step / reset)
-DEF _OFF_ORDER = 2 * _LINE     # completion tickets: recv takes envs in the order they finished
-DEF _OFF_PUB = 3 * _LINE       # signal: completions published, all workers (a doorbell for sleeping)
+cdef extern from "_rings.h" nogil:
+    uint32_t SHM_REQ_RESET
+    uint32_t SHM_REQ_ENV_MASK
+    ctypedef struct shm_rings:
+        uint8_t *base
+    int64_t shm_worker_rings_bytes(int64_t slots)
+    void shm_rings_map(shm_rings *r, uint8_t *base, const uint32_t *shard_sizes, int num_workers)
+    int shm_claim(const int64_t *ids, Py_ssize_t n, uint8_t *in_flight, Py_ssize_t num_envs)
+    void shm_push_requests(shm_rings *r, const int64_t *ids, Py_ssize_t n, const int32_t *owner,
+                           uint32_t flag, uint64_t *counts)
+    int64_t shm_pop_request(shm_rings *r, int worker)
+    void shm_publish(shm_rings *r, uint32_t env_id)
+    Py_ssize_t shm_take_ready(shm_rings *r, uint32_t *out, Py_ssize_t start, Py_ssize_t n)
+    uint32_t shm_doorbell_target(const shm_rings *r, uint32_t seen, uint64_t more)
+    uint32_t shm_ring_slots(const shm_rings *r, int worker)
 
-# Per-worker block: line A written by the parent, line B by the worker.
-DEF _A_CMD_SEQ = 0             # signal (value, waiters, target)
-DEF _A_CMD = 12
-DEF _A_REQ_HEAD = 16           # uint64: requests pushed
-DEF _A_POST_NS = 24            # int64: CLOCK_MONOTONIC time of the newest post (adaptive waiters learn from it)
-DEF _B_DONE_SEQ = _LINE        # signal (value, waiters, target)
-DEF _B_REQ_TAIL = _LINE + 16   # uint64: requests taken
-DEF _B_COMP_HEAD = _LINE + 24  # uint64: completions published into this worker's ring
-DEF _B_COMP_RUNG = _LINE + 32  # uint32: low bits of the head once its doorbell was rung
-DEF _BLOCK = 2 * _LINE
+cdef extern from "_scan.h" nogil:
+    enum:
+        SHM_SCAN_SIDE_MESSAGE
+        SHM_SCAN_NUMERIC_INFO
+    int shm_scan_all(const uint8_t *status, const uint64_t *info_masks, Py_ssize_t num_envs)
+    int shm_scan_ids(const uint8_t *status, const uint64_t *info_masks, Py_ssize_t num_envs,
+                     const int32_t *ids, Py_ssize_t n, Py_ssize_t *bad)
+    Py_ssize_t shm_mask_summary(const uint64_t *masks, Py_ssize_t n, uint64_t *any, uint64_t *every)
 
-# Commands a worker executes.
-CMD_STEP = 1       # step the whole shard (sync), then bump the sync counter
-DEF _CMD_ASYNC = 2
-CMD_ASYNC = _CMD_ASYNC  # drain the worker's request ring, publishing each env
-CMD_MESSAGE = 3    # read one message from the side channel and answer it
-CMD_EXIT = 4
+cdef extern from "_worker_reset.h" nogil:
+    Py_ssize_t shm_reset_worker(shm_rings *r, int worker, uint32_t *out)
+
+# Control-region geometry: ``layout.py`` aligns every array of the region to a LINE.
+LINE = SHM_LINE
+
+# Commands a worker executes (what each does: _control.h).
+CMD_STEP = SHM_CMD_STEP
+CMD_ASYNC = SHM_CMD_ASYNC
+CMD_MESSAGE = SHM_CMD_MESSAGE
+CMD_EXIT = SHM_CMD_EXIT
 
 # Request flag: reset this env instead of stepping it.
-DEF _REQ_RESET = 0x80000000
-REQ_RESET = _REQ_RESET
-REQ_ENV_MASK = 0x7FFFFFFF  # a request word without its flag: the env id
+REQ_RESET = SHM_REQ_RESET
+REQ_ENV_MASK = SHM_REQ_ENV_MASK  # a request word without its flag: the env id
 
 # Bits of Wire.scan's answer.
-SCAN_SIDE_MESSAGE = 1  # some env of the batch has a side-channel message (error or extra infos)
-SCAN_NUMERIC_INFO = 2  # some env of the batch has numeric infos in shared memory
-
-def _align(n):
-    return (n + _LINE - 1) // _LINE * _LINE
+SCAN_SIDE_MESSAGE = SHM_SCAN_SIDE_MESSAGE  # some env of the batch has a side-channel message (error or extra infos)
+SCAN_NUMERIC_INFO = SHM_SCAN_NUMERIC_INFO  # some env of the batch has numeric infos in shared memory
 
 
 def control_size(int num_envs, shard_sizes):
@@ -93,9 +142,9 @@ def control_size(int num_envs, shard_sizes):
     worker, then per worker a request ring and a completion ring (one slot per env:
     an env is requested, and published, at most once before the parent takes it),
     and beside each completion ring the tickets that order completions across workers."""
-    cdef Py_ssize_t n = _HEADER_LINES * _LINE + len(shard_sizes) * _BLOCK
+    cdef int64_t n = shm_rings_offset(len(shard_sizes))
     for s in shard_sizes:
-        n += 3 * _align(4 * s)
+        n += shm_worker_rings_bytes(s)
     return n
 
 
@@ -110,75 +159,15 @@ def set_parent_death_signal(int sig):
         raise OSError("prctl(PR_SET_PDEATHSIG) is not available")
 
 
-cdef int _wait_word(uint32_t *word, uint32_t target, int64_t spin_ns,
-                    int64_t yield_ns, int64_t timeout_ns, bint futex) nogil:
-    """Spin, then yield, then sleep until ``*word`` reaches ``target``.
-
-    A signal is three words: the value, the sleeper's flag and the value the
-    sleeper waits for (so wakers only wake it when that is reached).
-    Returns 1 when reached, 0 on timeout, 2 when the caller must sleep (no futex: it sleeps
-    on a semaphore)."""
-    cdef uint32_t *waiters = word + 1
-    cdef uint32_t v
-    cdef int i
-    cdef int64_t start, now, deadline
-    if shm_reached(shm_load_acquire(word), target):
-        return 1
-    start = shm_now_ns()
-    deadline = start + timeout_ns
-    if spin_ns > timeout_ns:
-        spin_ns = timeout_ns
-    # Busy phase: cheapest wake-up (~1 us), costs a whole core.
-    while True:
-        for i in range(64):
-            shm_cpu_relax()
-            if shm_reached(shm_load_acquire(word), target):
-                return 1
-        now = shm_now_ns()
-        if now - start >= spin_ns:
-            break
-    # Yield phase: stays responsive while letting an oversubscribed core run
-    # the process we are waiting for.
-    while now - start < spin_ns + yield_ns and now < deadline:
-        sched_yield()
-        if shm_reached(shm_load_acquire(word), target):
-            return 1
-        now = shm_now_ns()
-    if not futex:
-        return 2 if now < deadline else 0
-    # Sleep phase.  Raise the flag, then re-check: a waker stores the value
-    # before it reads the flag (both seq_cst), so one of us sees the other.
-    shm_store_relaxed(word + 2, target)
-    while now < deadline:
-        shm_store_seqcst(waiters, 1)
-        v = shm_load_seqcst(word)
-        if shm_reached(v, target):
-            shm_store_relaxed(waiters, 0)
-            return 1
-        shm_futex_wait(word, v, deadline - now)
-        shm_store_relaxed(waiters, 0)
-        if shm_reached(shm_load_acquire(word), target):
-            return 1
-        now = shm_now_ns()
-    return 0
-
-
-cdef bint _claim(const int64_t[::1] ids, uint8_t[::1] in_flight) noexcept:
-    cdef Py_ssize_t i, j, n = ids.shape[0], num_envs = in_flight.shape[0]
-    cdef int64_t e
-    for i in range(n):
-        e = ids[i]
-        if e < 0 or e >= num_envs or in_flight[e]:
-            for j in range(i):
-                in_flight[ids[j]] = 0
-            return False
-        in_flight[e] = 1
-    return True
+cdef inline bint _claim(const int64_t[::1] ids, uint8_t[::1] in_flight) noexcept:
+    return shm_claim(&ids[0], ids.shape[0], &in_flight[0], in_flight.shape[0])
 
 
 def claim_ids(const int64_t[::1] ids, uint8_t[::1] in_flight):
-    """Mark ``ids`` in flight (``in_flight``: one byte per env); False, nothing marked, if one is
-    out of range, repeated or in flight (the caller words it: numpy's checks cost ~10 µs hot)."""
+    """Mark ``ids`` in flight (``in_flight``: one byte per env, 1 = in flight); False, with
+    nothing marked, if one is outside ``[0, len(in_flight))``, repeated, or already in flight.
+    One C pass over the ids: the numpy checks that word the error cost ~10 µs hot, several
+    times that beside busy workers, on every async ``send``.  The caller words the error."""
     return _claim(ids, in_flight)
 
 
@@ -221,14 +210,7 @@ cdef class Wire:
     cdef uint8_t *base
     cdef readonly int num_workers
     cdef readonly int num_envs
-    cdef uint32_t *req_rings[1024]
-    cdef uint32_t req_caps[1024]
-    cdef uint32_t *comp_rings[1024]
-    cdef uint32_t *order_rings[1024]  # completion ticket of each comp_rings slot
-    cdef uint64_t comp_tails[1024]   # parent only: completions taken from each ring
-    cdef uint32_t starts[1025]       # first env of each shard, then num_envs
-    cdef uint64_t taken              # parent only: completions taken in all (doorbell target)
-    cdef int me                      # worker side: the shard publish() last wrote to
+    cdef shm_rings rings
     cdef uint8_t *status
     cdef uint64_t *info_masks
     cdef list sems
@@ -239,37 +221,25 @@ cdef class Wire:
         self.has_view = False
 
     def __init__(self, buffer, shard_sizes, *, int num_envs, list sems=None, int64_t slice_ns=50_000_000):
+        cdef uint32_t sizes[SHM_MAX_WORKERS]
+        cdef uint32_t total = 0
         PyObject_GetBuffer(buffer, &self.view, PyBUF_WRITABLE | PyBUF_SIMPLE)
         self.has_view = True
-        if len(shard_sizes) > 1024:
-            raise ValueError("at most 1024 workers per pool")
+        if len(shard_sizes) > SHM_MAX_WORKERS:
+            raise ValueError(f"at most {SHM_MAX_WORKERS} workers per pool")
         if self.view.len < control_size(num_envs, shard_sizes):
             raise ValueError("buffer too small for the control region")
         self.base = <uint8_t *>self.view.buf
         self.num_workers = len(shard_sizes)
         self.num_envs = num_envs
-        cdef Py_ssize_t off = _HEADER_LINES * _LINE + self.num_workers * _BLOCK
-        cdef uint32_t first = 0
         for w, s in enumerate(shard_sizes):
             if s < 1:
                 raise ValueError("every shard needs an env")
-            self.req_rings[w] = <uint32_t *>(self.base + off)
-            self.req_caps[w] = s
-            off += _align(4 * s)
-            self.starts[w] = first
-            first += s
-        self.starts[self.num_workers] = first
-        if first != num_envs:
-            raise ValueError(f"shard sizes add up to {first}, not num_envs={num_envs}")
-        for w in range(self.num_workers):
-            self.comp_rings[w] = <uint32_t *>(self.base + off)
-            self.comp_tails[w] = 0
-            off += _align(4 * self.req_caps[w])
-        for w in range(self.num_workers):
-            self.order_rings[w] = <uint32_t *>(self.base + off)
-            off += _align(4 * self.req_caps[w])
-        self.taken = 0
-        self.me = 0
+            sizes[w] = s
+            total += s
+        if total != num_envs:
+            raise ValueError(f"shard sizes add up to {total}, not num_envs={num_envs}")
+        shm_rings_map(&self.rings, self.base, sizes, self.num_workers)
         self.status = NULL
         self.info_masks = NULL
         self.sems = sems
@@ -290,27 +260,15 @@ cdef class Wire:
         side-channel message (error or extra info), bit 2 if any has numeric infos.
 
         ``ids`` None scans every env.  One C loop instead of two numpy reductions."""
-        cdef int flags = 0
-        cdef Py_ssize_t i, n
-        cdef int32_t e
+        cdef int flags
+        cdef Py_ssize_t bad = 0
         if self.status == NULL:
             raise RuntimeError("bind_results() first")
         if ids is None:
-            for i in range(self.num_envs):
-                if self.status[i]:
-                    flags |= 1
-                if self.info_masks[i]:
-                    flags |= 2
-        else:
-            n = ids.shape[0]
-            for i in range(n):
-                e = ids[i]
-                if e < 0 or e >= self.num_envs:
-                    raise IndexError(f"env id {e} out of range")
-                if self.status[e]:
-                    flags |= 1
-                if self.info_masks[e]:
-                    flags |= 2
+            return shm_scan_all(self.status, self.info_masks, self.num_envs)
+        flags = shm_scan_ids(self.status, self.info_masks, self.num_envs, &ids[0], ids.shape[0], &bad)
+        if flags < 0:
+            raise IndexError(f"env id {ids[bad]} out of range")
         return flags
 
     def release(self):
@@ -319,6 +277,7 @@ cdef class Wire:
             PyBuffer_Release(&self.view)
             self.has_view = False
             self.base = NULL
+            self.rings.base = NULL
 
     def __dealloc__(self):
         if self.has_view:
@@ -326,77 +285,51 @@ cdef class Wire:
 
     @staticmethod
     def signal_count(int num_workers):
-        return 2 + 2 * num_workers
+        """Signal words of a pool of ``num_workers`` (one semaphore each where there is no futex)."""
+        return shm_signal_count(num_workers)
 
     def init_header(self, uint32_t sync_start=0):
         """Written once by the parent before any worker maps the region.
         ``sync_start``: where the sync counter starts (tests start it near 2**32 to
         drive a real pool across the wrap)."""
-        cdef uint32_t *meta = <uint32_t *>(self.base + _OFF_META)
-        meta[0] = _MAGIC
-        meta[1] = self.num_workers
-        meta[2] = self.num_envs
-        shm_store_seqcst(self._sig(0), sync_start)
+        shm_init_header(self.base, self.num_workers, self.num_envs, sync_start)
 
     def check_header(self):
-        cdef uint32_t *meta = <uint32_t *>(self.base + _OFF_META)
-        if meta[0] != _MAGIC or meta[1] != self.num_workers or meta[2] != self.num_envs:
+        if not shm_header_matches(self.base, self.num_workers, self.num_envs):
             raise RuntimeError("shared region does not hold this pool's control block")
 
-    # --- signal words -------------------------------------------------------
-
-    cdef inline uint32_t *_sig(self, int sid):
-        if sid == 0:
-            return <uint32_t *>(self.base + _OFF_SYNC)
-        if sid == 1:
-            return <uint32_t *>(self.base + _OFF_PUB)
-        sid -= 2
-        return <uint32_t *>(self.base + _HEADER_LINES * _LINE + (sid >> 1) * _BLOCK
-                            + (_B_DONE_SEQ if sid & 1 else _A_CMD_SEQ))
+    # --- waking and waiting (_waiting.h) ------------------------------------
 
     cdef inline void _wake(self, int sid, uint32_t *word):
-        # The publishing store/add was seq_cst, so this load cannot pass it;
-        # the sleeper wrote its target before raising the flag.
-        if shm_load_seqcst(word + 1) and shm_reached(shm_load_relaxed(word), shm_load_acquire(word + 2)):
-            if self.futex:
-                shm_futex_wake(word)
-            else:
-                self.sems[sid].release()
+        if shm_wake(word, self.futex):
+            self.sems[sid].release()
 
     cdef bint _wait(self, int sid, uint32_t target, WaitPolicy policy, int64_t timeout_ns,
                     bint busy=True) except -1:
         """``busy`` False: skip the spin and yield phases, sleep at once."""
-        cdef uint32_t *word = self._sig(sid)
+        cdef uint32_t *word = shm_signal(self.base, sid)
         cdef int r
         cdef int64_t spin = policy.spin_ns if busy else 0, yld = policy.yield_ns if busy else 0
         cdef bint futex = self.futex
         with nogil:
-            r = _wait_word(word, target, spin, yld, timeout_ns, futex)
-        if r != 2:
-            return r == 1
+            r = shm_wait_word(word, target, spin, yld, timeout_ns, futex)
+        if r != SHM_WAIT_SEMAPHORE:
+            return r == SHM_WAIT_REACHED
         # Semaphore fallback: same flag handshake, the semaphore is the bed.
-        shm_store_relaxed(word + 2, target)
-        shm_store_seqcst(word + 1, 1)
-        if shm_reached(shm_load_seqcst(word), target):
-            shm_store_relaxed(word + 1, 0)
+        if shm_sem_prepare(word, target):
             return True
         try:
             self.sems[sid].acquire(max(timeout_ns - spin - yld, 1_000_000) / 1e9)
         except Exception:  # posix_ipc.BusyError: the slice ran out
             pass
-        shm_store_relaxed(word + 1, 0)
-        return bool(shm_reached(shm_load_acquire(word), target))
+        return shm_sem_finish(word, target)
 
     # --- parent side --------------------------------------------------------
 
     cdef uint32_t _post(self, int worker, uint32_t cmd) except? 0:
-        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
-        cdef uint32_t *seq = <uint32_t *>(blk + _A_CMD_SEQ)
-        shm_store_relaxed(<uint32_t *>(blk + _A_CMD), cmd)
-        # The stamp is published by the seq_cst add below, like the command.
-        shm_store_release64(<uint64_t *>(blk + _A_POST_NS), <uint64_t>shm_now_ns())
-        cdef uint32_t n = shm_add_fetch(seq, 1)
-        self._wake(2 + 2 * worker, seq)
+        cdef uint32_t n = shm_post(self.base, worker, cmd)
+        cdef int sid = shm_command_signal(worker)
+        self._wake(sid, shm_signal(self.base, sid))
         return n
 
     def post(self, int worker, uint32_t cmd):
@@ -413,16 +346,17 @@ cdef class Wire:
 
     def wait_sync(self, uint32_t target, WaitPolicy policy, int64_t timeout_ns):
         """Wait (one slice at most) until ``target`` shards have finished."""
-        return self._wait(0, target, policy, timeout_ns)
+        return self._wait(SHM_SIG_SYNC, target, policy, timeout_ns)
 
     def done_seq(self, int worker):
-        return shm_load_acquire(self._sig(3 + 2 * worker))
+        return shm_load_acquire(shm_signal(self.base, shm_done_signal(worker)))
 
     def cmd_seq(self, int worker):
-        return shm_load_acquire(self._sig(2 + 2 * worker))
+        return shm_load_acquire(shm_signal(self.base, shm_command_signal(worker)))
 
     def claim(self, const int64_t[::1] ids, uint8_t[::1] in_flight):
-        """:func:`claim_ids` for this wire's envs."""
+        """Mark ``ids`` in flight; False (nothing marked) if one is out of
+        range, repeated, or already in flight.  The caller words the error."""
         if in_flight.shape[0] != self.num_envs:
             raise ValueError("in_flight must have one byte per env")
         return _claim(ids, in_flight)
@@ -430,61 +364,18 @@ cdef class Wire:
     def dispatch(self, const int64_t[::1] ids, const int32_t[::1] owner, bint reset):
         """Append claimed env ids to their workers' request rings and post
         each worker that got one (``reset``: reset instead of step)."""
-        cdef uint64_t heads[1024]
-        cdef uint64_t counts[1024]
-        cdef Py_ssize_t i, n = ids.shape[0]
+        cdef uint64_t counts[SHM_MAX_WORKERS]
         cdef int w
-        cdef int64_t e
-        cdef uint32_t flag = _REQ_RESET if reset else 0
-        cdef uint8_t *blk
-        for w in range(self.num_workers):
-            blk = self.base + _HEADER_LINES * _LINE + w * _BLOCK
-            heads[w] = shm_load_relaxed64(<uint64_t *>(blk + _A_REQ_HEAD))
-            counts[w] = 0
-        for i in range(n):
-            e = ids[i]
-            w = owner[e]
-            self.req_rings[w][(heads[w] + counts[w]) % self.req_caps[w]] = <uint32_t>e | flag
-            counts[w] += 1
+        shm_push_requests(&self.rings, &ids[0], ids.shape[0], &owner[0], SHM_REQ_RESET if reset else 0, counts)
         for w in range(self.num_workers):
             if counts[w]:
-                blk = self.base + _HEADER_LINES * _LINE + w * _BLOCK
-                shm_store_release64(<uint64_t *>(blk + _A_REQ_HEAD), heads[w] + counts[w])
-                self._post(w, _CMD_ASYNC)
-
-    cdef inline uint64_t *_comp_head(self, int worker):
-        return <uint64_t *>(self.base + _HEADER_LINES * _LINE + worker * _BLOCK + _B_COMP_HEAD)
-
-    cdef Py_ssize_t _take_ready(self, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n):
-        """Move what the completion rings hold (at most ``n``) into ``out[start:]``,
-        oldest completion first across all workers (by ticket): an env that finished
-        early is never passed over for one that finished later, whichever worker ran it."""
-        cdef int nw = self.num_workers, w, best
-        cdef Py_ssize_t got = 0
-        cdef uint64_t heads[1024]
-        cdef uint32_t o, best_o = 0
-        for w in range(nw):
-            heads[w] = shm_load_acquire64(self._comp_head(w))
-        while got < n:
-            best = -1
-            for w in range(nw):
-                if self.comp_tails[w] != heads[w]:
-                    o = self.order_rings[w][self.comp_tails[w] % self.req_caps[w]]
-                    if best < 0 or <int32_t>(o - best_o) < 0:
-                        best, best_o = w, o
-            if best < 0:
-                break
-            out[start + got] = self.comp_rings[best][self.comp_tails[best] % self.req_caps[best]]
-            self.comp_tails[best] += 1
-            got += 1
-        self.taken += <uint64_t>got
-        return got
+                self._post(w, SHM_CMD_ASYNC)
 
     def take_ready(self, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n):
         """``take`` without waiting: what is published now, at most ``n``."""
         if out.shape[0] < start + n:
             raise ValueError("out is too short")
-        return self._take_ready(out, start, n)
+        return shm_take_ready(&self.rings, &out[0], start, n)
 
     def take(self, uint32_t[::1] out, Py_ssize_t start, Py_ssize_t n,
              WaitPolicy policy, int64_t timeout_ns):
@@ -492,28 +383,24 @@ cdef class Wire:
         they finished (across workers, by completion ticket).
 
         Waits at most one slice; returns how many were taken."""
-        cdef uint32_t *pub = self._sig(1)
+        cdef uint32_t *pub = shm_signal(self.base, SHM_SIG_PUB)
         cdef Py_ssize_t got = 0
-        cdef uint32_t seen, want
+        cdef uint32_t seen
         if out.shape[0] < start + n:
             raise ValueError("out is too short")
         while True:
-            got += self._take_ready(out, start + got, n - got)
+            got += shm_take_ready(&self.rings, &out[0], start + got, n - got)
             if got >= n:
                 break
             # A worker stores its head before it rings the doorbell, so once
             # ``seen`` is read every publication it counts is in the rings.
             seen = shm_load_acquire(pub)
-            got += self._take_ready(out, start + got, n - got)
+            got += shm_take_ready(&self.rings, &out[0], start + got, n - got)
             if got >= n:
                 break
-            # Sleep until the rest of the request was published.  The doorbell
-            # can run ahead after a worker restart (a ring rung for a worker
-            # killed mid-publish): then wait for any publication.
-            want = <uint32_t>(self.taken + <uint64_t>(n - got))
-            if shm_reached(seen, want):
-                want = seen + 1
-            if not self._wait(1, want, policy, timeout_ns):
+            # Sleep until the rest of the request was published (or, when the
+            # doorbell runs ahead after a restart, until any publication).
+            if not self._wait(SHM_SIG_PUB, shm_doorbell_target(&self.rings, seen, n - got), policy, timeout_ns):
                 break
         return got
 
@@ -521,11 +408,11 @@ cdef class Wire:
         """Wait (one slice at most) until ``worker`` has handled command ``target``."""
         if worker < 0 or worker >= self.num_workers:
             raise IndexError(f"no worker {worker}")
-        return self._wait(3 + 2 * worker, target, policy, timeout_ns)
+        return self._wait(shm_done_signal(worker), target, policy, timeout_ns)
 
     def sync_count(self):
         """Shards of sync steps/resets finished so far (the counter ``wait_sync`` waits on)."""
-        return shm_load_acquire(self._sig(0))
+        return shm_load_acquire(shm_signal(self.base, SHM_SIG_SYNC))
 
     def reset_worker(self, int worker):
         """Clear a *dead* worker's control block for its replacement.
@@ -533,31 +420,20 @@ cdef class Wire:
         Returns the env ids it published that the parent had not taken yet
         (valid results, in the order it finished them).  Its request ring is
         emptied; the parent knows which envs it still owed."""
+        cdef uint32_t *published
+        cdef Py_ssize_t n, i
         if worker < 0 or worker >= self.num_workers:
             raise IndexError(f"no worker {worker}")
-        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
-        cdef uint64_t *headp = self._comp_head(worker)
-        cdef uint64_t t = self.comp_tails[worker], head = shm_load_acquire64(headp)
-        cdef uint64_t cap = self.req_caps[worker]
-        cdef uint32_t missed
-        cdef list published = []
-        if head - t > cap:
-            raise RuntimeError(f"worker {worker}'s completion ring is corrupt")
-        while t != head:
-            published.append(self.comp_rings[worker][t % cap])
-            t += 1
-        self.taken += <uint64_t>len(published)
-        # A worker killed between storing its head and ringing the doorbell
-        # leaves the doorbell short by one: ring it for that publication.
-        missed = <uint32_t>head - shm_load_acquire(<uint32_t *>(blk + _B_COMP_RUNG))
-        if missed:
-            shm_add_fetch(self._sig(1), missed)
-        cdef int i
-        for i in range(_BLOCK // 4):
-            shm_store_relaxed(<uint32_t *>blk + i, 0)
-        shm_fence()
-        self.comp_tails[worker] = 0
-        return published
+        published = <uint32_t *>PyMem_Malloc(shm_ring_slots(&self.rings, worker) * sizeof(uint32_t))
+        if published == NULL:
+            raise MemoryError()
+        try:
+            n = shm_reset_worker(&self.rings, worker, published)
+            if n < 0:
+                raise RuntimeError(f"worker {worker}'s completion ring is corrupt")
+            return [published[i] for i in range(n)]
+        finally:
+            PyMem_Free(published)
 
     # --- worker side --------------------------------------------------------
 
@@ -566,89 +442,52 @@ cdef class Wire:
 
         An adaptive ``policy`` spins only while commands have come within its
         budget of late, and learns from this one's post stamp how long it took."""
-        cdef uint32_t *word = self._sig(2 + 2 * worker)
-        cdef int64_t budget, start, gap
-        cdef bint got
+        cdef int sid = shm_command_signal(worker)
+        cdef int64_t budget, start
         if not policy.adaptive:
-            return self._wait(2 + 2 * worker, seen + 1, policy, timeout_ns)
-        if shm_reached(shm_load_acquire(word), seen + 1):
-            gap = 0
-            got = True
-        else:
-            budget = policy.spin_ns + policy.yield_ns
-            start = shm_now_ns()
-            got = self._wait(2 + 2 * worker, seen + 1, policy, timeout_ns, policy.gap_ns <= budget)
-            if not got:
-                # A whole slice without a command: the trainer is busy elsewhere.
-                policy.gap_ns = 4 * budget
-                return False
-            # The acquire that saw the new sequence makes its stamp visible.
-            gap = <int64_t>shm_load_acquire64(<uint64_t *>(self.base + _HEADER_LINES * _LINE
-                                                           + worker * _BLOCK + _A_POST_NS)) - start
-            if gap < 0:
-                gap = 0
-            if gap > 4 * budget:
-                gap = 4 * budget  # one long pause (an update) must not outweigh many short gaps
-        # Moving average over about four commands.
-        policy.gap_ns += (gap - policy.gap_ns) // 4
-        return got
+            return self._wait(sid, seen + 1, policy, timeout_ns)
+        budget = policy.spin_ns + policy.yield_ns
+        if shm_reached(shm_load_acquire(shm_signal(self.base, sid)), seen + 1):
+            policy.gap_ns = shm_learn_gap(policy.gap_ns, 0, budget)
+            return True
+        start = shm_now_ns()
+        if not self._wait(sid, seen + 1, policy, timeout_ns, policy.gap_ns <= budget):
+            # A whole slice without a command: the trainer is busy elsewhere.
+            policy.gap_ns = shm_gap_after_silence(budget)
+            return False
+        # The acquire that saw the new sequence makes its stamp visible.
+        policy.gap_ns = shm_learn_gap(policy.gap_ns, shm_post_stamp(self.base, worker) - start, budget)
+        return True
 
     def command(self, int worker):
         """(sequence, command) of the newest command posted to ``worker``."""
-        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
-        cdef uint32_t seq = shm_load_acquire(<uint32_t *>(blk + _A_CMD_SEQ))
-        return seq, shm_load_relaxed(<uint32_t *>(blk + _A_CMD))
+        cdef uint32_t cmd
+        cdef uint32_t seq = shm_command(self.base, worker, &cmd)
+        return seq, cmd
 
     def finish(self, int worker, uint32_t seq):
         """Mark commands up to ``seq`` as handled."""
-        cdef uint32_t *done = self._sig(3 + 2 * worker)
+        cdef int sid = shm_done_signal(worker)
+        cdef uint32_t *done = shm_signal(self.base, sid)
         shm_store_seqcst(done, seq)
-        self._wake(3 + 2 * worker, done)
+        self._wake(sid, done)
 
     def finish_shard(self):
         """One shard of a sync step or reset is complete."""
-        cdef uint32_t *word = self._sig(0)
+        cdef uint32_t *word = shm_signal(self.base, SHM_SIG_SYNC)
         shm_add_fetch(word, 1)
-        self._wake(0, word)
+        self._wake(SHM_SIG_SYNC, word)
 
     def pop_request(self, int worker):
         """Next env id requested from ``worker`` (with flags), or -1."""
-        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + worker * _BLOCK
-        cdef uint64_t *tail = <uint64_t *>(blk + _B_REQ_TAIL)
-        cdef uint64_t t = shm_load_relaxed64(tail)
-        if t == shm_load_acquire64(<uint64_t *>(blk + _A_REQ_HEAD)):
-            return -1
-        cdef uint32_t v = self.req_rings[worker][t % self.req_caps[worker]]
-        shm_store_release64(tail, t + 1)
-        return v
+        return shm_pop_request(&self.rings, worker)
 
     def publish(self, uint32_t env_id):
         """Append a finished env to its worker's completion ring (results already written)."""
-        cdef int w = self.me
-        cdef int lo, hi, mid
         if env_id >= <uint32_t>self.num_envs:
             raise IndexError(f"env id {env_id} out of range")
-        if not (self.starts[w] <= env_id < self.starts[w + 1]):
-            lo, hi = 0, self.num_workers - 1
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if self.starts[mid] <= env_id:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            w = self.me = lo
-        cdef uint8_t *blk = self.base + _HEADER_LINES * _LINE + w * _BLOCK
-        cdef uint64_t *headp = <uint64_t *>(blk + _B_COMP_HEAD)
-        cdef uint64_t h = shm_load_relaxed64(headp)
-        cdef uint32_t *pub = self._sig(1)
-        # The ticket orders this completion among all workers' (a wrap-safe count).
-        cdef uint32_t ticket = shm_add_fetch(<uint32_t *>(self.base + _OFF_ORDER), 1)
-        self.comp_rings[w][h % self.req_caps[w]] = env_id
-        self.order_rings[w][h % self.req_caps[w]] = ticket
-        shm_store_release64(headp, h + 1)
-        shm_add_fetch(pub, 1)
-        shm_store_release(<uint32_t *>(blk + _B_COMP_RUNG), <uint32_t>(h + 1))
-        self._wake(1, pub)
+        shm_publish(&self.rings, env_id)
+        self._wake(SHM_SIG_PUB, shm_signal(self.base, SHM_SIG_PUB))
 
 
 # --- generic words in any writable buffer (info registry, benchmarks) --------
@@ -682,14 +521,9 @@ def cas_word(buf, Py_ssize_t offset, uint32_t expected, uint32_t desired):
 def mask_summary(const uint64_t[::1] masks, Py_ssize_t limit):
     """``(union, intersection, reporting)`` of a batch's info masks: their OR and AND, and ``(position,
     mask)`` of each nonzero one in order (None past ``limit`` of them); one C loop, not three numpy calls."""
-    cdef Py_ssize_t i, n = masks.shape[0], count = 0
-    cdef uint64_t union = 0, common = <uint64_t>-1 if n else 0, m
-    for i in range(n):
-        m = masks[i]
-        union |= m
-        common &= m
-        if m:
-            count += 1
+    cdef Py_ssize_t i, n = masks.shape[0], count
+    cdef uint64_t union, common
+    count = shm_mask_summary(&masks[0], n, &union, &common)
     if count > limit:
         return union, common, None
     reporting = []
