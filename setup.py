@@ -1,9 +1,7 @@
 """Builds the Cython extensions: the wire (shmpool._core), what spinning costs (shmpool._spin),
 async evenness (shmpool._lead), a whole batch's action check (shmpool._batch_check),
 the EnvPool face's elapsed-step counts (shmpool._elapsed), a shard's result writes
-(shmpool.workers._rows), a RayPool connection's frames and reads
-(shmpool.distributed._frames, shmpool.distributed._inbox), its sync step's sends and reads
-(shmpool.distributed._step_io) and the Atari frame kernel
+(shmpool.workers._rows) and the Atari frame kernel
 (shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
 import numpy
 from Cython.Build import cythonize
@@ -42,9 +40,6 @@ extensions = [
     numpy_extension("shmpool._elapsed", "shmpool/_elapsed.pyx"),
     numpy_extension("shmpool._batch_check", "shmpool/_batch_check.pyx"),
     numpy_extension("shmpool.workers._rows", "workers/_rows.pyx"),
-    numpy_extension("shmpool.distributed._frames", "shmpool/distributed/_frames.pyx"),
-    numpy_extension("shmpool.distributed._inbox", "shmpool/distributed/_inbox.pyx"),
-    numpy_extension("shmpool.distributed._step_io", "shmpool/distributed/_step_io.pyx"),
     # No fused multiply-add: the kernel must round where OpenCV rounds (see _area.h).
     numpy_extension("shmpool.workers.recipes._frames", "workers/recipes/_frames.pyx", include=["workers/recipes"],
                     args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),

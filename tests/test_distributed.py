@@ -145,35 +145,19 @@ def test_a_local_pool_forked_beside_ray_never_collects_the_driver_s_ray_objects(
 
 @pytest.fixture
 def targeted(monkeypatch):
-    """One entry per step whose observations were all read into its output (the targets filled): joined from the
-    answers' bodies in C (``StepIO.collect``) or in Python (``join_read``), or from the decoded answers (``join``)."""
-    from shmpool.distributed.direct_step import DirectStep
-    from shmpool.distributed.step_targets import StepTargets
-    joins = []
-    join, join_read, collect = StepTargets.join, StepTargets.join_read, DirectStep.collect
+    """One entry per sync step joined: True when its observations were read straight into its output (every pool's
+    answer into its rows of it: ``StepOutput``), False when they were joined by copying."""
+    from shmpool.distributed.batches import StepOutput
+    steps = []
+    join = StepOutput.join
 
-    def counted(self, answers, aimed=None):
-        pending = aimed[1] if aimed else self.pending
-        if pending is not None and all(t.filled for t in pending):
-            joins.append("answers")
-        return join(self, answers, aimed)
-
-    def counted_collect(self, refs, timeout):
-        by_io, before = self.by_io, len(joins)
-        out = collect(self, refs, timeout)
-        if out is not None and by_io and len(joins) == before:
-            joins.append("bodies in C")
-        return out
-
-    def counted_read(self, bodies):
-        rows = join_read(self, bodies)
-        if rows is not None:
-            joins.append("bodies")
+    def counted(self, parts):
+        out = self.out
+        rows = join(self, parts)
+        steps.append(out is not None and rows.obs is out)
         return rows
-    monkeypatch.setattr(StepTargets, "join", counted)
-    monkeypatch.setattr(StepTargets, "join_read", counted_read)
-    monkeypatch.setattr(DirectStep, "collect", counted_collect)
-    return joins
+    monkeypatch.setattr(StepOutput, "join", counted)
+    return steps
 
 
 def assert_same_arrays(got, want, where: str) -> None:
@@ -185,9 +169,9 @@ def assert_same_arrays(got, want, where: str) -> None:
 @pytest.mark.parametrize("transport, parent_shard", [("direct", False), ("direct", True), ("ray", False)])
 def test_sync_trajectories_match_local_pool(cluster, transport, parent_shard, targeted):
     """Same seeds, same actions: RayPool over 3 nodes and one local Pool give identical arrays, whether the
-    calls go over the direct connections (the answers joined from their frames) or through Ray, and whether each
-    node's envs step in its worker or partly in its actor (``parent_shard``).  Over the direct connections,
-    CartPole's small observations (16 bytes a row) take the step in C too (StepIO) between layout changes."""
+    calls go over the direct connections or through Ray, and whether each node's envs step in its worker or partly in
+    its actor (``parent_shard``).  Over the direct connections every step after the first reads its observations
+    straight into its output, CartPole's small ones (16 bytes a row) too."""
     n = 10  # 4 + 3 + 3: uneven ranges
     rng = np.random.default_rng(0)
     with (RayPool(TASK, n, seed=123, num_workers=1, parent_shard=parent_shard, transport=transport) as rp,
@@ -208,8 +192,8 @@ def test_sync_trajectories_match_local_pool(cluster, transport, parent_shard, ta
             assert set(got[4]) == set(want[4])
             ended += int((got[2] | got[3]).sum())
         assert ended > 0  # autoreset was exercised
-        in_c = targeted.count("bodies in C")
-        assert (in_c >= 140) if transport == "direct" else (in_c == 0), in_c
+        in_place = sum(targeted)
+        assert in_place == (149 if transport == "direct" else 0), in_place
         # reset with a seed list and again with an int: still identical
         seeds = [int(s) for s in rng.integers(0, 1000, n)]
         np.testing.assert_array_equal(rp.reset(seed=seeds)[0], lp.reset(seed=seeds)[0])
@@ -219,9 +203,9 @@ def test_sync_trajectories_match_local_pool(cluster, transport, parent_shard, ta
 
 
 def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster, targeted):
-    """Observations big enough to be read off the connections straight into each step's output: RayPool's
-    arrays and infos are a local Pool's, also on the steps where an info key comes or goes in one pool (its answer
-    then read whole, its new layout learnt), and a step's obs are never written by a later step."""
+    """Image observations read off the connections straight into each step's output: RayPool's arrays and infos are
+    a local Pool's, also on the steps where an info key comes or goes in one pool (the observations still land in
+    place), and a step's obs are never written by a later step."""
     import gymnasium as gym
 
     class Pictured(gym.Wrapper):   # defined here: cloudpickled by value
@@ -259,8 +243,7 @@ def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster
         for t, (mine, theirs) in enumerate(kept):
             np.testing.assert_array_equal(mine, theirs, err_msg=f"step {t}, read again at the end")
     assert ended > 0 and 0 < keyed < 120   # autoreset and layout changes were exercised
-    assert len(targeted) > 60   # most steps were read into place
-    assert targeted.count("bodies in C") >= 10   # and the steps between layout changes whole in C (StepIO)
+    assert targeted == [False] + [True] * 119   # the first step shows the layout; every later one lands in place
 
 
 def test_silent_local_peers_at_the_actors_ports_do_not_delay_the_driver_s_first_calls(cluster, monkeypatch):
@@ -309,7 +292,7 @@ class BreakingProxy:
         import select
         import socket
 
-        from shmpool.distributed.channel import HEADER
+        from shmpool.distributed.wire import HEADER
 
         driver, _ = self.listener.accept()
         actor = socket.create_connection(self.target)
@@ -763,24 +746,19 @@ else:
 """
 
 
-@pytest.mark.parametrize("pictured, in_c", [(False, False), (False, True), (True, False), (True, True)],
-                         ids=["vector obs", "vector obs, the failing step sent in C", "image obs",
-                              "image obs, the failing step sent in C"])
+@pytest.mark.parametrize("pictured", [False, True], ids=["vector obs", "image obs"])
 @pytest.mark.parametrize("parent_shard", [False, True])
 def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool_usable(cluster, parent_shard,
-                                                                                         pictured, in_c, targeted,
+                                                                                         pictured, targeted,
                                                                                          monkeypatch):
-    """The sync step's quick path hands an error answer to the watched path: the error is raised once, no env
-    is stepped again for it, the pool refuses to step until reset, and after reset it steps as a local Pool of
-    the same layout does (the shard in a worker, or partly in the actor: ``parent_shard``).  The healthy pools'
-    answers of the failed step were read into its output (``StepTargets``), which is dropped, and the steps after
-    reset are read into place again, for CartPole's 16-byte rows as for 2 KiB images.  ``in_c``: one more healthy
-    step first, so the failing step is sent and read by the C step (``StepIO``), which hands its error answer to
-    the same path."""
+    """An error answer in a sync step: the error is raised once, no env is stepped again for it, the pool refuses to
+    step until reset, and after reset it steps as a local Pool of the same layout does (the shard in a worker, or
+    partly in the actor: ``parent_shard``).  The healthy pools' answers of the failed step were read into its output
+    (``StepOutput``), which is dropped, and the steps after reset are read into place again, for CartPole's 16-byte
+    rows as for 2 KiB images."""
     import gymnasium as gym
 
-    from shmpool.distributed.direct_step import DirectStep
-    from shmpool.distributed.step_targets import StepTargets
+    from shmpool.distributed.batches import StepOutput
 
     class Counting(gym.Wrapper):   # defined here: cloudpickled by value
         steps = 0
@@ -801,60 +779,46 @@ def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool
         env = gym.make(TASK)
         return Counting(Pictured(env) if pictured else env)
 
-    aimed = []   # the targets of every sync step sent
-    targets = StepTargets.targets
-    monkeypatch.setattr(StepTargets, "targets", lambda self: aimed.append(targets(self)) or aimed[-1])
-    sent_in_c = []   # the replies of every sync step StepIO sent
-    send_whole = DirectStep.send_whole
-
-    def recorded(self, actions, channels):
-        replies = send_whole(self, actions, channels)
-        if replies is not None:
-            sent_in_c.append(replies)
-        return replies
-    monkeypatch.setattr(DirectStep, "send_whole", recorded)
+    aimed = []   # the replies of every sync step sent, with their targets
+    aim = StepOutput.aim
+    monkeypatch.setattr(StepOutput, "aim", lambda self, replies: aimed.append(replies) or aim(self, replies))
     zeros = np.zeros(6, dtype=np.int64)
-    healthy = 2 if in_c else 1   # steps before the failing one
     with (RayPool(make, 6, seed=0, num_workers=1, parent_shard=parent_shard) as rp,
           shmpool.Pool([make] * 2, seed=0, num_workers=1, parent_shard=parent_shard) as lp):
         rp.reset()
         lp.reset()
-        for _ in range(healthy):
-            rp.step(zeros)
-            lp.step(zeros[:2])
+        rp.step(zeros)
+        lp.step(zeros[:2])
         rp.set_attr("bad", True, env_ids=[4])   # pool 2 holds envs 4 and 5; its env 0 is env 4
         lp.set_attr("bad", True, env_ids=[0])
-        failing_in_c = len(sent_in_c)
         with pytest.raises(shmpool.EnvError, match="boom"):
             rp.step(zeros)
         with pytest.raises(shmpool.EnvError, match="boom"):
             lp.step(zeros[:2])
-        assert len(sent_in_c) == failing_in_c + in_c   # the failing step went out in C exactly when asked
         # the failed step: the healthy pools' observations were read into its output, pool 2's error was not
-        failed = [r.target for r in sent_in_c[-1]] if in_c else aimed[-1]
-        assert [t is not None and t.filled for t in failed] == [True, True, False]
+        landed = [not r.answer.failed and np.shares_memory(r.answer.value.obs, np.frombuffer(r.target, np.uint8))
+                  for r in aimed[-1]]
+        assert landed == [True, True, False]
         local = lp.get_attr("steps")
         # the other pools once more, pool 2 as a local Pool
-        assert rp.get_attr("steps") == (healthy + 1,) * 4 + local
+        assert rp.get_attr("steps") == (2,) * 4 + local
         # refused here, as the local Pool refuses: before, the healthy pools stepped once more and pool 2's own
         # local pool raised
         with pytest.raises(RuntimeError, match=r"^pool 2 raised in step; call reset\(\) before stepping again$"):
             rp.step(zeros)
-        assert rp.get_attr("steps") == (healthy + 1,) * 4 + local
+        assert rp.get_attr("steps") == (2,) * 4 + local
         rp.set_attr("bad", False)
-        before_reset = len(targeted)
         obs, _ = rp.reset(seed=7)
         o2, *_ = rp.step(zeros)
         o3, *_ = rp.step(zeros)
-        assert rp.get_attr("steps") == (healthy + 3,) * 4 + (local[0] + 2, local[1] + 2)
+        assert rp.get_attr("steps") == (4,) * 4 + (local[0] + 2, local[1] + 2)
         with shmpool.Pool([make] * 6, seed=0, num_workers=1) as fresh:
             want, _ = fresh.reset(seed=7)
             np.testing.assert_array_equal(obs, want)
             np.testing.assert_array_equal(o2, fresh.step(zeros)[0])
             np.testing.assert_array_equal(o3, fresh.step(zeros)[0])
-    # the first step learns the layouts, the failed one (its healthy pools' answers read into its output) raises
-    # before any join, and both steps after reset are read into place
-    assert (before_reset, len(targeted)) == (healthy - 1, healthy + 1)
+    # the first step shows the layout, the failed one raises before any join, both steps after reset land in place
+    assert targeted == [False, True, True]
 
 
 def test_step_timeout_raises_at_its_bound_not_after_the_close_grace(cluster, tmp_path):
@@ -1181,3 +1145,4 @@ def test_shutdown_leaves_no_ray_processes(cluster):
     """Last in the file: take the module's cluster down and check nothing of Ray remains."""
     assert ray_daemons()
     assert shut_down(cluster) == []
+

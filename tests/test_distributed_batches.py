@@ -328,46 +328,6 @@ def test_merge_infos_of_blocks_with_the_same_keys(masks, other):
     assert got["other"].dtype == other.dtype and got["other"].tolist() == [1, 2, other[0]]
 
 
-_ACCEPTED = [np.array([True, False]), np.arange(3, dtype=np.int8), np.arange(2, dtype=np.uint64),
-             np.ones((2, 3), np.float16), np.array([1 + 2j]), np.array(["ab", "c"]), np.array([b"xy"]),
-             np.array(["2026-11-26"], dtype="datetime64[s]"), np.zeros((0, 3)), np.arange(24.0).reshape(2, 3, 4)]
-
-
-@pytest.mark.parametrize("column", _ACCEPTED, ids=lambda a: f"{a.dtype}{a.shape}")
-def test_concat_rows_gives_numpy_s_concatenation(column):
-    from shmpool.distributed._frames import concat_rows
-    other = column[::-1].copy() if len(column) else column.copy()
-    got = concat_rows([[column, np.arange(2)], [other, np.arange(3)]])
-    want = [np.concatenate([column, other]), np.arange(2).tolist() + np.arange(3).tolist()]
-    assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape
-    np.testing.assert_array_equal(got[0], want[0])
-    assert got[1].tolist() == want[1]
-    assert all(a.flags.c_contiguous and a.flags.owndata and a.flags.writeable for a in got)
-    assert not np.shares_memory(got[0], column)
-
-
-_DECLINED = {
-    "objects": (np.array(["a"], dtype=object), np.array(["b"], dtype=object)),
-    "byte-swapped": (np.arange(2, dtype=">i4"), np.arange(2, dtype=">i4")),
-    "strided": (np.arange(6)[::2], np.arange(3)),
-    "0-d": (np.array(1.0), np.array(2.0)),
-    "row shapes": (np.zeros((2, 3)), np.zeros((2, 4))),
-    "dtypes": (np.zeros(2, np.int32), np.zeros(2, np.int64)),
-    "string sizes": (np.array(["a"]), np.array(["bc"])),
-    "fields": (np.zeros(2, dtype=[("a", "<i4")]), np.zeros(2, dtype=[("a", "<i4")])),
-    "a list": ([1, 2], np.arange(2)),
-    "a subclass": (np.ma.masked_array([1, 2]), np.ma.masked_array([3])),
-}
-
-
-@pytest.mark.parametrize("case", list(_DECLINED))
-def test_concat_rows_declines_what_it_cannot_copy_as_numpy_would(case):
-    from shmpool.distributed._frames import concat_rows
-    a, b = _DECLINED[case]
-    assert concat_rows([[np.arange(2), a], [np.arange(2), b]]) is None
-    assert concat_rows([[np.arange(2)], [np.arange(2), np.arange(2)]]) is None   # blocks of other widths
-
-
 def _plain_rows(n, seed, mask_dtype=bool):
     rng = np.random.default_rng(seed)
     infos = {"lives": rng.integers(0, 5, n), "_lives": (rng.random(n) < 0.5).astype(mask_dtype),
@@ -377,13 +337,11 @@ def _plain_rows(n, seed, mask_dtype=bool):
 
 
 @pytest.mark.parametrize("mask_dtype", [bool, np.int64])
-def test_joining_plain_blocks_in_c_gives_what_the_general_join_gives(mask_dtype):
-    """Blocks of plain arrays (every sync step, most recv calls) join in one C pass, to the same batch as
-    numpy's concatenations and merge_infos give; masks that are not bool take the general path (made bool)."""
-    from shmpool.distributed import batches
+def test_joining_plain_blocks_gives_numpy_s_concatenations_and_merge_infos(mask_dtype):
+    """Blocks of plain arrays (every sync step, most recv calls) join to the batch numpy's concatenations and
+    merge_infos give; masks that are not bool are made bool."""
     parts = [_plain_rows(n, seed, mask_dtype) for seed, n in enumerate([3, 1, 4])]
     batch = Rows.join(parts)
-    assert (batches._join_plain(parts) is not None) == (mask_dtype is bool)
     for got, want in [(batch.ids, np.concatenate([p.ids for p in parts])), (batch.obs, concat([p.obs for p in parts])),
                       (batch.rew, np.concatenate([p.rew for p in parts])),
                       (batch.term, np.concatenate([p.term for p in parts])),
@@ -396,8 +354,7 @@ def test_joining_plain_blocks_in_c_gives_what_the_general_join_gives(mask_dtype)
         assert batch.infos[key].dtype == want.dtype
         np.testing.assert_array_equal(batch.infos[key], want)
     assert batch.infos["_lives"].dtype == np.bool_
-    parts[1].infos["extra"] = np.ones(1)   # keys that differ between blocks: the general path fills them
-    assert batches._join_plain(parts) is None
+    parts[1].infos["extra"] = np.ones(1)   # keys that differ between blocks: filled where a block lacks them
     assert Rows.join(parts).infos["extra"].tolist() == [0, 0, 0, 1, 0, 0, 0, 0]
 
 
@@ -421,3 +378,54 @@ def test_the_driver_checks_a_whole_batch_of_actions_as_a_local_pool_does(actions
         return
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         check.check(actions)
+
+
+class Aimed:
+    """A reply's stand-in: what StepOutput sets on it."""
+
+    target = None
+
+
+def _answer_into(target, obs):
+    """A pool's answer whose observations were read into ``target`` (as the reader puts them), or fresh when None."""
+    if target is not None:
+        landed = np.frombuffer(target, obs.dtype).reshape(obs.shape)
+        landed[...] = obs
+        obs = landed
+    n = len(obs)
+    return Rows(np.arange(n), obs, np.ones(n), np.zeros(n, bool), np.zeros(n, bool), {"k": np.arange(n)})
+
+
+@pytest.mark.parametrize("miss", [None, "a pool answered through Ray", "a pool's answer not read into its target"])
+def test_a_step_s_observations_read_into_its_output_are_its_output_and_anything_else_is_copied(miss):
+    """StepOutput: once a step showed the pools' layout, each next step's observations are aimed at their rows of
+    one fresh output; when every pool's landed there the output is the step's observations (no copy, and no later
+    step writes it), otherwise the answers are joined by copying, to the same values."""
+    from shmpool.distributed.batches import StepOutput
+    rows = [slice(0, 3), slice(3, 5)]
+    out = StepOutput(rows)
+    rng = np.random.default_rng(0)
+    first = [rng.integers(0, 255, (n, 2, 4), dtype=np.uint8) for n in (3, 2)]
+    replies = [Aimed(), Aimed()]
+    out.aim(replies)
+    assert [r.target for r in replies] == [None, None]   # nothing learnt yet
+    np.testing.assert_array_equal(out.join([_answer_into(None, o) for o in first]).obs, np.concatenate(first))
+    kept = []
+    for _ in range(3):
+        obs = [rng.integers(0, 255, (n, 2, 4), dtype=np.uint8) for n in (3, 2)]
+        replies = [Aimed(), None if miss == "a pool answered through Ray" else Aimed()]
+        out.aim(replies)
+        assert replies[0].target.nbytes == 3 * 8
+        landed = [None if r is None else r.target for r in replies]
+        if miss == "a pool's answer not read into its target":
+            landed[1] = None
+        parts = [_answer_into(t, o) for t, o in zip(landed, obs)]
+        joined = out.join(parts)
+        want = np.concatenate(obs)
+        np.testing.assert_array_equal(joined.obs, want)
+        assert np.shares_memory(joined.obs, parts[0].obs) == (miss is None)
+        np.testing.assert_array_equal(joined.ids, [0, 1, 2, 0, 1])
+        np.testing.assert_array_equal(joined.infos["k"], [0, 1, 2, 0, 1])
+        kept.append((joined.obs, want))
+    for got, want in kept:   # no later step wrote an earlier step's output
+        np.testing.assert_array_equal(got, want)

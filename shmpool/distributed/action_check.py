@@ -23,10 +23,6 @@ class ActionCheck:
         plan = layout.Layout(num_envs, [num_envs], [], leaves)
         scratch = SimpleNamespace(act=[np.empty((num_envs, *leaf.shape), dtype=leaf.dtype) for leaf in leaves])
         self._writer = ActionWriter(space, plan, scratch, strict)
-        fast = self._writer.fast
-        # A whole batch's check in one C call, and the batch's (dtype, shape) it takes: a single-leaf space's
-        self.whole = None if fast is None else fast.whole
-        self.key = None if fast is None else (fast.dtype, fast.dst.shape)
 
     def check(self, actions: Any, env_ids: np.ndarray | None = None) -> None:
         """ValueError naming the env ids (global) if ``actions`` for ``env_ids`` (all envs when None)

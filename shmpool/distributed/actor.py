@@ -21,7 +21,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ..errors import ShmpoolError, SpacesDifferError
 from ..pool import Pool
 from .batches import Rows
-from .channel import SPIN_S, ChannelServer
+from .channel import ChannelServer
+from .netns import Route, socket_maker
 from .placement import numa_cpu_groups, slot_cpus
 
 # What the driver's direct connection may call: every call that touches the pool (describe stays a Ray call,
@@ -105,10 +106,10 @@ class PoolActor:
     """Runs one local :class:`Pool` on its node; every method answers with plain numpy data.
 
     ``token``: when given, the actor also serves :data:`CHANNEL_CALLS` to the driver that presents it on a
-    direct connection (:mod:`.channel`)."""
+    direct connection (:mod:`.channel`), on its node's address or where ``route`` says (:mod:`.netns`)."""
 
     def __init__(self, fns_blob: bytes, seed: int | None, batch_size: int, slot: int, per_node: int | str,
-                 pool_kwargs: dict, token: bytes | None = None) -> None:
+                 pool_kwargs: dict, token: bytes | None = None, route: Route | None = None) -> None:
         self.lock = threading.RLock()
         fns = cloudpickle.loads(fns_blob)
         kwargs = dict(pool_kwargs)
@@ -130,13 +131,15 @@ class PoolActor:
         self.env_ids = np.arange(self.pool.num_envs, dtype=np.int64)   # every step answer's ids, never written
         self.obs: Any = None   # the pool's observations (copy=False: views of its region, current after every call)
         self.env_ids.flags.writeable = False
-        # wait_policy="block" asks every wait of the pool to sleep: the actor's wait for the driver's calls too
-        spin_s = 0.0 if kwargs.get("wait_policy") == "block" else SPIN_S
         # PoolActor's own functions bound to the instance, not the instance's methods: Ray's actor class wraps each
         # method for tracing, which a call that is not a Ray call has no use for and would pay on every step
         handlers = {name: types.MethodType(getattr(PoolActor, name), self) for name in CHANNEL_CALLS}
-        self.server = (None if token is None else
-                       ChannelServer(ray.util.get_node_ip_address(), token, handlers, spin_s))
+        if token is None:
+            self.server = None
+        elif route is None:
+            self.server = ChannelServer(ray.util.get_node_ip_address(), token, handlers)
+        else:
+            self.server = ChannelServer(route.host, token, handlers, socket_maker(route.server_netns))
 
     def describe(self) -> ActorInfo | SpacesRefused:
         if self.refused is not None:
@@ -210,11 +213,12 @@ RemotePoolActor = ray.remote(PoolActor)
 
 
 def start_actor(options: dict, node_id: str, fns_blob: Any, seed: int | None, batch_size: int, slot: int,
-                per_node: int | str, pool_kwargs: dict, token: bytes | None) -> Any:
+                per_node: int | str, pool_kwargs: dict, token: bytes | None, route: Route | None = None) -> Any:
     """A new :class:`PoolActor` pinned to ``node_id`` (unless ``options`` schedule it otherwise)."""
     opts = dict(options)
     opts.setdefault("scheduling_strategy", NodeAffinitySchedulingStrategy(node_id, soft=False))
-    return RemotePoolActor.options(**opts).remote(fns_blob, seed, batch_size, slot, per_node, pool_kwargs, token)
+    return RemotePoolActor.options(**opts).remote(fns_blob, seed, batch_size, slot, per_node, pool_kwargs, token,
+                                                  route)
 
 
 def pools_on_nodes(pools_per_node: int | str, nodes: Iterable[str], timeout: float | None) -> list[int]:

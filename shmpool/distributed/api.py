@@ -31,8 +31,8 @@ from ..reset_args import check_reset_mask, seed_list
 from ..state import Lifecycle, LifecycleFacts
 from .action_check import ActionCheck
 from .actor import Resets, pools_on_nodes
-from .batches import Rows, batch_len, concat, merge_infos, take_rows
-from .direct_step import DirectStep
+from .batches import Rows, StepOutput, batch_len, concat, merge_infos, take_rows
+from .channel import Reply
 from .faults import (
     SLICE_S,
     Outcome,
@@ -123,13 +123,12 @@ class RayPool(LifecycleFacts):
 
     ``transport``: ``"direct"`` (default): each actor's pool calls (reset, step, send/recv, call...)
     go over one TCP connection from this process to the actor, opened at start-up on the address Ray
-    uses for the node and guarded by a random token; arrays travel as raw bytes.  The token only keeps
-    other users and processes from driving a pool: there is no TLS or encryption (a peer on the network can
-    read or alter the bytes), and it sits inside Ray's trust boundary (see :mod:`.channel`).  A connection
-    that cannot be opened (a driver outside the cluster's network) leaves that pool on Ray calls,
-    with a RuntimeWarning.  Between calls an actor polls its connection (yielding its core) for up to
-    2 ms before it sleeps, while the driver's calls have been coming that quickly; ``wait_policy="block"``
-    makes it sleep at once.  ``"ray"``: every call is an ordinary Ray actor call (several ms each).
+    uses for the node and guarded by a random token; messages are pickles (protocol 5) whose arrays travel
+    beside them as raw bytes (:mod:`.wire`).  The token only keeps other users and processes from driving a
+    pool: there is no TLS or encryption (a peer on the network can read or alter the bytes), and it sits inside
+    Ray's trust boundary (see :mod:`.channel`).  A connection that cannot be opened (a driver outside the
+    cluster's network) leaves that pool on Ray calls, with a RuntimeWarning.  ``"ray"``: every call is an
+    ordinary Ray actor call (several ms each).
 
     Shapes and dtypes are the local pool's: observations ``(n, *obs_shape)`` in the
     space's dtype (dicts/tuples of such arrays for Dict/Tuple spaces), rewards
@@ -213,7 +212,7 @@ class RayPool(LifecycleFacts):
         shut_down = weakref.WeakMethod(self._shut_down)   # no cycle: a forgotten RayPool is freed (and closed) at once
         self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
         self._pool_rows = [slice(r.start, r.stop) for r in map(place.env_range, range(place.num_pools))]
-        self._direct = DirectStep(self._pool_rows, self._actions)
+        self._output = StepOutput(self._pool_rows)
         self._step_refs: list | None = None   # the pending step_async(): one future per pool (None: answered here)
         self._close_timeout = 10.0             # seconds the local pools get to close before their actors are killed
         self._life = Lifecycle()               # NEEDS_RESET
@@ -233,10 +232,11 @@ class RayPool(LifecycleFacts):
     def nodes(self) -> list[dict]:
         """Per pool: ``node_id``, ``hostname``, actor ``pid``, ``num_workers``, worker ``cpus``, ``cores`` (all the
         pool's processes may use: its share of the node), ``envs`` (range), ``transport`` (``"direct"``: its calls go
-        over the direct connection; ``"ray"``: through Ray)."""
+        over the direct connection; ``"ray"``: through Ray), ``channel`` (the ``(host, port)`` its actor listens on
+        for that connection; None without one)."""
         return [{"node_id": d.node_id, "hostname": d.hostname, "pid": d.pid, "num_workers": d.num_workers,
-                 "cpus": d.cpus, "cores": d.cores, "envs": self.env_range(k), "transport": self._fleet.transport(k)}
-                for k, d in enumerate(self._fleet.infos)]
+                 "cpus": d.cpus, "cores": d.cores, "envs": self.env_range(k), "transport": self._fleet.transport(k),
+                 "channel": d.channel} for k, d in enumerate(self._fleet.infos)]
 
     @property
     def restarts(self) -> int:
@@ -313,20 +313,15 @@ class RayPool(LifecycleFacts):
 
     def _post_step(self, actions: Any) -> None:
         self._life.check_step_async()
-        ledger = self._ledger
-        # The common step, checked and sent in C: nothing async to forget, no autoreset owed, every pool direct
-        refs = self._direct.send_whole(actions, self._fleet.channels) if ledger.idle and not ledger.sync_autoreset \
-            else None
-        if refs is None:
-            if batch_len(actions) != self.num_envs:
-                raise ValueError(f"actions have {batch_len(actions)} rows, the pool has {self.num_envs} envs")
-            self._actions.check(actions)
-            self._forget_async()
-            auto, channels, call = ledger.sync_autoreset, self._fleet.channels, self._fleet.call
-            refs = None if auto or None in channels else self._direct.send(actions, channels)
-            if refs is None:
-                refs = [None if k in auto else call(k, "step", take_rows(actions, rows))
-                        for k, rows in enumerate(self._pool_rows)]
+        if batch_len(actions) != self.num_envs:
+            raise ValueError(f"actions have {batch_len(actions)} rows, the pool has {self.num_envs} envs")
+        self._actions.check(actions)
+        self._forget_async()
+        auto, call = self._ledger.sync_autoreset, self._fleet.call
+        refs = [None if k in auto else call(k, "step", take_rows(actions, rows))
+                for k, rows in enumerate(self._pool_rows)]
+        # aimed once every request is out: the last pool starts its step no later for it
+        self._output.aim([ref if isinstance(ref, Reply) else None for ref in refs])
         self._step_refs = refs
         self._life.step_posted()
 
@@ -341,15 +336,6 @@ class RayPool(LifecycleFacts):
         self._life.check_step_wait()
         refs = self._step_refs
         start = time.monotonic()
-        if timeout is None:
-            # Every pool answering directly: one wait slice for all the answers (read and joined in C when each comes
-            # in its learnt layout: DirectStep.collect).  Anything else (a lost connection, an error, a pool not done
-            # within the slice) takes the watched path below, whose limits count from ``start``.
-            out = self._direct.collect(refs, SLICE_S)
-            if out is not None:
-                self._step_refs = None
-                self._life.step_done()
-                return out
         pools = [k for k, ref in enumerate(refs) if ref is not None]
         outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout, start=start)
         self._step_refs = None
@@ -361,7 +347,7 @@ class RayPool(LifecycleFacts):
         parts = [answers[k] if k in answers else   # the autoreset step after a restart: nothing ran
                  Rows.autoreset(np.arange(self._placement.sizes[k]), self._ledger.sync_autoreset.pop(k))
                  for k in range(self.num_pools)]
-        return self._direct.join(parts)
+        return self._output.join(parts).as_step()
 
     # --- async -----------------------------------------------------------------------------------
 

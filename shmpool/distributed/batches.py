@@ -13,12 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ._frames import arrays_at, concat_rows, join_frames
-from ._inbox import ReadTarget
-
 RESTARTED = "worker_restarted"   # the info key that flags a row answered by a rebuilt pool
-FIELDS = ("ids", "obs", "rew", "term", "trunc")   # a Rows' arrays, in a frame's order (its infos follow)
-ROW_ATTRIBUTES = frozenset((*FIELDS, "infos"))
 
 
 def concat(parts: list) -> Any:
@@ -140,20 +135,6 @@ def mark_restarted(infos: dict, size: int, rows: Any) -> dict:
     return infos
 
 
-def _join_plain(parts: list[Rows]) -> Rows | None:
-    """``parts`` joined in one C pass when every column is a plain array alike in every part and the infos have
-    the same keys (what :func:`merge_infos` joins by plain concatenation, ``_key`` masks bool); else None.  The
-    driver joins the pools' blocks on every sync step and most ``recv`` calls: ~64 µs for two Pong blocks of
-    4 rows in numpy's calls, most of it around the copies."""
-    if not _same_keys_bool_masks([p.infos for p in parts]):
-        return None
-    keys = list(parts[0].infos)
-    cols = concat_rows([[p.ids, p.obs, p.rew, p.term, p.trunc, *map(p.infos.__getitem__, keys)] for p in parts])
-    if cols is None:
-        return None
-    return Rows(cols[0], cols[1], cols[2], cols[3], cols[4], dict(zip(keys, cols[5:])))
-
-
 @dataclass
 class Rows:
     """Finished rows of some envs: ``ids`` ``(n,)`` int64 (local to a pool on a node, global in the
@@ -168,6 +149,11 @@ class Rows:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def __reduce__(self) -> tuple:
+        # Observations first: in a step answer's frame they are then the first out-of-band buffer, the one the
+        # driver may read straight into its batch (StepOutput, wire.FrameReader).
+        return rows_from_obs_first, (self.obs, self.ids, self.rew, self.term, self.trunc, self.infos)
 
     @classmethod
     def of_step(cls, ids: np.ndarray, result: tuple) -> Rows:
@@ -204,11 +190,6 @@ class Rows:
         """Blocks of rows one after the other, as one block."""
         if len(parts) == 1:
             return parts[0]
-        plain = FramedRows.join_unread(parts)
-        if plain is None:
-            plain = _join_plain(parts)
-        if plain is not None:
-            return plain
         return Rows(np.concatenate([p.ids for p in parts]), concat([p.obs for p in parts]),
                     np.concatenate([p.rew for p in parts]), np.concatenate([p.term for p in parts]),
                     np.concatenate([p.trunc for p in parts]), merge_infos([p.infos for p in parts],
@@ -225,54 +206,56 @@ class Rows:
         return self.obs, self.rew, self.term, self.trunc, infos
 
 
-class FramedRows(Rows):
-    """Rows still in the frame they arrived in (``body``: its bytes, ``start``: where its arrays begin, ``layout``:
-    their ``(dtype, shape)`` in the order ids, obs, rew, term, trunc, then ``keys``' infos, as
-    :func:`~._frames.arrays_at` takes them; ``bool_masks``: :func:`masks_are_bool` of that layout, known once per
-    layout by the caller).  Its arrays are made, as views of the frame, the first time any is
-    read; until then :meth:`join_unread` joins such rows by copying from their frames alone.  That is a sync step's
-    join: making each answer's arrays and ``Rows`` first cost the driver 35–50 µs of CPU a Pong call beside two
-    busy workers (issue 34, alternated blocks in one RayPool)."""
+def rows_from_obs_first(obs: Any, ids: np.ndarray, rew: np.ndarray, term: np.ndarray, trunc: np.ndarray,
+                        infos: dict) -> Rows:
+    """:class:`Rows` from its fields in pickling order (observations first)."""
+    return Rows(ids, obs, rew, term, trunc, infos)
 
-    def __init__(self, body: np.ndarray, start: int, layout: tuple, keys: tuple, bool_masks: bool,
-                 target: ReadTarget | None = None) -> None:
-        # Rows.__init__ is not called: the fields are set by __getattr__ when first read.
-        self.frame = (body, start, layout)
-        self.keys = keys
-        self.bool_masks = bool_masks
-        self.target = target   # when set, the obs were read into target.into, not into the body
 
-    def __getattr__(self, name: str) -> Any:
-        # Only called for what the instance lacks: the fields, until the first read of one makes them all.
-        if name not in ROW_ATTRIBUTES:
-            raise AttributeError(name)
-        a = arrays_at(*self.frame)
-        if self.target is not None:
-            a[1] = self.target.into
-        for key, value in (*zip(FIELDS, a[:5]), ("infos", dict(zip(self.keys, a[5:])))):
-            self.__dict__.setdefault(key, value)   # a field set before this read keeps its value
-        return self.__dict__[name]
+class StepOutput:
+    """A sync step's observations read straight into the step's output.  After a step whose pools all answered
+    with plain arrays of one dtype and row shape, the next step's output ``(num_envs, *row_shape)`` is made before
+    its answers come, and each pool's rows of it are handed to that pool's reply as the target of its first buffer
+    (:class:`~.wire.FrameReader`); when every answer's observations landed there, the output is the step's
+    observations and nothing is copied.  Otherwise (a pool answered through Ray, its layout changed, an error)
+    the answers are joined by copying, as :meth:`Rows.join` joins them.  ``rows[k]``: pool ``k``'s rows."""
 
-    @property
-    def unread(self) -> bool:
-        """Whether no field has been read or set yet: then the frame is all there is."""
-        return self.__dict__.keys().isdisjoint(ROW_ATTRIBUTES)
+    def __init__(self, rows: list[slice]) -> None:
+        self.rows = rows
+        self.layout: tuple[np.dtype, tuple] | None = None   # the last step's observations' dtype and row shape
+        self.out: np.ndarray | None = None
 
-    @staticmethod
-    def join_unread(parts: list[Rows]) -> Rows | None:
-        """``parts`` joined from their frames when each is an unread :class:`FramedRows` with the same info keys,
-        the same dtypes and row shapes, and bool ``_key`` masks (what :func:`merge_infos` joins by plain
-        concatenation), none of whose observations were read elsewhere (:class:`~._inbox.ReadTarget`); else None."""
-        first = parts[0]
-        for p in parts:   # a loop, not all() over a generator: every Python call here is paid cold (issue 34)
-            if type(p) is not FramedRows or not p.unread or p.keys != first.keys or p.target is not None:
-                return None
-        if not first.bool_masks:   # a "_key" mask of another dtype is made bool by merge_infos' general path
-            return None
-        cols = join_frames([p.frame for p in parts])
-        if cols is None:
-            return None
-        return Rows(cols[0], cols[1], cols[2], cols[3], cols[4], dict(zip(first.keys, cols[5:])))
+    def aim(self, replies: list) -> None:
+        """Give each reply (a :class:`~.channel.Reply`; None for a pool answered otherwise) its rows of a new output
+        as its target."""
+        self.out = None
+        if self.layout is None:
+            return
+        dtype, shape = self.layout
+        self.out = np.empty((self.rows[-1].stop, *shape), dtype)
+        for reply, rows in zip(replies, self.rows):
+            if reply is not None:
+                reply.target = memoryview(self.out[rows]).cast("B")
+
+    def join(self, parts: list[Rows]) -> Rows:
+        """The step's rows from every pool's (pool order), its observations the output when all were read into it."""
+        out, self.out = self.out, None
+        obs = [p.obs for p in parts]
+        self.layout = None
+        if all(type(o) is np.ndarray for o in obs) and len({(o.dtype, o.shape[1:]) for o in obs}) == 1:
+            self.layout = obs[0].dtype, obs[0].shape[1:]
+        if out is None or not all(_is_rows_of(o, out, rows) for o, rows in zip(obs, self.rows)):
+            return Rows.join(parts)
+        return Rows(np.concatenate([p.ids for p in parts]), out, np.concatenate([p.rew for p in parts]),
+                    np.concatenate([p.term for p in parts]), np.concatenate([p.trunc for p in parts]),
+                    merge_infos([p.infos for p in parts], [len(p) for p in parts]))
+
+
+def _is_rows_of(obs: Any, out: np.ndarray, rows: slice) -> bool:
+    """Whether ``obs`` is exactly ``out[rows]``'s memory, dtype and shape."""
+    want = out[rows]
+    return (type(obs) is np.ndarray and obs.dtype == want.dtype and obs.shape == want.shape
+            and obs.__array_interface__["data"][0] == want.__array_interface__["data"][0])
 
 
 class ReadyRows:

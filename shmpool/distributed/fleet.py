@@ -15,6 +15,7 @@ from .. import layout
 from .actor import ActorInfo, Resets, SpacesRefused, start_actor
 from .channel import TOKEN_BYTES, Channel
 from .faults import Outcome, RemotePoolDiedError, Watch, gather, wait_done
+from .netns import Route, socket_maker
 from .placement import Placement, describe_range
 
 REBUILD_TRIES = 3   # nodes tried for one rebuild before the RayPool gives up and closes
@@ -57,6 +58,7 @@ class Fleet:
                       for r in map(placement.env_range, range(placement.num_pools))]
         self.actors: list = []
         self.token = secrets.token_bytes(TOKEN_BYTES) if direct else None
+        self.route = Route.from_environment() if direct else None   # another namespace's link (the bench's)
         self.channels: list[Channel | None] = [None for _ in range(placement.num_pools)]
         self.infos: list[ActorInfo | None] = [None for _ in range(placement.num_pools)]
         self.observation_spaces: tuple = ()   # each env's, once started
@@ -70,7 +72,7 @@ class Fleet:
         start = int(self.placement.starts[k])
         return start_actor(self.actor_options, slot.node_id if node_id is None else node_id, self.blobs[k],
                            None if self.seed is None else self.seed + start, self.placement.sub_batch_sizes[k],
-                           slot.index, slot.per_node, self.pool_kwargs[k], self.token)
+                           slot.index, slot.per_node, self.pool_kwargs[k], self.token, self.route)
 
     def connect(self, k: int) -> None:
         """Open the direct connection to pool ``k``'s actor; one that cannot be opened leaves that pool on
@@ -82,7 +84,11 @@ class Fleet:
         if address is None:
             return
         try:
-            self.channels[k] = Channel.connect(address, self.token, CONNECT_TIMEOUT_S)
+            if self.route is None:
+                self.channels[k] = Channel.connect(address, self.token, CONNECT_TIMEOUT_S)
+            else:
+                self.channels[k] = Channel.connect(address, self.token, CONNECT_TIMEOUT_S,
+                                                   socket_maker(self.route.client_netns))
         except OSError as exc:
             warnings.warn(f"pool {k}: its actor's direct connection ({address[0]}:{address[1]}) could not be "
                           f"opened ({exc}); its calls go through Ray, which is several times slower",
