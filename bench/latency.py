@@ -4,32 +4,36 @@ through RayPool.
     python -m bench latency                                   # CartPole-v1, N=8,32,128 × batch 1,8,32
     python -m bench latency --task Ant-v5 --num-envs 8,32 --batch-size 1,4
     python -m bench latency --ray 2 --task Pong --num-envs 16 --batch-size 8 --repeats 3   # RayPool beside Pool
+    sudo python -m bench latency --ray 2 --task Pong --num-envs 16 --batch-size 8 --netem 100us,1ms   # over a link
 
 Agent latency: one trainer call (sync step over N, or async recv of a batch + send), percentiles over
 every call; agent throughput: batch / latency.  Observer latency: one env step, from the call that sent
 its action to the recv that returned it.  Each cell opens a fresh pool.  ``--ray NODES`` starts a local
 Ray cluster (1 CPU a node) and runs every cell also through RayPool (one pool of one pinned worker per
 node) beside a local Pool with as many workers on the same cores: overhead = RayPool's p50 minus the
-local Pool's.  Tasks: gymnasium ids, ``empty`` (a step that does nothing) and ``Pong`` (gymnasium's
+local Pool's.  ``--netem DELAYS`` (root) adds, per delay, the RayPool cells again with its direct connections
+over a veth pair between two network namespaces with that ``tc netem`` delay each way (bench/netem.py).  Tasks:
+gymnasium ids, ``empty`` (a step that does nothing) and ``Pong`` (gymnasium's
 Pong-v5 with EnvPool's preprocessing).  How to read it: bench/README.md, "latency".
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from . import cli, envs, report, subjects
+from . import cli, envs, netem, report, subjects
 from ._timing import Case, Record, percentiles_of, run_interleaved
 
 DEFAULT_TASK = "CartPole-v1"
@@ -73,20 +77,36 @@ def plan_cells(num_envs: Sequence[int], batch_sizes: Sequence[int], modes: Seque
 
 
 def open_cell(task: str, mode: str, n: int, batch: int, wait_policy: str | None, system: str = "local",
-              cpus: list[int] | None = None) -> subjects.Latency:
+              cpus: list[int] | None = None, route: str | None = None) -> subjects.Latency:
     """A fresh pool of ``n`` envs, ``batch`` per call, every call timed.  With ``cpus`` (the Ray runs): the
-    local pool has a pinned worker per listed core, RayPool one pool of one worker per core's node."""
+    local pool has a pinned worker per listed core, RayPool one pool of one worker per core's node; ``route``:
+    the RayPool's direct connections cross that netem link (:attr:`bench.netem.Link.route`)."""
     options: dict[str, Any] = {} if wait_policy is None else {"wait_policy": wait_policy}
-    if system == "ray":
+    ray = system.startswith("ray")
+    if ray:
         options.update(num_workers=1, per_pool_kwargs=[{"cpus": [c]} for c in cpus])
     elif cpus is not None:
         options.update(num_workers=len(cpus), cpus=cpus)
-    vec = subjects.open_vec(subjects.RAY if system == "ray" else subjects.POOL, env_spec(task), n, batch=batch,
-                            asynchronous=mode == "async",
-                            **options)
+    with routed(route):
+        vec = subjects.open_vec(subjects.RAY if ray else subjects.POOL, env_spec(task), n, batch=batch,
+                                asynchronous=mode == "async", **options)
     space = vec.action_space   # the Ray runs step no-op zeros (as they always did), the others fixed actions
     actions = np.zeros((n, *space.shape), space.dtype) if cpus is not None else subjects.fixed_actions(space, n)
     return subjects.Latency(vec, actions, MEASURED)
+
+
+@contextlib.contextmanager
+def routed(route: str | None) -> Iterator[None]:
+    """While a RayPool is built: its connections over ``route`` (None: the node's own address), read by its fleet."""
+    from shmpool.distributed.netns import ENV
+    if route is None:
+        yield
+        return
+    os.environ[ENV] = route
+    try:
+        yield
+    finally:
+        del os.environ[ENV]
 
 
 def cell_json(task: str, mode: str, system: str, n: int, b: int, records: list[Record]) -> dict[str, Any]:
@@ -126,7 +146,7 @@ def with_overheads(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     local = {(c["mode"], c["num_envs"], c["batch_size"]): c for c in cells if c["system"] == "local"}
     for c in cells:
         twin = local.get((c["mode"], c["num_envs"], c["batch_size"]))
-        if c["system"] == "ray" and twin and "agent_latency_us" in c and "agent_latency_us" in twin:
+        if c["system"].startswith("ray") and twin and "agent_latency_us" in c and "agent_latency_us" in twin:
             c["overhead_us"] = {q: c["agent_latency_us"][q] - twin["agent_latency_us"][q] for q in ("p50", "p95")}
             pairs = [p50 - twin["rep_p50_us"][rep] for rep, p50 in c["rep_p50_us"].items() if rep in twin["rep_p50_us"]]
             c["overhead_us"]["paired_p50"] = float(np.median(pairs)) if pairs else None
@@ -248,6 +268,13 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict
                   + ". Driver CPU = this process's CPU per call (all threads); overhead = Ray p50 − local p50; paired: "
                   "the median over repetitions of Ray p50 − local p50 in the same repetition (in parentheses, a 95 % "
                   "interval for it from 6 repetitions on)."]
+    if ray and ray.get("netem"):
+        trips = "; ".join(f"{label} {report.fmt_us(v['round_trip_us']['p50'])} / "
+                          f"{report.fmt_us(v['round_trip_us']['p95'])}" for label, v in ray["netem"].items())
+        lines += ["", "Over a link: `ray <delay>` rows run the RayPool's direct connections over a veth pair between "
+                  "two network namespaces with that `tc netem` delay each way (Ray itself on loopback); the link's own "
+                  f"TCP round trip (64 bytes, p50 / p95 µs): {trips}. Overhead p50 − round trip p50 is what the data "
+                  "plane adds to the link per call."]
     lines += ["", report.markdown_table(HEADER + (RAY_HEADER if ray else ()), table_rows(cells, bool(ray)))]
     if skipped:
         combos = ", ".join(f"N={s['num_envs']} batch={s['batch_size']}" for s in skipped)
@@ -345,6 +372,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ray", type=int, metavar="NODES", help="also through RayPool on a local Ray cluster of NODES "
                                                             "nodes, beside a local Pool on the same cores")
     p.add_argument("--store-mb", type=int, default=80, help="--ray: object store per node, MB (default 80)")
+    p.add_argument("--netem", metavar="DELAYS", help="--ray: also over a veth link between two network namespaces, "
+                                                     "each tc netem delay (e.g. 100us,1ms; 0: none); root only")
     cli.add_run_options(p, cli.RunDefaults(repeats=(1, 1), json=DEFAULT_JSON), quick="0.2 s, N=8, batch 1,8",
                         seconds_help="timed seconds per cell")
     args = cli.parse(p, argv)
@@ -370,6 +399,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error("--ray needs ray: pip install 'ray>=2.9'")
         cpus = sorted(os.sched_getaffinity(0))
         args.cpus = [cpus[k % len(cpus)] for k in range(args.ray)]
+    if args.netem is not None:
+        if args.ray is None:
+            p.error("--netem needs --ray: it measures RayPool's connections over a link")
+        try:
+            args.netem = netem.parse_delays(args.netem)
+        except ValueError as exc:
+            p.error(f"--netem: {exc}")
+        why = netem.refusal()
+        if why:
+            p.error(why)
     return args
 
 
@@ -381,21 +420,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(f"[yellow]skipped[/yellow] N={s['num_envs']} batch={s['batch_size']}: {s['reason']}",
                   highlight=False)
     env = report.environment()
-    systems = ("local", "ray") if args.ray else ("local",)
-    cpus = args.cpus if args.ray else None
-    cases = [Case(f"{mode} N={n} batch={b} {system}",
-                  functools.partial(open_cell, args.task, mode, n, b, args.wait_policy, system, cpus))
-             for mode, n, b in cells for system in systems]
-    cluster = RayCluster(args.ray, args.store_mb) if args.ray else None
-    try:
-        with report.progress(err, len(cases) * args.repeats) as update:
-            records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
-                                      on_start=lambda case, rep: update(description=f"{args.task} · {case.name}"),
-                                      on_done=lambda _: update(advance=1))
-    finally:
-        ray = cluster.info if cluster else None
-        if cluster:
-            cluster.close()
+    with contextlib.ExitStack() as stack:
+        made, measured = stack.enter_context(netem.links(args.netem)) if args.netem else ([], {})
+        routes = {"local": None, **({"ray": None} if args.ray else {}), **{f"ray {x.label}": x.route for x in made}}
+        systems = tuple(routes)
+        cpus = args.cpus if args.ray else None
+        cases = [Case(f"{mode} N={n} batch={b} {system}",
+                      functools.partial(open_cell, args.task, mode, n, b, args.wait_policy, system, cpus,
+                                        routes[system]))
+                 for mode, n, b in cells for system in systems]
+        cluster = RayCluster(args.ray, args.store_mb) if args.ray else None
+        try:
+            with report.progress(err, len(cases) * args.repeats) as update:
+                records = run_interleaved(cases, repeats=args.repeats, seconds=args.seconds, warmup=args.warmup,
+                                          on_start=lambda case, rep: update(description=f"{args.task} · {case.name}"),
+                                          on_done=lambda _: update(advance=1))
+        finally:
+            ray = cluster.info if cluster else None
+            if ray is not None and measured:
+                ray["netem"] = measured
+            if cluster:
+                cluster.close()
     results = with_overheads([cell_json(args.task, mode, system, n, b, [r for r in records if r.case == case.name])
                               for (mode, n, b, system), case in zip(((*c, s) for c in cells for s in systems), cases)])
     text = write_report(args, env, results, skipped, ray)

@@ -147,3 +147,37 @@ def test_paired_overhead_comes_with_its_interval_from_six_repetitions():
             "paired_p50_ci95"]
         k = int(lo) // 10 + 1
         assert hi == 10 * (n - k) and coverage(n, k) >= 0.95 > coverage(n, k + 1)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--netem", "1ms"], "--netem needs --ray: it measures RayPool's connections over a link"),
+    (["--ray", "2", "--netem", "100"], "a delay is a number with us, ms or s (e.g. 100us, 1ms) or 0, got '100'"),
+    (["--ray", "2", "--netem", "1h"], "--netem: a delay is a number with us, ms or s"),
+    (["--ray", "2", "--netem", "1ms,1ms"], "--netem: delays repeat: '1ms,1ms'"),
+])
+def test_bad_netem_arguments_are_argparse_errors(argv, message, capsys):
+    pytest.importorskip("ray")
+    with pytest.raises(SystemExit) as exc:
+        latency.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_netem_is_refused_without_root_before_anything_is_made(monkeypatch, capsys):
+    pytest.importorskip("ray")
+    from bench import netem
+    made = []
+    monkeypatch.setattr(latency.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(netem.subprocess, "run", lambda *a, **k: made.append(a))
+    with pytest.raises(SystemExit) as exc:
+        latency.parse_args(["--ray", "2", "--netem", "1ms"])
+    assert exc.value.code == 2
+    assert "--netem creates network namespaces and a veth pair: run it as root" in capsys.readouterr().err
+    assert made == []
+
+
+def test_netem_delays_parse_to_seconds():
+    from bench import netem
+    got = netem.parse_delays("100us, 1ms,0,0.5ms")
+    assert [label for label, _ in got] == ["100us", "1ms", "0", "0.5ms"]
+    assert [s for _, s in got] == pytest.approx([1e-4, 1e-3, 0.0, 5e-4])
