@@ -209,16 +209,25 @@ def register_ale_ids() -> bool:
     """Register gymnasium's Atari ids (``ALE/Pong-v5``, ``BreakoutNoFrameskip-v4``, ...) when ale-py
     is installed; True if it is.  ``import shmpool`` does this once, before any face resolves an id,
     so each face knows them on its first call whatever was called before (gymnasium 1.x registers
-    them only on ``gym.register_envs(ale_py)``; ale-py registers them on import where it can)."""
+    them only on ``gym.register_envs(ale_py)``; ale-py registers them on import where it can).
+    Under gymnasium 0.29, ale-py >= 0.9 (the releases that ship ROMs) registers none on import: its
+    import also loads its vector env, which needs gymnasium 1.x, and the failure skips the ids.
+    Its single envs run under 0.29, so they are registered here (CleanRL's ``ppo_atari.py`` at its
+    pins makes ``BreakoutNoFrameskip-v4``); ale-py 0.8 registers them itself."""
     try:
         if importlib.util.find_spec("ale_py") is None:
             return False
         ale_py = importlib.import_module("ale_py")
     except ImportError:   # installed but broken (or blocked with sys.modules["ale_py"] = None)
         return False
-    register = getattr(gymnasium, "register_envs", None)   # gymnasium >= 1.0
-    if register is not None:
-        register(ale_py)
+    gymnasium.register_envs(ale_py)   # 1.x: registers them; 0.29: a no-op
+    if "ALE/Pong-v5" not in gymnasium.envs.registration.registry:
+        try:
+            from ale_py.registration import register_v0_v4_envs, register_v5_envs
+        except ImportError:   # an ale-py without that module registers through gymnasium's plugins
+            return True
+        register_v0_v4_envs()
+        register_v5_envs()
     return True
 
 
