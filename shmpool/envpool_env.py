@@ -26,8 +26,11 @@ import numpy as np
 from gymnasium.spaces import Discrete, MultiDiscrete
 
 from ._elapsed import ElapsedSteps
-from .autoreset_modes import SAME_STEP
+from .arguments import is_ray_pool
+from .autoreset_modes import NEXT_STEP, SAME_STEP
+from .gym_compat import AutoresetMode
 from .gymnasium_face import VectorEnv
+from .pool import Pool
 
 __all__ = ["ENV_TYPES", "EnvPoolEnv", "EnvPoolSpec", "base_config"]
 
@@ -87,6 +90,10 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
 
     Built by :func:`shmpool.make`; ``env_fns``/``num_envs``/``**pool_kwargs`` are the
     VectorEnv's.  ``config`` is EnvPool's config dict (``env.config``, ``env.spec.config``).
+    ``autoreset_mode`` defaults to EnvPool's, the next step (an ending step's row holds that
+    episode's last observation, reward and infos; the env's next step resets it), under either
+    gymnasium: code written for EnvPool reads an ending game's ``info["lives"]``,
+    ``info["terminated"]`` and ``info["reward"]`` on that row (CleanRL's EnvPool scripts do).
 
     With ``n`` envs answering (``num_envs`` for ``reset()``/``step(actions)``,
     ``len(env_id)`` for ``reset(env_id)``, ``batch_size`` for ``recv()``):
@@ -106,8 +113,12 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
     def __init__(self, env_fns: Any, num_envs: int | None = None, *, env_type: str = "gymnasium",
                  config: dict[str, Any] | None = None, reward_threshold: float | None = None,
                  render_mode: str | None = None,
-                 render_env_id: int = 0, **pool_kwargs: Any) -> None:
-        super().__init__(env_fns, num_envs, **pool_kwargs)
+                 render_env_id: int = 0, autoreset_mode: str | AutoresetMode | None = None,
+                 **pool_kwargs: Any) -> None:
+        if autoreset_mode is None and not (isinstance(env_fns, Pool) or is_ray_pool(env_fns)):
+            # The VectorEnv's own default is gymnasium 0.29's same-step autoreset under 0.29.
+            autoreset_mode = NEXT_STEP
+        super().__init__(env_fns, num_envs, autoreset_mode=autoreset_mode, **pool_kwargs)
         if env_type not in ENV_TYPES:
             raise ValueError(f"env_type must be one of {ENV_TYPES}, got {env_type!r}")
         self.env_type = env_type

@@ -12,6 +12,7 @@ before this module existed.  Under 0.29, shmpool's faces behave as 0.29's ``Asyn
   ``infos["final_observation"]`` / ``infos["final_info"]`` (object arrays, ``None`` for the envs
   that did not end) with their ``_final_observation`` / ``_final_info`` masks.  So the pool runs
   SAME_STEP (``DEFAULT_AUTORESET``) and :func:`present_infos` renames and re-lays its infos.
+  (The EnvPool face keeps EnvPool's next-step autoreset under 0.29 too: ``shmpool.envpool_env``.)
   ``autoreset_mode=`` is *mapped*, not refused: 0.29's ``AsyncVectorEnv`` has no such keyword, so
   no 0.29 code passes it by habit, and code written for shmpool's own keyword (an EnvPool script
   that wants EnvPool's next-step autoreset) keeps working; ``"same_step"`` is 0.29's behaviour

@@ -1,4 +1,4 @@
-"""The shape of CleanRL's ``ppo_atari_envpool.py`` with the edits docs/porting/envpool.md lists.
+"""The shape of CleanRL's ``ppo_atari_envpool.py`` with the edits docs/porting/cleanrl.md lists.
 
 The script builds its envs with ``envpool.make(..., env_type="gym")``, sets ``num_envs`` and the
 single-env spaces on them, wraps them in an episode-statistics ``gym.Wrapper`` of its own (old gym
@@ -14,6 +14,7 @@ import importlib.util
 import gymnasium as gym
 import numpy as np
 import pytest
+from cleanrl_shapes import EnvPoolEpisodeStats as EpisodeStats
 
 import shmpool.vector as envpool
 
@@ -25,36 +26,6 @@ pytestmark = [pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("
               pytest.mark.slow]   # a ported CleanRL agent (torch) rolls out on Atari and updates once
 
 NUM_ENVS, NUM_STEPS = 4, 8
-
-
-class EpisodeStats(gym.Wrapper):
-    """Running episode return/length per env on the old gym API, as the script's wrapper keeps them.
-
-    ``forward_spaces``: copy the single-env spaces onto the wrapper, the guide's edit (gymnasium 1.x
-    wrappers forward no attributes, so ``envs.single_action_space`` would not reach the env)."""
-
-    def __init__(self, env: gym.Env, forward_spaces: bool = True) -> None:
-        super().__init__(env)
-        self.num_envs = env.num_envs
-        if forward_spaces:
-            self.single_action_space = env.single_action_space
-            self.single_observation_space = env.single_observation_space
-
-    def reset(self, **kwargs):
-        obs = super().reset(**kwargs)
-        self.returns = np.zeros(self.num_envs, np.float32)
-        self.lengths = np.zeros(self.num_envs, np.int32)
-        return obs
-
-    def step(self, action):
-        obs, reward, done, info = super().step(action)
-        self.returns += info["reward"]            # the unclipped reward, float32
-        self.lengths += 1
-        info["r"], info["l"] = self.returns.copy(), self.lengths.copy()
-        game_on = 1 - info["terminated"]           # int32: a whole game, not a life, ended
-        self.returns *= game_on
-        self.lengths *= game_on
-        return obs, reward, done, info
 
 
 class Agent(nn.Module):

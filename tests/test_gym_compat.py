@@ -275,8 +275,9 @@ def test_under_0_29_next_step_is_the_pools_next_step_in_0_29s_layout(no_leaks):
 
 
 @pytest.mark.skipif(not LEGACY, reason="the EnvPool face's autoreset under gymnasium 0.29")
-def test_under_0_29_the_envpool_face_autoresets_on_the_same_step(no_leaks):
-    env = shmpool.make("CartPole-v1", num_envs=2, seed=0, max_episode_steps=5)
+def test_under_0_29_the_envpool_face_autoresets_on_the_same_step_when_asked(no_leaks):
+    # Its default is EnvPool's next step (tests/test_porting_cleanrl.py); same_step is 0.29's.
+    env = shmpool.make("CartPole-v1", num_envs=2, seed=0, max_episode_steps=5, autoreset_mode="same_step")
     try:
         env.reset()
         for _ in range(5):
