@@ -3,11 +3,12 @@
 Every test runs one scenario on gymnasium's reference class (``AsyncVectorEnv``, or
 ``SyncVectorEnv`` where a whole run is compared) and on ``shmpool.VectorEnv`` and asserts the two
 give the same: observations, rewards, flags and infos (their layout, dtypes and python/numpy types,
-autoreset's final keys included), what an env's ``reset`` receives, ``call``/``get_attr``/``set_attr``
-and the errors of every out-of-order call.  Under gymnasium 0.29 the reference is 0.29's
-``AsyncVectorEnv`` (one same-step autoreset, ``final_observation``/``final_info``, 0.29's info
-layout); under 1.x, 1.x's.  The literal checks beside the comparisons only pin down which of the
-two contracts the reference showed (``shmpool.gym_compat`` explains them).
+autoreset's final keys included), what an env's ``reset`` receives and ``call``/``get_attr``/``set_attr``
+(the errors of calls out of order are tests/test_face_call_order.py's, under both versions too).
+Under gymnasium 0.29 the reference is 0.29's ``AsyncVectorEnv`` (one same-step autoreset,
+``final_observation``/``final_info``, 0.29's info layout); under 1.x, 1.x's.  The literal checks
+beside the comparisons only pin down which of the two contracts the reference showed
+(``shmpool.gym_compat`` explains them).
 """
 from __future__ import annotations
 
@@ -188,27 +189,6 @@ def test_call_refuses_the_names_the_reference_refuses(no_leaks, name):
     assert isinstance(got, type(want)), f"{type(got)} is no {type(want)}"
     if str(want).startswith("Trying to call function"):
         assert (type(got), str(got)) == (type(want), str(want))
-
-
-def out_of_order(kind):
-    envs = build(kind, info_envs())
-    actions = np.array([0, 1, 2])
-    name = type(envs).__name__
-    out = [outcome(envs.step_wait), outcome(envs.reset_wait), outcome(envs.call_wait)]
-    envs.reset_async(seed=0)
-    out += [outcome(lambda: envs.step_async(actions)), outcome(lambda: envs.call_async("get_value")),
-            outcome(lambda: envs.reset_async()), outcome(lambda: envs.set_attr("value", 1))]
-    envs.reset_wait()
-    envs.step_async(actions)
-    out += [outcome(lambda: envs.reset_async()), outcome(envs.reset_wait), outcome(envs.call_wait)]
-    envs.step_wait()
-    envs.close()
-    out += [outcome(lambda: envs.reset()), outcome(lambda: envs.step(actions)), outcome(lambda: envs.call("value"))]
-    return [(kind_, message.replace(name, "<class>")) for kind_, message in out]
-
-
-def test_out_of_order_calls_raise_the_references_errors(no_leaks):
-    assert out_of_order("shmpool") == out_of_order("AsyncVectorEnv")
 
 
 @pytest.mark.parametrize("kind", ["AsyncVectorEnv", "shmpool"])
