@@ -1,10 +1,15 @@
 """A gymnasium ``VectorEnv`` over a :class:`shmpool.Pool`: drop-in for ``AsyncVectorEnv``.
 
 The pool does the stepping, autoreset and info batching; this face adds what
-gymnasium's own vector envs promise on top: copied observations, the
-``AsyncVectorEnv`` state machine with its exception types and messages, and
+gymnasium's own vector envs promise on top: copied observations, ``AsyncVectorEnv``'s
+exception types and messages for calls out of order, and
 ``call``/``get_attr``/``set_attr`` that see through wrappers the way
 ``SyncVectorEnv`` does (``env.get_wrapper_attr``/``set_wrapper_attr``).
+
+The face keeps no state of its own: which ``*_async()`` call is pending is the pool's
+:class:`shmpool.state.Lifecycle` (a pending step is the pool's; the face records there the
+``reset_async``/``call_async`` it runs in a thread), whose checks refuse every call out of
+order; the face words each refusal as ``AsyncVectorEnv`` does (:func:`gymnasium_refusal`).
 """
 from __future__ import annotations
 
@@ -20,13 +25,12 @@ import numpy as np
 from gymnasium import logger
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.spaces import Dict, Tuple
-from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space
 
 from .arguments import POOL_KEYWORDS, check_typos, is_ray_pool, keywords_of
 from .autoreset_modes import as_gymnasium, parse_autoreset_mode
 from .background import BackgroundCall
-from .errors import EnvError, SpacesDifferError, rebuild_error
+from .errors import EnvError, PoolClosedError, SpacesDifferError, rebuild_error
 from .gym_compat import (
     DEFAULT_AUTORESET,
     NOT_CALLABLE,
@@ -39,6 +43,7 @@ from .gym_compat import (
 )
 from .pool import Pool
 from .reset_args import check_reset_mask, seed_list
+from .state import CallOrderError, CallPendingError, Lifecycle, NoCallPendingError, Pending
 
 if TYPE_CHECKING:
     from .distributed import RayPool
@@ -191,6 +196,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             except SpacesDifferError as exc:
                 raise async_vector_env_error(observation_mode, exc) from None
         self._pool = pool
+        self._life: Lifecycle = pool.lifecycle   # the one state: what is pending, whether closed
         self.copy = copy
         self.strict = getattr(pool, "strict", True)
         self.observation_mode = observation_mode
@@ -217,8 +223,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         self.viewer = None
         self.is_vector_env = True
         self._structured_actions = isinstance(self.single_action_space, (Dict, Tuple))
-        self._state = AsyncState.DEFAULT
-        self._pending: BackgroundCall | None = None   # the reset_async/call_async at work
+        self._background: BackgroundCall | None = None   # the reset_async/call_async at work (or done)
         self.closed = False
 
     def _apply_observation_mode(self, mode: str | tuple) -> None:
@@ -289,25 +294,22 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         Errors in the arguments are raised here, as ``AsyncVectorEnv`` raises them;
         the envs' own errors at ``reset_wait``."""
         seeds = self._check_reset(seed, options)
-        self._pending = BackgroundCall("reset", self._reset_now, seeds, options)
-        self._state = AsyncState.WAITING_RESET
+        self._background = BackgroundCall("reset", self._reset_now, seeds, options)
+        self._life.call_started(Pending.RESET)
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Results of the reset started by ``reset_async()``: ``(obs, infos)``.
 
         ``timeout`` (seconds): :class:`WaitTimeoutError` if the reset is not done by
         then; it stays pending, and ``reset_wait()`` can be called again."""
-        self._assert_waiting(AsyncState.WAITING_RESET, "reset")
+        self._check_collect(Pending.RESET)
         return self._collect("reset_wait", timeout)
 
     def _check_reset(self, seed, options) -> list:
         """The checks of ``reset_async``, in ``AsyncVectorEnv``'s order; one seed per env."""
-        self._assert_is_running()
+        self._check_open()
         seeds = seed_list(seed, self.num_envs)
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `reset_async` while waiting for a pending call to `{self._state.value}` to complete",
-                str(self._state.value))
+        self._check_nothing_pending("reset_async")
         if options is not None and "reset_mask" in options:
             # Checked here, where AsyncVectorEnv checks it; unlike gymnasium, the
             # caller's dict keeps its "reset_mask" (the pool takes it out of a copy).
@@ -323,10 +325,11 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
     def _collect(self, op: str, timeout: float | None) -> Any:
         """The result of the pending reset/call; raises WaitTimeoutError (still pending) after ``timeout``."""
-        if not self._pending.wait(timeout):
+        if not self._background.wait(timeout):
             raise WaitTimeoutError(f"The call to `{op}` has timed out after {timeout} second(s).")
-        pending, self._pending, self._state = self._pending, None, AsyncState.DEFAULT
-        return pending.result()
+        done, self._background = self._background, None
+        self._life.call_collected()
+        return done.result()
 
     # --- step -------------------------------------------------------------
 
@@ -347,18 +350,13 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         A wrong number of actions raises ``ValueError`` before any env steps (so
         does a wrong shape or dtype); an action batch that is not iterable
         raises gymnasium's ``TypeError``."""
-        self._assert_is_running()
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `step_async` while waiting for a pending call to `{self._state.value}` to complete.",
-                str(self._state.value))
+        self._check_nothing_pending("step_async")
         if not self._structured_actions and type(actions) is not np.ndarray:
             try:
                 iter(actions)
             except TypeError:
                 raise TypeError(f"Unable to iterate over the following elements: {actions}") from None
-        self._pool.step_async(actions)
-        self._state = AsyncState.WAITING_STEP
+        self._pool.step_async(actions)   # the pool's state is now STEP_PENDING
 
     def step_wait(self, timeout: float | None = None):
         """Results of the pending ``step_async()``: ``(obs, rewards, terminated, truncated, infos)``.
@@ -368,21 +366,17 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         :class:`WaitTimeoutError` (a ``multiprocessing.TimeoutError``, as
         ``AsyncVectorEnv`` raises) and, unlike ``AsyncVectorEnv``, leaves the step
         pending, so ``step_wait()`` can be called again."""
-        self._assert_waiting(AsyncState.WAITING_STEP, "step")
+        self._check_collect(Pending.STEP)
+        # The pool moves its own state: done or failed, the step is no longer pending; a wait that
+        # timed out leaves it pending; a fatal error closes the pool.
         try:
             obs, rewards, terminated, truncated, infos = self._pool.step_wait(timeout)
         except TimeoutError:
             if self._pool.closed:  # the pool's own step_timeout is fatal: pass it on as it is
-                self._state = AsyncState.DEFAULT
                 raise
             raise WaitTimeoutError(f"The call to `step_wait` has timed out after {timeout} second(s).") from None
         except EnvError as err:
-            self._state = AsyncState.DEFAULT
             raise _retyped(err) from None
-        except BaseException:
-            self._state = AsyncState.DEFAULT
-            raise
-        self._state = AsyncState.DEFAULT
         return (self._out(obs), rewards.copy(), terminated.copy(), truncated.copy(),
                 present_infos(infos, self.num_envs))
 
@@ -390,14 +384,14 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
     def async_reset(self) -> None:
         """Reset every env without waiting; the results arrive through ``recv()``."""
-        self._assert_idle("async_reset")
+        self._check_nothing_pending("async_reset")
         self._pool.async_reset()
 
     def send(self, actions, env_id=None) -> None:
         """Start stepping the envs ``env_id`` (all when None) with ``actions``; returns at once.
 
         ``actions`` has ``len(env_id)`` rows, each like ``single_action_space``."""
-        self._assert_idle("send")
+        self._check_nothing_pending("send")
         self._pool.send(actions, env_id)
 
     def recv(self):
@@ -405,7 +399,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
         Rows are in completion order; ``infos["env_id"]`` (int32) names each
         row's env.  All arrays are fresh."""
-        self._assert_idle("recv")
+        self._check_nothing_pending("recv")
         try:
             obs, rewards, terminated, truncated, infos = self._pool.recv()
         except EnvError as err:
@@ -417,21 +411,21 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``env.get_wrapper_attr(name)(*args, **kwargs)`` in every env (the attribute itself
         if it is not callable); one result per env, in env order."""
-        self._assert_idle("call_async")
+        self._check_nothing_pending("call_async")
         return self._call_now(name, args, kwargs)
 
     def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
         """Start a call; ``call_wait()`` returns its results."""
-        self._assert_idle("call_async")
-        self._pending = BackgroundCall("call", self._call_now, name, args, kwargs)
-        self._state = AsyncState.WAITING_CALL
+        self._check_nothing_pending("call_async")
+        self._background = BackgroundCall("call", self._call_now, name, args, kwargs)
+        self._life.call_started(Pending.CALL)
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """Results of the call started by ``call_async()``, one per env.
 
         ``timeout`` (seconds): :class:`WaitTimeoutError` if the call is not done by
         then; it stays pending, and ``call_wait()`` can be called again."""
-        self._assert_waiting(AsyncState.WAITING_CALL, "call")
+        self._check_collect(Pending.CALL)
         return self._collect("call_wait", timeout)
 
     def _call_now(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, ...]:
@@ -450,16 +444,13 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Set ``name`` in every env (``env.set_wrapper_attr``): a list or tuple gives one
         value per env, anything else is given to all."""
-        self._assert_is_running()
+        self._check_open()
         per_env = isinstance(values, (list, tuple))
         if per_env and len(values) != self.num_envs:
             raise ValueError(
                 "Values must be a list or tuple with length equal to the number of environments. "
                 f"Got `{len(values)}` values for {self.num_envs} environments.")
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `set_attr` while waiting for a pending call to `{self._state.value}` to complete.",
-                str(self._state.value))
+        self._check_nothing_pending("set_attr")
         try:
             self._pool.set_attr(name, list(values) if per_env else values)
         except EnvError as err:
@@ -477,12 +468,15 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         ``timeout``/``terminate`` are accepted for ``AsyncVectorEnv``
         compatibility; the pool bounds closing itself (envs get a few seconds
         to close, then workers are killed)."""
-        if self._state != AsyncState.DEFAULT:
-            logger.warn(f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete.")
-        # A reset/call still at work in its thread ends with the pool's close.
-        self._state, self._pending = AsyncState.DEFAULT, None
-        if self._pool is not None:
-            self._pool.close()
+        if self._pool is None:
+            return
+        pending = self._life.pending
+        if pending is not None:
+            logger.warn(f"Calling `close` while waiting for a pending call to `{pending.value}` to complete.")
+        # A reset/call still at work in its thread, or a pending step, ends with the pool's close
+        # (which also clears what is pending).
+        self._background = None
+        self._pool.close()
 
     def __del__(self) -> None:
         try:
@@ -504,25 +498,29 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
     # --- internals ----------------------------------------------------------
 
-    def _assert_is_running(self) -> None:
-        if self.closed:
-            raise ClosedEnvironmentError(f"Trying to operate on `{type(self).__name__}`, after a call to `close()`.")
-        if self._pool.closed:
-            raise ClosedEnvironmentError(
-                f"Trying to operate on `{type(self).__name__}`, whose pool was closed by an earlier error.")
+    def _check_open(self) -> None:
+        """Every entry's first check: the pool is open."""
+        try:
+            self._life.check_open()
+        except PoolClosedError as refusal:
+            raise self._refusal(refusal, "") from None
 
-    def _assert_idle(self, op: str) -> None:
-        self._assert_is_running()
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `{op}` while waiting for a pending call to `{self._state.value}` to complete.",
-                str(self._state.value))
+    def _check_nothing_pending(self, op: str) -> None:
+        """``op`` starts work: open, and no call pending."""
+        try:
+            self._life.check_nothing_pending(op)
+        except LIFECYCLE_REFUSALS as refusal:
+            raise self._refusal(refusal, op) from None
 
-    def _assert_waiting(self, state: AsyncState, op: str) -> None:
-        """``<op>_wait``'s check, gymnasium's message word for word: ``<op>_async`` must be pending."""
-        self._assert_is_running()
-        if self._state != state:
-            raise NoAsyncCallError(f"Calling `{op}_wait` without any prior call to `{op}_async`.", state.value)
+    def _check_collect(self, call: Pending) -> None:
+        """``<call>_wait``: open, and ``call`` is the call pending."""
+        try:
+            self._life.check_collect(call)
+        except LIFECYCLE_REFUSALS as refusal:
+            raise self._refusal(refusal, f"{call.value}_wait") from None
+
+    def _refusal(self, refusal: Exception, op: str) -> Exception:
+        return gymnasium_refusal(refusal, op, type(self).__name__, closed_by_caller=self.closed)
 
     def _out(self, obs):
         if not self.copy:
@@ -530,6 +528,30 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         if type(obs) is np.ndarray:
             return obs.copy()
         return _copy.deepcopy(obs)  # what gymnasium does; dict/tuple observations
+
+
+# --- refusals in AsyncVectorEnv's words ---------------------------------------------------
+
+#: What the Lifecycle's checks raise for a call out of order or a closed pool.
+LIFECYCLE_REFUSALS = (PoolClosedError, CallOrderError)
+
+
+def gymnasium_refusal(refusal: Exception, op: str, name: str, *, closed_by_caller: bool) -> Exception:
+    """A refusal of the pool's Lifecycle (one of ``LIFECYCLE_REFUSALS``) of ``op``, by the vector
+    env of class ``name``, as the exception ``AsyncVectorEnv`` raises for that mistake, word for
+    word (the same in gymnasium 0.29 and 1.x): ``AlreadyPendingCallError`` and
+    ``NoAsyncCallError`` with the pending call's stem as ``.name``, ``ClosedEnvironmentError``."""
+    if isinstance(refusal, CallPendingError):
+        stem = refusal.call.value
+        end = "" if op == "reset_async" else "."   # AsyncVectorEnv's reset_async says it without a full stop
+        return AlreadyPendingCallError(
+            f"Calling `{op}` while waiting for a pending call to `{stem}` to complete{end}", stem)
+    if isinstance(refusal, NoCallPendingError):
+        stem = refusal.call.value
+        return NoAsyncCallError(f"Calling `{stem}_wait` without any prior call to `{stem}_async`.", stem)
+    if closed_by_caller:
+        return ClosedEnvironmentError(f"Trying to operate on `{name}`, after a call to `close()`.")
+    return ClosedEnvironmentError(f"Trying to operate on `{name}`, whose pool was closed by an earlier error.")
 
 
 # --- AsyncVectorEnv's keywords ----------------------------------------------------------

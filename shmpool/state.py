@@ -1,10 +1,13 @@
 """The one explicit state of a pool, checked at every public entry.
 
-A pool (``Pool``, ``RayPool``) holds one :class:`Lifecycle`: the :class:`PoolState`
-(modelled on gymnasium's ``AsyncState``), how many envs ``send()``/``async_reset()``
-put in flight, why stepping is refused, and the lock that makes each public call
-whole.  The refusal messages live here, so every face words the same mistake the
-same way.
+A pool (``Pool``, ``RayPool``) holds one :class:`Lifecycle`: the :class:`PoolState`,
+how many envs ``send()``/``async_reset()`` put in flight, which ``*_async()`` call is
+:class:`Pending` (the pool's own ``step_async()``, or a ``reset_async()``/``call_async()``
+the gymnasium face runs in a thread), why stepping is refused, and the lock that makes
+each public call whole.  Every refusal is raised here: ``PoolClosedError``, a
+:class:`CallPendingError` or :class:`NoCallPendingError` naming the pending call, or a
+``RuntimeError``; the messages live here too, so every face words the same mistake the same
+way, and a face with other words (gymnasium's) translates the refusal, never the state.
 
 Entry protocol of a public method (``Pool`` and ``RayPool`` both)::
 
@@ -30,12 +33,51 @@ from collections.abc import Callable
 
 from .errors import PoolClosedError
 
+
+class Pending(enum.Enum):
+    """An ``*_async()`` call whose ``*_wait()`` has not collected it yet; the values are the
+    stems gymnasium names the pairs with (``reset_async``/``reset_wait``, ...)."""
+
+    RESET = "reset"
+    STEP = "step"
+    CALL = "call"
+
+
+class CallOrderError(RuntimeError):
+    """A call refused because of which ``*_async()`` call is pending: ``call`` names that call."""
+
+    def __init__(self, message: str, call: Pending) -> None:
+        super().__init__(message)
+        self.call = call
+
+    def __reduce__(self):
+        return type(self), (str(self), self.call)
+
+
+class CallPendingError(CallOrderError):
+    """Refused because ``call`` was started and is not collected yet."""
+
+
+class NoCallPendingError(CallOrderError):
+    """``<call>_wait()`` refused: no ``<call>_async()`` is pending."""
+
+
+def call_pending_message(op: str, pending: Pending) -> str:
+    """``op`` refused while ``pending`` is started and not collected."""
+    return f"{op}() while a {pending.value}_async() is pending; call {pending.value}_wait() first"
+
+
+def no_call_pending_message(expected: Pending) -> str:
+    """``<expected>_wait()`` refused: nothing of its kind is pending."""
+    return f"{expected.value}_wait() without a pending {expected.value}_async()"
+
+
 # Refusals shared word for word by Pool and RayPool (and asserted by the tests).
 CLOSED = "the pool is closed"
 RESET_FIRST = "call reset() or async_reset() before stepping"
 STEP_PENDING_ASYNC = "step_async() while a step is pending; call step_wait() first"
 STEP_PENDING_OTHER = "a step_async() is pending; call step_wait() first"
-NO_PENDING_STEP = "step_wait() without a pending step_async()"
+NO_PENDING_STEP = no_call_pending_message(Pending.STEP)
 NOTHING_IN_FLIGHT = "recv() with nothing in flight: call send() or async_reset() first"
 CLOSED_DURING_CALL = "the pool was closed (by a signal handler or another thread) while this call was in progress"
 REENTERED = ("the pool was called again from the thread that is already inside one of its calls (a signal "
@@ -68,18 +110,22 @@ class PoolState(enum.Enum):
 
 
 class Lifecycle:
-    """State, in-flight count, refusal reason and entry lock of one pool.
+    """State, in-flight count, pending call, refusal reason and entry lock of one pool.
 
-    Checks raise ``PoolClosedError`` once closed (or forked) and ``RuntimeError``
-    for a call out of order; transitions are plain assignments kept here so
-    every change of state has a name."""
+    Checks raise ``PoolClosedError`` once closed (or forked), ``CallPendingError``/
+    ``NoCallPendingError`` (``RuntimeError``s naming the pending call) for a call out of
+    order around a pending one, and ``RuntimeError`` for the other calls out of order;
+    transitions are plain assignments kept here so every change of state has a name."""
 
-    __slots__ = ("state", "reason", "in_flight", "lock", "busy", "close_requested", "owner_pid")
+    __slots__ = ("state", "reason", "in_flight", "started", "lock", "busy", "close_requested", "owner_pid")
 
     def __init__(self) -> None:
         self.state = PoolState.NEEDS_RESET
         self.reason = RESET_FIRST       # the refusal while NEEDS_RESET / CLOSED / FORKED
         self.in_flight = 0              # envs sent (or async-reset) and not received yet
+        # A reset or call a face started in a thread (gymnasium's reset_async/call_async) and has
+        # not collected; the pool's own checks ignore it, since that thread runs through them.
+        self.started: Pending | None = None
         self.lock = threading.RLock()   # re-entrant only so a signal handler's close() is seen, not deadlocked
         self.busy = False               # a public call is between enter() and leave()
         self.close_requested = False    # close() came while busy: leave() performs it
@@ -140,6 +186,28 @@ class Lifecycle:
     def closed(self) -> bool:
         return self.state is PoolState.CLOSED or self.state is PoolState.FORKED
 
+    @property
+    def pending(self) -> Pending | None:
+        """The ``*_async()`` call started and not collected: the pool's ``step_async()``, or the
+        reset or call a face started; None when nothing is (or the pool is closed)."""
+        if self.state is PoolState.STEP_PENDING:
+            return Pending.STEP
+        return self.started
+
+    def check_nothing_pending(self, op: str) -> None:
+        """A face's ``op`` that starts work (gymnasium's ``*_async``, ``set_attr``, ...): open,
+        and no call pending, whoever started it."""
+        self.check_open()
+        pending = self.pending
+        if pending is not None:
+            raise CallPendingError(call_pending_message(op, pending), pending)
+
+    def check_collect(self, expected: Pending) -> None:
+        """``<expected>_wait()``: open, and ``expected`` is the call pending."""
+        self.check_open()
+        if self.pending is not expected:
+            raise NoCallPendingError(no_call_pending_message(expected), expected)
+
     def check_open(self) -> None:
         """Anything but a closed (or inherited) pool."""
         if self.state is PoolState.CLOSED or self.state is PoolState.FORKED:
@@ -149,7 +217,7 @@ class Lifecycle:
         """reset(), async_reset(), call(), ...: open and no step_async() pending."""
         self.check_open()
         if self.state is PoolState.STEP_PENDING:
-            raise RuntimeError(STEP_PENDING_OTHER)
+            raise CallPendingError(STEP_PENDING_OTHER, Pending.STEP)
 
     def check_step_async(self) -> None:
         """step_async(): steppable, no step pending, no env in flight."""
@@ -165,8 +233,7 @@ class Lifecycle:
 
     def check_step_wait(self) -> None:
         if self.state is not PoolState.STEP_PENDING:
-            self.check_open()
-            raise RuntimeError(NO_PENDING_STEP)
+            self.check_collect(Pending.STEP)   # raises: a pending step is the state STEP_PENDING
 
     def check_recv(self, batch_size: int) -> None:
         """recv(): open and at least ``batch_size`` envs in flight."""
@@ -181,7 +248,7 @@ class Lifecycle:
         if self.state is PoolState.NEEDS_RESET:
             raise RuntimeError(self.reason)
         if self.state is PoolState.STEP_PENDING:
-            raise RuntimeError(pending_message)
+            raise CallPendingError(pending_message, Pending.STEP)
 
     # --- transitions --------------------------------------------------------------------
 
@@ -196,6 +263,14 @@ class Lifecycle:
     def step_done(self) -> None:
         self.state = PoolState.READY
 
+    def call_started(self, call: Pending) -> None:
+        """A face started ``call`` (``Pending.RESET`` or ``Pending.CALL``) in a thread; its wait collects it."""
+        self.started = call
+
+    def call_collected(self) -> None:
+        """The face's wait collected the call it started (its result or its error)."""
+        self.started = None
+
     def needs_reset(self, reason: str) -> None:
         """An env failed: refuse stepping with ``reason`` until the next reset."""
         self.state = PoolState.NEEDS_RESET
@@ -205,12 +280,14 @@ class Lifecycle:
         self.state = PoolState.CLOSED
         self.reason = reason
         self.in_flight = 0
+        self.started = None      # a closed pool has nothing to collect
 
     def forked(self) -> None:
         """Called in a forked child: the pool is its parent's; refuse everything, fresh lock
         (a lock held by another parent thread at the fork would stay held here forever)."""
         self.state = PoolState.FORKED
         self.reason = forked_message(self.owner_pid)
+        self.started = None
         self.lock = threading.RLock()
         self.busy = False
         self.close_requested = False
@@ -236,6 +313,12 @@ class LifecycleFacts:
     def in_flight(self) -> int:
         """Envs sent (or async-reset) and not returned by ``recv()`` yet."""
         return self._life.in_flight
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        """The pool's :class:`Lifecycle`: what a face over the pool checks and records its own
+        calls in (the gymnasium face's ``reset_async``/``call_async``), so there is one state."""
+        return self._life
 
 
 INTERRUPTED = "the pool was closed and its workers killed"

@@ -1,4 +1,5 @@
 """shmpool.state: the one state of a pool, its refusals and its entry lock (no workers needed)."""
+import pickle
 import threading
 
 import pytest
@@ -10,7 +11,10 @@ from shmpool.state import (
     RESET_FIRST,
     STEP_PENDING_ASYNC,
     STEP_PENDING_OTHER,
+    CallPendingError,
     Lifecycle,
+    NoCallPendingError,
+    Pending,
     PoolState,
 )
 
@@ -106,3 +110,69 @@ def test_forked_refuses_everything():
     with pytest.raises(PoolClosedError, match="inherited by fork"):
         life.check_send()
     assert life.closed and life.begin_close() is False
+
+
+def test_pending_is_the_pools_step_or_the_call_a_face_started():
+    life = Lifecycle()
+    life.ready()
+    assert life.pending is None
+    life.check_nothing_pending("set_attr")
+    for wait in Pending:
+        with pytest.raises(NoCallPendingError) as err:
+            life.check_collect(wait)
+        assert err.value.call is wait
+        assert str(err.value) == f"{wait.value}_wait() without a pending {wait.value}_async()"
+    life.step_posted()
+    assert life.pending is Pending.STEP
+    life.check_collect(Pending.STEP)
+    with pytest.raises(CallPendingError) as err:
+        life.check_nothing_pending("call_async")
+    assert err.value.call is Pending.STEP
+    assert str(err.value) == "call_async() while a step_async() is pending; call step_wait() first"
+    life.step_done()
+    for call in (Pending.RESET, Pending.CALL):
+        life.call_started(call)
+        assert life.pending is call
+        life.check_collect(call)
+        with pytest.raises(CallPendingError) as err:
+            life.check_nothing_pending("step_async")
+        assert err.value.call is call
+        with pytest.raises(NoCallPendingError):
+            life.check_step_wait()
+        life.check_idle()   # the pool's own checks let the face's thread run the call
+        life.call_collected()
+        assert life.pending is None
+
+
+def test_the_pools_step_refusals_name_the_pending_step():
+    """Still RuntimeErrors with the pool's words, and typed so a face can translate them."""
+    life = Lifecycle()
+    life.ready()
+    with pytest.raises(NoCallPendingError) as err:
+        life.check_step_wait()
+    assert str(err.value) == NO_PENDING_STEP and err.value.call is Pending.STEP
+    life.step_posted()
+    for check, message in ((life.check_step_async, STEP_PENDING_ASYNC), (life.check_send, STEP_PENDING_OTHER),
+                           (life.check_idle, STEP_PENDING_OTHER)):
+        with pytest.raises(CallPendingError) as err:
+            check()
+        assert isinstance(err.value, RuntimeError) and str(err.value) == message
+        assert err.value.call is Pending.STEP
+
+
+@pytest.mark.parametrize("end", ["close", "forked"])
+def test_a_closed_pool_has_nothing_pending(end):
+    life = Lifecycle()
+    life.ready()
+    life.call_started(Pending.RESET)
+    getattr(life, end)()
+    assert life.pending is None
+    for check in (lambda: life.check_nothing_pending("reset_async"), lambda: life.check_collect(Pending.RESET)):
+        with pytest.raises(PoolClosedError):
+            check()
+
+
+def test_refusals_pickle_with_their_call():
+    for err in (CallPendingError("x", Pending.CALL), NoCallPendingError("y", Pending.RESET)):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and vars(back) == vars(err)
