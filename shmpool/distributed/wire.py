@@ -13,6 +13,8 @@ an info dict) is pickled by cloudpickle, which Ray would use too.
 """
 from __future__ import annotations
 
+import copyreg
+import io
 import os
 import pickle
 import socket
@@ -44,6 +46,33 @@ def _padded(n: int) -> int:
     return -n % ALIGN
 
 
+def array_from(buffer: Any, dtype: str, shape: tuple) -> np.ndarray:
+    """An array of ``dtype`` and ``shape`` over ``buffer`` (the receiving end of :func:`reduce_array`)."""
+    return np.frombuffer(buffer, dtype).reshape(shape)
+
+
+def reduce_array(a: np.ndarray) -> tuple:
+    """How a frame pickles an array: a contiguous one of a native numeric dtype as its buffer (out of band), dtype
+    string and shape, read back by :func:`array_from`; any other as numpy pickles it.  Numpy's own reduction names
+    the dtype as an object and rebuilds through a Python wrapper: 1.5x the pickle's cost both ways for a step's
+    answer of a dozen small arrays."""
+    if a.dtype.kind in NUMERIC and a.dtype.isbuiltin == 1 and a.flags.c_contiguous and type(a) is np.ndarray:
+        return array_from, (pickle.PickleBuffer(a), a.dtype.str, a.shape)
+    return a.__reduce_ex__(5)
+
+
+NUMERIC = frozenset("biufc")   # bool, integers, floats, complex: what a dtype string names fully
+DISPATCH = {**copyreg.dispatch_table, np.ndarray: reduce_array}
+
+
+def _pickled(message: Any, buffers: list) -> bytes:
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
+    pickler.dispatch_table = DISPATCH
+    pickler.dump(message)
+    return out.getvalue()
+
+
 def encode(message: Any) -> list:
     """``message``'s frame as parts (1-D byte buffers): header, buffer sizes and pickle in one part, then each
     out-of-band buffer as it lies in memory (a pad of zero bytes before it where it needs one).
@@ -51,7 +80,7 @@ def encode(message: Any) -> list:
     ValueError when the frame would be longer than :data:`MAX_BODY` (the other end would drop the connection)."""
     buffers: list[pickle.PickleBuffer] = []
     try:
-        meta = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+        meta = _pickled(message, buffers)
     except Exception:   # what plain pickle refuses (a local class, a lambda), cloudpickle takes, as Ray would
         buffers = []
         meta = cloudpickle.dumps(message, protocol=5, buffer_callback=buffers.append)
@@ -125,6 +154,7 @@ class FrameReader:
         self.body: np.ndarray | None = None
         self.meta_len = self.count = 0
         self.target: memoryview | None = None
+        self.offsets: list[tuple[int, int]] | None = None   # each buffer's place and size, once the head is read
 
     @property
     def partial(self) -> bool:
@@ -173,7 +203,7 @@ class FrameReader:
                 self.stage, self.todo = "body", [memoryview(self.body)]
             return self._advance(None) if not self.body.nbytes else None
         if self.stage == "head":
-            offsets = self._offsets()
+            self.offsets = offsets = self._offsets()
             body = memoryview(self.body)
             head = SIZE.size * self.count + self.meta_len
             first, size = offsets[0]
@@ -184,7 +214,7 @@ class FrameReader:
             self.todo = [v for v in self.todo if v.nbytes]
             self.stage = "body"
             return None if self.todo else self._advance(None)
-        offsets = self._offsets()
+        offsets = self._offsets() if self.offsets is None else self.offsets
         body = memoryview(self.body)
         head = SIZE.size * self.count
         buffers = [body[at:at + n] for at, n in offsets]
@@ -201,7 +231,7 @@ class FrameReader:
         at = SIZE.size * self.count + self.meta_len
         out = []
         for n in sizes:
-            at += _padded(at)
+            at += -at % ALIGN
             out.append((at, n))
             at += n
         if at != self.body.nbytes:
