@@ -58,6 +58,7 @@ from .autoreset_modes import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
 from .info_rows import unbatch_info
 from .pool import Pool
+from .state import Pending
 
 if TYPE_CHECKING:
     from .distributed import RayPool
@@ -157,7 +158,7 @@ class ShmVecEnv(VecEnv):
         **pool_kwargs: Any,
     ) -> None:
         self._pool = self._build_pool(env_fns, start_method, num_envs, pool_kwargs)
-        self._pending = False
+        self._life = self._pool.lifecycle   # the one state: whether a step is pending, whether closed
         super().__init__(self._pool.num_envs, self._pool.single_observation_space,
                          self._pool.single_action_space)
         # DummyVecEnv exposes the env's own metadata (render_fps etc.), not VecEnv's stub.
@@ -211,9 +212,8 @@ class ShmVecEnv(VecEnv):
     def reset(self) -> VecEnvObs:
         """Reset every env with the seeds/options set by ``seed()``/``set_options()`` (used
         once, as SB3 does); returns the observations, keeps infos in ``reset_infos``."""
-        if self._pending:
+        if self._life.pending is Pending.STEP:
             # SB3: a reset cancels a pending step; the pool must finish it first.
-            self._pending = False
             self._pool.step_wait()
         # As DummyVecEnv: an env without options is reset with no ``options`` argument.
         with _env_exceptions():
@@ -229,11 +229,9 @@ class ShmVecEnv(VecEnv):
         if isinstance(actions, list) and isinstance(self.action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
             actions = concatenate(self.action_space, actions, create_empty_array(self.action_space, self.num_envs))
         self._pool.step_async(actions)
-        self._pending = True
 
     def step_wait(self) -> VecEnvStepReturn:
         """``(obs, rewards float32 (n,), dones bool (n,), infos list of n dicts)``."""
-        self._pending = False
         try:   # _env_exceptions, inline: the context manager costs 2 µs a step
             obs, rewards, terminated, truncated, infos = self._pool.step_wait()
         except EnvError as exc:
@@ -276,8 +274,7 @@ class ShmVecEnv(VecEnv):
 
     def close(self) -> None:
         """Close the envs and stop the workers.  Idempotent."""
-        if self._pending:
-            self._pending = False
+        if self._life.pending is Pending.STEP:
             try:
                 self._pool.step_wait()
             except Exception:
