@@ -30,11 +30,13 @@ SEED = 11
 STEPS = 40
 
 
-def _frames_of_make(num_envs: int = 2) -> list[np.ndarray]:
-    """The reference: ``shmpool.make``'s observations for SEED and a fixed action sequence."""
-    env = shmpool.make("Pong-v5", env_type="gymnasium", num_envs=num_envs, seed=SEED, **OPTIONS)
+@pytest.fixture(scope="module")
+def frames_of_make() -> list[np.ndarray]:
+    """The reference: ``shmpool.make``'s observations for SEED and a fixed action sequence (played once
+    for the module: the tests only read it)."""
+    env = shmpool.make("Pong-v5", env_type="gymnasium", num_envs=2, seed=SEED, **OPTIONS)
     try:
-        return _play(env.reset()[0], lambda a: env.step(a)[0], num_envs)
+        return _play(env.reset()[0], lambda a: env.step(a)[0], 2)
     finally:
         env.close()
 
@@ -55,8 +57,8 @@ def _assert_same_frames(got: list[np.ndarray], want: list[np.ndarray]) -> None:
 
 
 @needs_ale
-def test_make_vec_builds_the_atari_recipe_with_make_s_frames(no_leaks):
-    want = _frames_of_make()
+def test_make_vec_builds_the_atari_recipe_with_make_s_frames(frames_of_make, no_leaks):
+    want = frames_of_make
     with shmpool.make_vec("Pong-v5", num_envs=2, **OPTIONS) as envs:
         assert envs.single_observation_space.shape == (4, 64, 48)
         got = _play(envs.reset(seed=SEED)[0], lambda a: envs.step(a)[0], 2)
@@ -71,8 +73,8 @@ def test_make_vec_default_options_are_envpool_s():
 
 
 @needs_ale
-def test_gymnasium_make_vec_builds_the_recipe_through_its_shmpool_id(no_leaks):
-    want = _frames_of_make()
+def test_gymnasium_make_vec_builds_the_recipe_through_its_shmpool_id(frames_of_make, no_leaks):
+    want = frames_of_make
     envs = gym.make_vec("shmpool/Pong-v5", 2, **OPTIONS)
     try:
         assert isinstance(envs, shmpool.VectorEnv)
@@ -93,8 +95,8 @@ def test_make_vec_s_spec_rebuilds_the_recipe(no_leaks):
 
 
 @needs_ale
-def test_vector_env_takes_a_recipe_id(no_leaks):
-    want = _frames_of_make()
+def test_vector_env_takes_a_recipe_id(frames_of_make, no_leaks):
+    want = frames_of_make
     with shmpool.VectorEnv("Pong-v5", num_envs=2, **OPTIONS) as envs:
         got = _play(envs.reset(seed=SEED)[0], lambda a: envs.step(a)[0], 2)
     _assert_same_frames(got, want)
@@ -108,10 +110,10 @@ def test_a_recipe_option_misspelt_is_the_recipe_s_error():
 
 @needs_ale
 @needs_sb3
-def test_sb3_shm_vec_env_takes_a_recipe_id(no_leaks):
+def test_sb3_shm_vec_env_takes_a_recipe_id(frames_of_make, no_leaks):
     from shmpool.sb3 import ShmVecEnv
 
-    want = _frames_of_make()
+    want = frames_of_make
     venv = ShmVecEnv("Pong-v5", num_envs=2, **OPTIONS)
     try:
         venv.seed(SEED)
@@ -123,12 +125,12 @@ def test_sb3_shm_vec_env_takes_a_recipe_id(no_leaks):
 
 @needs_ale
 @needs_sb3
-def test_sb3_make_vec_env_reaches_the_recipe_by_its_shmpool_id(no_leaks):
+def test_sb3_make_vec_env_reaches_the_recipe_by_its_shmpool_id(frames_of_make, no_leaks):
     from stable_baselines3.common.env_util import make_vec_env
 
     from shmpool.sb3 import ShmVecEnv
 
-    want = _frames_of_make()
+    want = frames_of_make
     venv = make_vec_env("shmpool/Pong-v5", n_envs=2, seed=SEED, vec_env_cls=ShmVecEnv, env_kwargs=OPTIONS)
     try:
         got = _play(venv.reset(), lambda a: venv.step(a)[0], 2)

@@ -69,11 +69,8 @@ class SampledEnv(gym.Env):
         return self.observation_space.sample(), r, self.t % 5 == 0, False, info
 
 
-@hypothesis.settings(max_examples=25, deadline=None,
-                     suppress_health_check=[hypothesis.HealthCheck.too_slow])
-@hypothesis.given(obs_space=nested(leaf_space()), act_space=nested(leaf_space()),
-                  n=st.integers(1, 4), seed=st.integers(0, 2**31 - 1))
-def test_random_spaces_round_trip(obs_space, act_space, n, seed):
+def round_trip(obs_space, act_space, n: int, seed: int) -> None:
+    """A pool and SyncVectorEnv over ``SampledEnv(obs_space, act_space)`` agree on a reset and 6 steps."""
     def make():
         return SampledEnv(obs_space, act_space)
 
@@ -88,3 +85,26 @@ def test_random_spaces_round_trip(obs_space, act_space, n, seed):
             for field, x, y in zip(("obs", "reward", "terminated", "truncated", "infos"), r, p):
                 tree_equal(x, y, f"{field} at step {t}")
     ref.close()
+
+
+def test_every_leaf_kind_round_trips():
+    # The fast part's example of the drawn spaces below: every Box dtype and leaf kind, nested both ways,
+    # in one pool.
+    leaves = [spaces.Box(-2.0, 2.0, (2,), d) if np.dtype(d).kind == "f" else spaces.Box(0, 9, (3, 1), d)
+              for d in BOX_DTYPES]
+    leaves += [spaces.Discrete(5, start=-3), spaces.MultiDiscrete(np.full((2, 2), 3)), spaces.MultiBinary((2, 3)),
+               spaces.Box(0, 9, (), np.int32)]
+    obs_space = spaces.Dict({"a": spaces.Tuple(tuple(leaves[:7])), "b": spaces.Dict({"c": spaces.Tuple(tuple(
+        leaves[7:]))})})
+    act_space = spaces.Tuple((spaces.Discrete(3), spaces.Dict({"x": spaces.Box(-1.0, 1.0, (2,), np.float32),
+                                                              "y": spaces.MultiBinary(2)})))
+    round_trip(obs_space, act_space, n=3, seed=7)
+
+
+@pytest.mark.slow   # 25 pools over drawn spaces (~8 s); the fast part's example: test_every_leaf_kind_round_trips
+@hypothesis.settings(max_examples=25, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.too_slow])
+@hypothesis.given(obs_space=nested(leaf_space()), act_space=nested(leaf_space()),
+                  n=st.integers(1, 4), seed=st.integers(0, 2**31 - 1))
+def test_random_spaces_round_trip(obs_space, act_space, n, seed):
+    round_trip(obs_space, act_space, n, seed)
