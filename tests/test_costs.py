@@ -63,13 +63,19 @@ class Captures(gym.Env):
 
 
 def test_step_cost_is_a_step_of_a_probe_env():
+    # The probe reports its steps' lower quartile, which a loaded machine's slow steps do not reach: a 2 ms
+    # sleep comes back as 2.0-2.2 ms idle, and ~2.1-3 ms loaded (a sleep overshoots, never undershoots);
+    # 1.5 ms either side still fails a cost off by the 2 ms (none measured, or two steps counted as one).
     assert costs.step_cost(lambda: Slow(0.002)).seconds == pytest.approx(0.002, abs=0.0015)
+    # A step that only sleeps 0 s (a yield): ~60 us on a loaded machine; 0.5 ms is 8x that, and a quarter of the
+    # 2 ms step above.
     assert costs.step_cost(lambda: Slow(0.0)).seconds < 0.0005
 
 
 def test_step_cost_is_what_a_step_costs_when_nothing_else_runs():
     # Two steps in three slowed (a busy VM, cold caches): the median would say 1 ms; the layout
-    # then flips between runs.  Every third step is the env's own cost.
+    # then flips between runs.  Every third step is the env's own cost (~5-10 us on a loaded machine): 0.3 ms
+    # is 30x that, and a third of the 1 ms a median would report.
     assert costs.step_cost(lambda: Slow(0.001, slow_every=3)).seconds < 0.0003
 
 
@@ -80,7 +86,8 @@ def test_an_env_that_cannot_be_probed_gives_no_cost():
 
 def test_the_probe_stays_within_its_budget():
     # Event, not speed: 100 steps of 20 ms would take 2 s; the budget stops the stepping after 50 ms
-    # (3 steps), and the whole probe (fork, 3 steps, exit) ends well inside 1 s even on a busy VM.
+    # (3 steps), and the whole probe (fork, 3 steps, exit: ~0.1 s idle) ends well inside 1 s even on a busy
+    # VM, and half the 2 s a probe that ignored its budget would take.
     t = time.perf_counter()
     costs.step_cost(lambda: Slow(0.02), budget_s=0.05)
     assert time.perf_counter() - t < 1.0
@@ -100,7 +107,8 @@ def _blocking_first_step():
 @pytest.mark.parametrize("make_env", [_slow_constructor, _blocking_first_step])
 def test_the_probe_is_bounded_as_a_whole_and_leaves_no_process(make_env, no_leaks):
     # A constructor that takes 30 s, or a first step that blocks, costs the deadline (0.5 s here)
-    # plus the kill; the old probe ran in this process and waited the 30 s.
+    # plus the kill (~1 s on a loaded machine); the old probe ran in this process and waited the 30 s.  5 s
+    # leaves 5x that for a loaded CI, and still fails on a probe that waited the env out.
     t = time.perf_counter()
     found = costs.step_cost(make_env, deadline_s=0.5)
     assert time.perf_counter() - t < 5.0
