@@ -9,6 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import suite_parts  # noqa: E402  (tests/, put on the path above)
 
 # What a pool can leave in /dev/shm: posix_ipc's objects made with a random name (``name=None``), which are
 # a run of lowercase letters, semaphores with glibc's ``sem.`` prefix (shmpool.region, shmpool.memory off
@@ -192,7 +193,9 @@ def pytest_pycollect_makemodule(module_path, parent):
     return None
 
 
+@pytest.hookimpl(tryfirst=True)   # before -m, -k and --deselect take items away: each part is counted whole
 def pytest_collection_modifyitems(config, items):
+    _count_the_parts(config, items)
     from shmpool.gym_compat import LEGACY
     if not LEGACY:
         return
@@ -206,3 +209,52 @@ def pytest_collection_modifyitems(config, items):
             if item.path.name == file and item.name.startswith(test):
                 item.add_marker(pytest.mark.xfail(reason=f"not yet 0.29's: {reason}", strict=True))
 
+
+# --- the suite's parts, against README.md's test table (tests/suite_parts.py) --------------------
+# What kept a run from collecting every test file (a module skipped for a missing extra, an import error).
+_NOT_COLLECTED: list[str] = []
+
+
+def pytest_collectreport(report):
+    if (report.failed or report.skipped) and report.nodeid.endswith(".py"):
+        _NOT_COLLECTED.append(report.nodeid)
+
+
+def _collects_every_file(config) -> bool:
+    """Whether this run collects from the whole of ``testpaths`` (no file named, none ignored, no --lf)."""
+    return (config.args_source is pytest.Config.ArgsSource.TESTPATHS and not config.getoption("lf", False)
+            and not config.getoption("ignore", None) and not config.getoption("ignore_glob", None))
+
+
+def _count_the_parts(config, items) -> None:
+    slow = sum(1 for item in items if item.get_closest_marker("slow") is not None)
+    found = suite_parts.Collection(suite_parts.Counted(fast=len(items) - slow, slow=slow),
+                                   whole=_collects_every_file(config), not_collected=tuple(_NOT_COLLECTED))
+    config.stash[suite_parts.COLLECTION] = found
+    if os.environ.get(suite_parts.WRITE_COLLECTION_TO):   # suite_parts.collect_in_a_subprocess asks
+        suite_parts.write(found, os.environ[suite_parts.WRITE_COLLECTION_TO])
+
+
+def pytest_sessionstart(session):
+    session.config.stash[suite_parts.STARTED] = (time.monotonic(), os.getloadavg()[0])
+
+
+def _readme_command(config) -> str | None:
+    """The mark expression of README.md's test command this run is (``""``: the whole suite), if it is one."""
+    markexpr = config.getoption("markexpr", "").strip()
+    if (markexpr in suite_parts.COMMANDS and _collects_every_file(config) and not config.getoption("keyword", "")
+            and not config.getoption("deselect", None) and not config.getoption("stepwise", False)):
+        return markexpr
+    return None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    markexpr = _readme_command(config)
+    if markexpr is None or hasattr(config, "workerinput") or suite_parts.STARTED not in config.stash:
+        return
+    started, load = config.stash[suite_parts.STARTED]
+    found = config.stash.get(suite_parts.COLLECTION, None)
+    counted = found.counted if found is not None and found.whole and not found.not_collected else None
+    terminalreporter.write_sep("-", "README.md's test table")
+    terminalreporter.write_line(suite_parts.compare(markexpr, time.monotonic() - started, counted,
+                                                    len(os.sched_getaffinity(0)), load))
