@@ -368,6 +368,31 @@ def test_a_pool_its_driver_cannot_reach_directly_is_driven_through_ray(cluster, 
         assert rp.call("spec")[0].id == TASK
 
 
+def test_the_direct_connections_cross_a_veth_link_between_two_network_namespaces(cluster, monkeypatch):
+    """The bench's link setting (bench/netem.py, root only): each actor listens inside one namespace, the driver
+    connects from the other, over the veth pair between them (Ray stays on loopback); the rows are a local Pool's,
+    and the namespaces are gone afterwards."""
+    import subprocess
+
+    from bench import netem
+    from shmpool.distributed.netns import ENV
+    if netem.refusal() is not None:
+        pytest.skip(netem.refusal())
+    n = 6
+    with netem.links([("0", 0.0)]) as (made, measured):
+        link = made[0]
+        assert measured["0"]["round_trip_us"]["p50"] > 0
+        monkeypatch.setenv(ENV, link.route)
+        with RayPool(TASK, n, seed=3, num_workers=1) as rp, shmpool.Pool(TASK, n, seed=3, num_workers=1) as lp:
+            assert [(d["transport"], d["channel"][0]) for d in rp.nodes] == [("direct", link.worker_host)] * 3
+            np.testing.assert_array_equal(rp.reset()[0], lp.reset()[0])
+            for t in range(20):
+                a = np.array([env_action(i, t) for i in range(n)])
+                for x, y in zip(rp.step(a)[:4], lp.step(a)[:4]):
+                    np.testing.assert_array_equal(x, y, err_msg=f"step {t}")
+    assert netem.PREFIX not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
 def test_env_ids_spread_over_nodes(cluster):
     n = 9
     with RayPool(TASK, n, seed=0, num_workers=1, batch_size=3) as rp:
@@ -1146,27 +1171,3 @@ def test_shutdown_leaves_no_ray_processes(cluster):
     assert ray_daemons()
     assert shut_down(cluster) == []
 
-
-def test_the_direct_connections_cross_a_veth_link_between_two_network_namespaces(cluster, monkeypatch):
-    """The bench's link setting (bench/netem.py, root only): each actor listens inside one namespace, the driver
-    connects from the other, over the veth pair between them (Ray stays on loopback); the rows are a local Pool's,
-    and the namespaces are gone afterwards."""
-    import subprocess
-
-    from bench import netem
-    from shmpool.distributed.netns import ENV
-    if netem.refusal() is not None:
-        pytest.skip(netem.refusal())
-    n = 6
-    with netem.links([("0", 0.0)]) as (made, measured):
-        link = made[0]
-        assert measured["0"]["round_trip_us"]["p50"] > 0
-        monkeypatch.setenv(ENV, link.route)
-        with RayPool(TASK, n, seed=3, num_workers=1) as rp, shmpool.Pool(TASK, n, seed=3, num_workers=1) as lp:
-            assert [(d["transport"], d["channel"][0]) for d in rp.nodes] == [("direct", link.worker_host)] * 3
-            np.testing.assert_array_equal(rp.reset()[0], lp.reset()[0])
-            for t in range(20):
-                a = np.array([env_action(i, t) for i in range(n)])
-                for x, y in zip(rp.step(a)[:4], lp.step(a)[:4]):
-                    np.testing.assert_array_equal(x, y, err_msg=f"step {t}")
-    assert netem.PREFIX not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
