@@ -18,14 +18,13 @@ Layout: the envs are split into contiguous ranges, one per pool (pool ``k`` owns
 worker processes through shared memory, exactly as a local :class:`~shmpool.Pool`.
 If ``cpus`` are given for a pool (or ``pools_per_node`` splits a node), its actor runs on those
 cores too.  Only whole sub-batches cross the network: by default over one TCP connection from
-the driver to each actor (:mod:`.channel`; arrays as raw bytes, a call costs a round trip and
-the bytes), else (``transport="ray"``, or a connection that could not be opened) as ordinary Ray
-actor calls through Ray's object store, several milliseconds each.  Ray places, describes,
+the driver to each actor (:mod:`.channel`, :mod:`.wire`: pickle protocol 5, arrays as out-of-band raw
+bytes, a call costs a round trip and the bytes), else (``transport="ray"``, or a connection that could not
+be opened) as ordinary Ray actor calls through Ray's object store, several milliseconds each.  Ray places, describes,
 restarts and kills the actors either way.
 
-What a call costs: on a 2-core machine, a sync step over two local nodes was ~0.1 ms beside
-the local Pool's 0.01 ms for an env that does nothing, 0.16 against 0.05 ms for CartPole at
-N=16, and 0.94-0.96x the local Pool for Atari Pong at N=16 (bench/README, "latency").  It pays
+What a call costs: a round trip per call plus the pickling and the copies of its bytes; bench/README ("latency
+--ray", "--netem") has the measurements, over loopback and over a veth link between network namespaces.  It pays
 when a node's envs take longer to step than the round trip, or when one machine's cores are
 not enough; envs as cheap as CartPole step faster in one local Pool.
 
@@ -69,7 +68,8 @@ every entry), :mod:`.actor` (the Ray actor hosting a local Pool per node), :mod:
 assembly, pure numpy), :mod:`.ledger` (async bookkeeping, pure numpy), :mod:`.placement` (nodes,
 pools per node, env ranges, cores), :mod:`.fleet` (starting, rebuilding and stopping the actors),
 :mod:`.channel` (the direct connection to an actor, Ray-free), :mod:`.faults` (bounded waits and how a
-pool's answer is classified), :mod:`.action_check`.
+pool's answer is classified), :mod:`.wire` (the connection's one frame format, send path and read path),
+:mod:`.netns` (the connection across two network namespaces, for the bench), :mod:`.action_check`.
 :mod:`.batches`, :mod:`.ledger` and :mod:`.placement` import without Ray.
 """
 from __future__ import annotations
