@@ -243,7 +243,8 @@ def _readme_command(config) -> str | None:
     """The mark expression of README.md's test command this run is (``""``: the whole suite), if it is one."""
     markexpr = config.getoption("markexpr", "").strip()
     if (markexpr in suite_parts.COMMANDS and _collects_every_file(config) and not config.getoption("keyword", "")
-            and not config.getoption("deselect", None) and not config.getoption("stepwise", False)):
+            and not config.getoption("deselect", None) and not config.getoption("stepwise", False)
+            and not config.getoption("collectonly", False)):
         return markexpr
     return None
 
@@ -257,4 +258,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     counted = found.counted if found is not None and found.whole and not found.not_collected else None
     terminalreporter.write_sep("-", "README.md's test table")
     terminalreporter.write_line(suite_parts.compare(markexpr, time.monotonic() - started, counted,
-                                                    len(os.sched_getaffinity(0)), load))
+                                                    len(os.sched_getaffinity(0)), (load, os.getloadavg()[0])))

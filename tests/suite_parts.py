@@ -110,12 +110,13 @@ def minutes_and_seconds(seconds: float) -> str:
     return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
 
 
-def compare(markexpr: str, seconds: float, counted: Counted | None, cores: int, load: float) -> str:
-    """One line for the end of a run of README's command for ``markexpr``: what it took beside the table."""
+def compare(markexpr: str, seconds: float, counted: Counted | None, cores: int, load: tuple[float, float]) -> str:
+    """One line for the end of a run of README's command for ``markexpr``: what it took beside the table
+    (``load``: the 1-minute load average at the run's start and end; others' load stretches a run)."""
     row = stated().get(markexpr)
     if row is None:
         return f"README.md's test table has no row for `{COMMANDS[markexpr]}`"
     found = "" if counted is None else f"{counted.of(markexpr):,} tests, "
     return (f"`{row.command}`: {found}{minutes_and_seconds(seconds)} here ({cores} cores, load average "
-            f"{load:.1f} at the start); README.md: about {row.tests:,} tests, about {row.minutes:g} minutes on "
-            f"2 quiet cores (measured {row.measured})")
+            f"{load[0]:.1f} at the start, {load[1]:.1f} at the end); README.md: about {row.tests:,} tests, about "
+            f"{row.minutes:g} minutes on 2 quiet cores (measured {row.measured})")
