@@ -317,13 +317,16 @@ class Pool(LifecycleFacts):
         workers.spawn_all(fns, seeds, deadline)
         workers.guard(self)
         sizes = list(self.plan.shard_sizes)
+        layout: L.Layout | None = None
 
-        def layout_of(d: P.Spaces) -> L.Layout:
-            return L.Layout.build(self.num_envs, sizes, d.observation_space, d.action_space,
-                                  final_obs=self.autoreset_mode == SAME_STEP)
+        def lay_out_and_check(first: P.Spaces) -> None:
+            # A region too large is refused from worker 0's spaces alone, before the others are read.
+            nonlocal layout
+            layout = L.Layout.build(self.num_envs, sizes, first.observation_space, first.action_space,
+                                    final_obs=self.autoreset_mode == SAME_STEP)
+            check_room(layout.size)
 
-        # A region too large is refused from worker 0's spaces alone, before the others are read.
-        described = workers.agreed_spaces(deadline, lambda first: check_room(layout_of(first).size))
+        described = workers.agreed_spaces(deadline, lay_out_and_check)
         first = described[0]
         obs_space, act_space = first.observation_space, first.action_space
         check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
@@ -333,7 +336,6 @@ class Pool(LifecycleFacts):
         self.metadata = first.metadata
         self.render_mode = first.render_mode
         self.spec = first.spec
-        layout = layout_of(first)
         # Leaves that cannot live in shared memory travel pickled (shmpool.pickled).
         self._obs_pickled = PickledLeaves.of(obs_space)
         warn_pickled(self._obs_pickled, PickledLeaves.of(act_space), stacklevel=4)

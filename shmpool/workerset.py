@@ -25,6 +25,7 @@ import psutil
 from . import protocol as P
 from .constructors import ShardConstructors
 from .errors import EnvError, PoolResourceError, WorkerDiedError
+from .layout import same_space
 from .pids import alive
 from .workers import loop
 from .workers.hosted import HostedWorker
@@ -241,7 +242,7 @@ class WorkerSet:
         judge_first(first)
         described = [first, *(self.startup_message(k, P.Spaces, deadline) for k in range(1, len(self.bounds)))]
         for k, d in enumerate(described[1:], 1):
-            if d.action_space != first.action_space:
+            if not same_space(d.action_space, first.action_space):
                 raise ValueError(
                     f"env {self.bounds[k][0]} (worker {k}) has spaces {d.observation_space}, {d.action_space}; env 0 "
                     f"has {first.observation_space}, {first.action_space}: all envs of a pool must share their spaces")
