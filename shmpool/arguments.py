@@ -158,9 +158,9 @@ def shard_sizes(num_envs: int, num_workers: int) -> list[int]:
 
 
 def is_ray_pool(obj: Any) -> bool:
-    """A :class:`shmpool.distributed.RayPool`, checked without importing ray: if the module
-    was never imported (or imported where ray is missing), nothing can be one."""
-    mod = sys.modules.get("shmpool.distributed")
+    """A :class:`shmpool.distributed.RayPool`, checked without importing ray: if the module that
+    defines it was never imported (or imported where ray is missing), nothing can be one."""
+    mod = sys.modules.get("shmpool.distributed.api")
     cls = None if mod is None else vars(mod).get("RayPool")
     return cls is not None and isinstance(obj, cls)
 

@@ -2,7 +2,10 @@
 bookkeeping (.ledger) and the env placement (.placement).  They must run where ray is absent."""
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -279,12 +282,16 @@ def test_same_step_mode_has_no_autoreset_rows():
     assert [d.pool for d in plan] == [0] and led.ready.count == 0
 
 
+def _fresh_interpreter(code: str) -> str:
+    """Run ``code`` in a new Python (this process may have imported Ray); its stdout, failing on its failure."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_pure_modules_import_where_ray_is_absent():
     """Where ray is not installed: these modules import, and RayPool says what to install."""
-    import subprocess
-    import sys
-
-    code = (
+    out = _fresh_interpreter(
         "import sys; sys.modules['ray'] = None\n"   # `import ray` now fails as if it were not installed
         "import shmpool.distributed as sd\n"
         "from shmpool.distributed import batches, ledger, placement\n"
@@ -295,9 +302,23 @@ def test_pure_modules_import_where_ray_is_absent():
         "except ImportError as e:\n"
         "    print('refused:', e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert "refused: shmpool.distributed needs ray: pip install 'shmpool[ray]'" in out.stdout
+    assert "refused: shmpool.distributed needs ray: pip install 'shmpool[ray]'" in out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+def test_the_pure_modules_leave_ray_unloaded_and_a_ray_pool_is_still_recognised():
+    """Where ray is installed: importing the pure rooms does not load it (each later fork of the process
+    would copy its mappings), and a RayPool made from ``shmpool.distributed.api`` directly, before the
+    package's own ``RayPool`` was ever looked up, is still known as one by the faces."""
+    _fresh_interpreter(
+        "import sys\n"
+        "from shmpool.distributed import batches, ledger, placement\n"
+        "assert 'ray' not in sys.modules, 'the pure rooms loaded ray'\n"
+        "from shmpool.distributed.api import RayPool\n"
+        "from shmpool.arguments import is_ray_pool\n"
+        "assert is_ray_pool(RayPool.__new__(RayPool)), 'a RayPool was not recognised'\n"
+        "assert not is_ray_pool(object())\n"
+    )
 
 
 def test_merge_infos_takes_keys_that_are_not_strings_and_values_that_are_all_none():

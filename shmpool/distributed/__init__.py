@@ -74,20 +74,29 @@ pool's answer is classified), :mod:`.wire` (the connection's one frame format, s
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __all__ = ["RayPool", "RemotePoolDiedError"]
 
-try:
-    from .api import RayPool
-    from .faults import RemotePoolDiedError
-except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without ray
-    if exc.name != "ray" and not (exc.name or "").startswith("ray."):
-        raise
-    _MISSING_RAY = exc
+# Imported on first use (PEP 562): the pure rooms above, and a process that never builds a RayPool, do
+# not load Ray (its import maps ~40 MB, which every later fork of that process copies the page tables of).
+_PUBLIC = {"RayPool": ".api", "RemotePoolDiedError": ".faults"}
 
-    def __getattr__(name: str) -> Any:
-        if name in __all__:
-            raise ImportError("shmpool.distributed needs ray: pip install 'shmpool[ray]' (or 'ray>=2.9')") \
-                from _MISSING_RAY
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = importlib.import_module(_PUBLIC[name], __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray" and not (exc.name or "").startswith("ray."):
+            raise
+        raise ImportError("shmpool.distributed needs ray: pip install 'shmpool[ray]' (or 'ray>=2.9')") from exc
+    value = getattr(module, name)
+    globals()[name] = value   # found once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
