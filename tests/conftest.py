@@ -9,7 +9,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import suite_parts  # noqa: E402  (tests/, put on the path above)
+import heavy_imports  # noqa: E402  (tests/, put on the path above)
+import suite_parts  # noqa: E402
 
 # What a pool can leave in /dev/shm: posix_ipc's objects made with a random name (``name=None``), which are
 # a run of lowercase letters, semaphores with glibc's ``sem.`` prefix (shmpool.region, shmpool.memory off
@@ -81,6 +82,21 @@ def pytest_collection_finish(session):
     tests make later are collected as before."""
     gc.collect()
     gc.freeze()
+    session.config.stash[heavy_imports.AT_COLLECTION] = heavy_imports.loaded()
+
+
+@pytest.fixture(autouse=True)
+def _heavy_imports_stay_out(request):
+    """Fails a test that loads torch, Ray, SB3 or envpool into this process without the ``heavy_imports``
+    mark: every later pool's fork would pay for it (tests/heavy_imports.py)."""
+    if request.node.get_closest_marker(heavy_imports.MARK) is not None:
+        yield
+        return
+    before = heavy_imports.loaded()
+    yield
+    said = heavy_imports.newly_loaded(request.node.nodeid, before)
+    if said is not None:
+        pytest.fail(said, pytrace=False)
 
 
 @pytest.fixture
@@ -196,6 +212,7 @@ def pytest_pycollect_makemodule(module_path, parent):
 @pytest.hookimpl(tryfirst=True)   # before -m, -k and --deselect take items away: each part is counted whole
 def pytest_collection_modifyitems(config, items):
     _count_the_parts(config, items)
+    heavy_imports.run_last(items)
     from shmpool.gym_compat import LEGACY
     if not LEGACY:
         return

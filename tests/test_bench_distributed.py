@@ -1,14 +1,15 @@
 """``python -m bench latency --ray``: RayPool beside a local Pool, what it writes, not how fast (not a timing test)."""
 import json
 
+import heavy_imports
 import psutil
 import pytest
 
-pytest.importorskip("ray")
+from bench import latency
 
-from bench import latency  # noqa: E402
-
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]   # slow: a Ray cluster and a bench run
+heavy_imports.require("ray")
+pytestmark = [pytest.mark.distributed, pytest.mark.slow,   # slow: a Ray cluster and a bench run
+              pytest.mark.heavy_imports]                   # the bench's driver imports Ray here
 
 
 def test_quick_ray_run_writes_every_cell(tmp_path, capsys):

@@ -61,6 +61,7 @@ def test_max_leads_option_adds_a_row_per_value(capsys, no_leaks):
     assert out.count("| shmpool auto |") == 2 and out.count("| shmpool auto, max_lead=none |") == 2, out
 
 
+@pytest.mark.heavy_imports
 def test_layouts_option_adds_rows_with_a_parent_shard_and_with_processes_only(capsys, tmp_path, no_leaks):
     pytest.importorskip("envpool")
     path = tmp_path / "fairness.json"

@@ -1,6 +1,7 @@
 """``python -m bench latency`` (and its ``--png``): what it writes, not how fast (not a timing test)."""
 import json
 
+import heavy_imports
 import numpy as np
 import pytest
 
@@ -156,7 +157,7 @@ def test_paired_overhead_comes_with_its_interval_from_six_repetitions():
     (["--ray", "2", "--netem", "1ms,1ms"], "--netem: delays repeat: '1ms,1ms'"),
 ])
 def test_bad_netem_arguments_are_argparse_errors(argv, message, capsys):
-    pytest.importorskip("ray")
+    heavy_imports.require("ray")
     with pytest.raises(SystemExit) as exc:
         latency.parse_args(argv)
     assert exc.value.code == 2
@@ -164,7 +165,7 @@ def test_bad_netem_arguments_are_argparse_errors(argv, message, capsys):
 
 
 def test_netem_is_refused_without_root_before_anything_is_made(monkeypatch, capsys):
-    pytest.importorskip("ray")
+    heavy_imports.require("ray")
     from bench import netem
     made = []
     monkeypatch.setattr(latency.os, "geteuid", lambda: 1000)

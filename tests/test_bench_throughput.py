@@ -141,6 +141,7 @@ def test_bad_options():
     assert throughput.parse_args(["--task", "Pong-v5", "--quick"]).frame_skip == 4
 
 
+@pytest.mark.heavy_imports
 def test_num_envs_sweeps_n_on_the_whole_budget_with_the_poolvec_rows(tmp_path, no_leaks):
     pytest.importorskip("stable_baselines3")
     js = tmp_path / "t.json"

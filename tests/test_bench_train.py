@@ -3,20 +3,24 @@ from __future__ import annotations
 
 import json
 
+import heavy_imports
 import pytest
 
-torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.slow   # torch training loops (bench train)
+from bench import subjects
 
-from bench import subjects, train  # noqa: E402
-from bench.ppo import PPOConfig, Trainer  # noqa: E402
+heavy_imports.require("torch")
+pytestmark = [pytest.mark.slow,             # torch training loops (bench train)
+              pytest.mark.heavy_imports]    # torch in the test process
+torch = heavy_imports.module("torch")
+train = heavy_imports.module("bench.train")
+ppo = heavy_imports.module("bench.ppo")
 
 
-def trained(system: str, n: int = 4, iterations: int = 3) -> tuple[Trainer, int]:
+def trained(system: str, n: int = 4, iterations: int = 3) -> tuple[ppo.Trainer, int]:
     """A seeded CartPole run of ``iterations`` rollouts and updates; the trainer and its episode ends."""
     env = subjects.open_stepper(system, "CartPole-v1", n, seed=3)
     try:
-        trainer = Trainer(env, PPOConfig(rollout_steps=32, epochs=2, minibatches=2), seed=7)
+        trainer = ppo.Trainer(env, ppo.PPOConfig(rollout_steps=32, epochs=2, minibatches=2), seed=7)
         ends = 0
         for _ in range(iterations):
             trainer.collect()
@@ -54,7 +58,7 @@ def test_a_different_seed_trains_differently():
     reference, _ = trained(subjects.SYNC_VEC)
     env = subjects.open_stepper(subjects.SYNC_VEC, "CartPole-v1", 4, seed=4)
     try:
-        other = Trainer(env, PPOConfig(rollout_steps=32, epochs=2, minibatches=2), seed=7)
+        other = ppo.Trainer(env, ppo.PPOConfig(rollout_steps=32, epochs=2, minibatches=2), seed=7)
         for _ in range(3):
             other.collect()
             other.update()

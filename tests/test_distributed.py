@@ -14,17 +14,19 @@ import sys
 import time
 import warnings
 
+import heavy_imports
 import numpy as np
 import psutil
 import pytest
 
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
+import shmpool
 
-import shmpool  # noqa: E402
-from shmpool.distributed import RayPool, RemotePoolDiedError  # noqa: E402
-
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]   # slow: local Ray clusters, minutes in all
+heavy_imports.require("ray")
+pytestmark = [pytest.mark.distributed, pytest.mark.slow,   # slow: local Ray clusters, minutes in all
+              pytest.mark.heavy_imports]                   # Ray's driver runs in the test process
+ray = heavy_imports.module("ray")
+cluster_utils = heavy_imports.module("ray.cluster_utils")
+distributed = heavy_imports.module("shmpool.distributed")
 
 STORE = 80 * 2**20
 # A lost node is noticed by the GCS health check: the defaults take ~15-30 s, these ~5 s.  Not
@@ -46,7 +48,7 @@ def ray_daemons() -> list[psutil.Process]:
     return out
 
 
-def shut_down(cluster: Cluster) -> list[psutil.Process]:
+def shut_down(cluster: cluster_utils.Cluster) -> list[psutil.Process]:
     """Disconnect and stop the cluster; the Ray daemons still running after 10 s."""
     if ray.is_initialized():
         ray.shutdown()
@@ -61,7 +63,7 @@ def shut_down(cluster: Cluster) -> list[psutil.Process]:
 def cluster():
     if ray.is_initialized():
         pytest.skip("a Ray session is already connected in this process")
-    c = Cluster(initialize_head=True, head_node_args={
+    c = cluster_utils.Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "object_store_memory": STORE, "include_dashboard": False, "_system_config": FAST_HEALTH})
     for _ in range(2):
         c.add_node(num_cpus=1, object_store_memory=STORE)
@@ -174,7 +176,7 @@ def test_sync_trajectories_match_local_pool(cluster, transport, parent_shard, ta
     straight into its output, CartPole's small ones (16 bytes a row) too."""
     n = 10  # 4 + 3 + 3: uneven ranges
     rng = np.random.default_rng(0)
-    with (RayPool(TASK, n, seed=123, num_workers=1, parent_shard=parent_shard, transport=transport) as rp,
+    with (distributed.RayPool(TASK, n, seed=123, num_workers=1, parent_shard=parent_shard, transport=transport) as rp,
           shmpool.Pool(TASK, n, seed=123, num_workers=1) as lp):
         assert [d["transport"] for d in rp.nodes] == [transport] * 3
         assert rp.num_envs == n and rp.batch_size == n and rp.num_pools == 3
@@ -227,7 +229,8 @@ def test_image_observations_read_into_the_step_s_output_match_local_pool(cluster
     n = 10   # 4 + 3 + 3
     make = [lambda: Pictured(gym.make(TASK))] * n
     rng = np.random.default_rng(3)
-    with (RayPool(make, n, seed=11, num_workers=1) as rp, shmpool.Pool(make, n, seed=11, num_workers=1) as lp):
+    with (distributed.RayPool(make, n, seed=11, num_workers=1) as rp,
+          shmpool.Pool(make, n, seed=11, num_workers=1) as lp):
         np.testing.assert_array_equal(rp.reset()[0], lp.reset()[0])
         kept, ended, keyed = [], 0, 0
         for t in range(120):
@@ -262,7 +265,7 @@ def test_silent_local_peers_at_the_actors_ports_do_not_delay_the_driver_s_first_
 
     monkeypatch.setattr(Fleet, "connect", crowded)
     try:
-        with RayPool(TASK, 6, seed=0, num_workers=1, step_timeout=4) as rp:
+        with distributed.RayPool(TASK, 6, seed=0, num_workers=1, step_timeout=4) as rp:
             assert [d["transport"] for d in rp.nodes] == ["direct"] * 3 and len(peers) == 6
             t0 = time.monotonic()
             rp.reset(seed=0)
@@ -325,13 +328,13 @@ def test_a_malformed_answer_is_a_lost_connection_naming_the_pool_and_its_node(cl
 
     monkeypatch.setattr(Channel, "connect", classmethod(through_proxy))
     zeros = np.zeros(6, dtype=np.int64)
-    with RayPool(TASK, 6, seed=0, num_workers=1) as rp:
+    with distributed.RayPool(TASK, 6, seed=0, num_workers=1) as rp:
         rp.reset(seed=0)
         rp.step(zeros)
         proxies[1].inject.set()
         node = rp.nodes[1]["node_id"]
         host, port = proxies[1].address
-        with pytest.raises(RemotePoolDiedError) as info:
+        with pytest.raises(distributed.RemotePoolDiedError) as info:
             rp.step(zeros)
         assert re.search(rf"^pool 1 \(Ray actor pid \d+ on node {node} \(.*\), envs 2..3\) died during step: "
                          rf"ChannelClosedError: its connection \({host}:{port}\) ended: what came is no frame: a frame "
@@ -357,7 +360,7 @@ def test_a_pool_its_driver_cannot_reach_directly_is_driven_through_ray(cluster, 
     n = 6
     with pytest.warns(RuntimeWarning, match=r"pool 0: its actor's direct connection \(.*\) could not be opened "
                                              r"\(\[Errno 111\] Connection refused\); its calls go through Ray"):
-        rp = RayPool(TASK, n, seed=5, num_workers=1, batch_size=2)
+        rp = distributed.RayPool(TASK, n, seed=5, num_workers=1, batch_size=2)
     with rp, shmpool.Pool(TASK, n, seed=5, num_workers=1) as lp:
         assert [d["transport"] for d in rp.nodes] == ["ray", "direct", "direct"]
         np.testing.assert_array_equal(rp.reset()[0], lp.reset()[0])
@@ -383,7 +386,8 @@ def test_the_direct_connections_cross_a_veth_link_between_two_network_namespaces
         link = made[0]
         assert measured["0"]["round_trip_us"]["p50"] > 0
         monkeypatch.setenv(ENV, link.route)
-        with RayPool(TASK, n, seed=3, num_workers=1) as rp, shmpool.Pool(TASK, n, seed=3, num_workers=1) as lp:
+        with (distributed.RayPool(TASK, n, seed=3, num_workers=1) as rp,
+              shmpool.Pool(TASK, n, seed=3, num_workers=1) as lp):
             assert [(d["transport"], d["channel"][0]) for d in rp.nodes] == [("direct", link.worker_host)] * 3
             np.testing.assert_array_equal(rp.reset()[0], lp.reset()[0])
             for t in range(20):
@@ -395,7 +399,7 @@ def test_the_direct_connections_cross_a_veth_link_between_two_network_namespaces
 
 def test_env_ids_spread_over_nodes(cluster):
     n = 9
-    with RayPool(TASK, n, seed=0, num_workers=1, batch_size=3) as rp:
+    with distributed.RayPool(TASK, n, seed=0, num_workers=1, batch_size=3) as rp:
         nodes = rp.nodes
         assert sorted(d["node_id"] for d in nodes) == sorted(alive_node_ids())
         assert [d["envs"] for d in nodes] == [range(0, 3), range(3, 6), range(6, 9)]
@@ -411,7 +415,7 @@ def test_env_ids_spread_over_nodes(cluster):
 def test_pools_per_node_split_the_cores(cluster):
     head = cluster.head_node.node_id
     for per_node in (2, "numa"):
-        with RayPool(TASK, 4, seed=0, nodes=[head], pools_per_node=per_node) as rp:
+        with distributed.RayPool(TASK, 4, seed=0, nodes=[head], pools_per_node=per_node) as rp:
             nodes = rp.nodes
             assert {d["node_id"] for d in nodes} == {head}
             cores = [d["cores"] for d in nodes]
@@ -425,7 +429,7 @@ def test_pools_per_node_split_the_cores(cluster):
 def test_async_per_env_trajectories_match_local_pool(cluster):
     """Per env, the async loop yields the local pool's rows, whatever the completion order."""
     n, b, recvs = 12, 6, 60
-    with RayPool(TASK, n, seed=7, num_workers=1, batch_size=b) as rp:
+    with distributed.RayPool(TASK, n, seed=7, num_workers=1, batch_size=b) as rp:
         assert rp.sub_batch_sizes == [2, 2, 2]
         got = per_env_async_log(rp, n, recvs)
     with shmpool.Pool(TASK, n, seed=7, num_workers=1, batch_size=b) as lp:
@@ -458,7 +462,7 @@ def test_recv_returns_whole_sub_batches_and_valid_ids(cluster, parent_shard):
 
     n, b = 12, 6
     sent = np.zeros(n, dtype=int)
-    with RayPool(lambda: Counting(gym.make(TASK)), n, seed=0, num_workers=1, batch_size=b,
+    with distributed.RayPool(lambda: Counting(gym.make(TASK)), n, seed=0, num_workers=1, batch_size=b,
                  parent_shard=parent_shard) as rp:
         rp.async_reset()
         assert rp.in_flight == n
@@ -495,7 +499,7 @@ def test_recv_returns_whole_sub_batches_and_valid_ids(cluster, parent_shard):
 def test_recv_exactly_batch_size_with_leftovers(cluster):
     """Sub-batches [2, 1, 1] for batch 4 on 3 x 3 envs: rows beyond batch_size wait for the next recv."""
     n, b = 9, 4
-    with RayPool(TASK, n, seed=0, num_workers=1, batch_size=b) as rp:
+    with distributed.RayPool(TASK, n, seed=0, num_workers=1, batch_size=b) as rp:
         assert rp.sub_batch_sizes == [2, 1, 1]
         rp.async_reset()
         for _ in range(30):
@@ -507,7 +511,7 @@ def test_recv_exactly_batch_size_with_leftovers(cluster):
 
 
 def test_recv_that_cannot_finish_raises_at_once(cluster):
-    with RayPool(TASK, 6, seed=0, num_workers=1, batch_size=6) as rp:  # sub-batches of 2
+    with distributed.RayPool(TASK, 6, seed=0, num_workers=1, batch_size=6) as rp:  # sub-batches of 2
         rp.async_reset()
         *_, infos = rp.recv()
         ids = infos["env_id"]
@@ -527,7 +531,7 @@ def test_recv_that_cannot_finish_raises_at_once(cluster):
 
 
 def test_sync_errors_before_anything_is_sent(cluster):
-    with RayPool(TASK, 6, seed=0, num_workers=1) as rp:
+    with distributed.RayPool(TASK, 6, seed=0, num_workers=1) as rp:
         with pytest.raises(RuntimeError, match="reset"):
             rp.step(np.zeros(6, dtype=np.int64))
         rp.reset()
@@ -590,7 +594,7 @@ def test_actions_are_taken_or_refused_as_a_local_pool_built_with_the_same_strict
         fn = functools.partial(Echo, space)
         with shmpool.Pool(fn, 4, num_workers=1, strict=strict) as local:
             want = _action_outcomes(local, batches)
-        with RayPool(fn, 4, num_workers=1, strict=strict) as rp:
+        with distributed.RayPool(fn, 4, num_workers=1, strict=strict) as rp:
             got = _action_outcomes(rp, batches)
         assert got == want, space
         # the cases reach the check's edges: the strict reference refuses some, the lenient one takes all
@@ -610,7 +614,7 @@ def test_with_one_strict_pool_a_batch_it_would_refuse_is_refused_before_any_pool
             return np.full(4, self.n, np.float32), 0.0, False, False, {}
 
     nodes = alive_node_ids()[:2]
-    with RayPool(lambda: Count(gym.make(TASK)), 4, nodes=nodes, num_workers=1,
+    with distributed.RayPool(lambda: Count(gym.make(TASK)), 4, nodes=nodes, num_workers=1,
                  per_pool_kwargs=[{"strict": False}, {"strict": True}]) as rp:
         rp.reset(seed=0)
         with pytest.raises(ValueError, match=r"^actions outside Discrete\(2\) for env 3: 5$"):
@@ -664,7 +668,8 @@ def test_pools_whose_observation_spaces_differ_are_taken_or_refused_as_one_local
 
     before = pool_actor_pids()
     want = outcome(lambda: shmpool.Pool(fns, num_workers=2, observation_mode=mode))
-    got = outcome(lambda: RayPool(fns, nodes=nodes, num_workers=1, parent_shard=parent_shard, observation_mode=mode))
+    got = outcome(lambda: distributed.RayPool(fns, nodes=nodes, num_workers=1, parent_shard=parent_shard,
+                                              observation_mode=mode))
     assert got == want
     assert not gone(pool_actor_pids() - before)
     built = mode == "different" and isinstance(highs[-1], float)
@@ -683,11 +688,11 @@ def test_pools_whose_action_spaces_differ_are_refused_naming_the_first_env_and_l
 
     fns = [functools.partial(make, n) for n in (2, 2, 3, 3)]
     before = pool_actor_pids()
-    with RayPool(fns[:2], nodes=alive_node_ids()[:2], num_workers=1):
+    with distributed.RayPool(fns[:2], nodes=alive_node_ids()[:2], num_workers=1):
         assert len(pool_actor_pids() - before) >= 2   # the check below sees the actors (and their workers)
     assert not gone(pool_actor_pids() - before)
     with pytest.raises(ValueError) as info:
-        RayPool(fns, nodes=alive_node_ids()[:2], num_workers=1, observation_mode="different")
+        distributed.RayPool(fns, nodes=alive_node_ids()[:2], num_workers=1, observation_mode="different")
     obs = gym.make(TASK).observation_space
     assert str(info.value) == (f"env 2 (pool 1) has spaces {obs}, Discrete(3); env 0 has {obs}, Discrete(2): all envs "
                                f"must share their action space")
@@ -710,7 +715,7 @@ def test_env_error_names_the_global_env(cluster):
     def make():
         return Fragile(gym.make(TASK))
 
-    with RayPool(make, 6, seed=0, num_workers=1) as rp:
+    with distributed.RayPool(make, 6, seed=0, num_workers=1) as rp:
         rp.reset()
         rp.set_attr("bad", True, env_ids=[4])
         with pytest.raises(shmpool.EnvError, match="boom") as info:
@@ -723,7 +728,7 @@ def test_env_error_names_the_global_env(cluster):
         # One pool raises, then another dies: the death is not hidden behind the first error.
         rp.set_attr("bad", True, env_ids=[0])
         rp.set_attr("die", True, env_ids=[3])
-        with pytest.raises(RemotePoolDiedError, match=r"pool 1 .*envs 2..3.*WorkerDiedError") as died:
+        with pytest.raises(distributed.RemotePoolDiedError, match=r"pool 1 .*envs 2..3.*WorkerDiedError") as died:
             rp.step(np.zeros(6, dtype=np.int64))
         assert rp.closed
         if sys.version_info >= (3, 11):   # exception notes
@@ -736,9 +741,10 @@ def test_an_env_constructor_error_comes_back_with_the_env_s_own_text(cluster):
         raise ValueError("no such level: 7")
 
     start = time.monotonic()
-    with pytest.raises(RemotePoolDiedError, match=r"died during start-up: its local pool could not be built: "
-                                                  r".*env \d+ .*raised in make: ValueError: no such level: 7"):
-        RayPool(broken, 4, num_workers=1)
+    with pytest.raises(distributed.RemotePoolDiedError,
+                       match=r"died during start-up: its local pool could not be built: "
+                             r".*env \d+ .*raised in make: ValueError: no such level: 7"):
+        distributed.RayPool(broken, 4, num_workers=1)
     # Actors start on three nodes (~5 s on a loaded CI): the bound says the failure ended the start-up, not a
     # start-up timeout waited out later.
     assert time.monotonic() - start < 60
@@ -808,7 +814,7 @@ def test_an_env_error_in_a_sync_step_steps_no_env_twice_and_reset_makes_the_pool
     aim = StepOutput.aim
     monkeypatch.setattr(StepOutput, "aim", lambda self, replies: aimed.append(replies) or aim(self, replies))
     zeros = np.zeros(6, dtype=np.int64)
-    with (RayPool(make, 6, seed=0, num_workers=1, parent_shard=parent_shard) as rp,
+    with (distributed.RayPool(make, 6, seed=0, num_workers=1, parent_shard=parent_shard) as rp,
           shmpool.Pool([make] * 2, seed=0, num_workers=1, parent_shard=parent_shard) as lp):
         rp.reset()
         lp.reset()
@@ -863,7 +869,7 @@ def test_step_timeout_raises_at_its_bound_not_after_the_close_grace(cluster, tmp
 
 
 def test_reset_mask_and_options_list(cluster):
-    with RayPool(TASK, 6, seed=0, num_workers=1) as rp, shmpool.Pool(TASK, 6, seed=0, num_workers=1) as lp:
+    with distributed.RayPool(TASK, 6, seed=0, num_workers=1) as rp, shmpool.Pool(TASK, 6, seed=0, num_workers=1) as lp:
         rp.reset(seed=5)
         lp.reset(seed=5)
         for _ in range(3):
@@ -889,7 +895,7 @@ def test_a_reset_mask_that_leaves_a_pool_out_resets_only_its_envs_as_gymnasium_d
     mask = np.array(mask)
     ones = np.ones(6, dtype=np.int64)
     sync = gym.vector.SyncVectorEnv([lambda: gym.make(TASK)] * 6, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-    with (RayPool(TASK, 6, seed=0, num_workers=1, autoreset_mode="disabled", transport=transport) as rp,
+    with (distributed.RayPool(TASK, 6, seed=0, num_workers=1, autoreset_mode="disabled", transport=transport) as rp,
           shmpool.Pool(TASK, 6, seed=0, num_workers=1, autoreset_mode="disabled") as lp):
         vecs = (rp, lp, sync)
         for v in vecs:
@@ -912,14 +918,14 @@ def test_a_reset_mask_that_leaves_a_pool_out_resets_only_its_envs_as_gymnasium_d
 
 
 def test_killed_actor_raises_quickly_and_closes(cluster):
-    with RayPool(TASK, 6, seed=0, num_workers=1) as rp:
+    with distributed.RayPool(TASK, 6, seed=0, num_workers=1) as rp:
         rp.reset()
         victim = rp.nodes[1]
         procs = descendants(victim["pid"])
         assert len(procs) >= 2  # the actor and its pool's worker
         os.kill(victim["pid"], signal.SIGKILL)
         t0 = time.monotonic()
-        with pytest.raises(RemotePoolDiedError) as info:
+        with pytest.raises(distributed.RemotePoolDiedError) as info:
             for _ in range(10_000):
                 rp.step(np.zeros(6, dtype=np.int64))
         # The death is seen at the next step (its connection ends), idle well under 1 s; 5 s also covers the
@@ -935,20 +941,20 @@ def test_killed_actor_raises_quickly_and_closes(cluster):
 
 def test_dead_worker_inside_a_node_raises_with_the_node(cluster):
     """A pool worker (not the actor) dying: the local pool's WorkerDiedError becomes the RayPool's."""
-    with RayPool(TASK, 6, seed=0, num_workers=1) as rp:
+    with distributed.RayPool(TASK, 6, seed=0, num_workers=1) as rp:
         rp.reset()
         actor = psutil.Process(rp.nodes[2]["pid"])
         workers = actor.children()
         assert workers
         workers[0].kill()
-        with pytest.raises(RemotePoolDiedError, match=r"pool 2 .*envs 4..5.*WorkerDiedError"):
+        with pytest.raises(distributed.RemotePoolDiedError, match=r"pool 2 .*envs 4..5.*WorkerDiedError"):
             for _ in range(10_000):
                 rp.step(np.zeros(6, dtype=np.int64))
         assert rp.closed
 
 
 def test_restart_mode_sync_step(cluster):
-    with RayPool(TASK, 6, seed=0, num_workers=1, on_worker_error="restart") as rp:
+    with distributed.RayPool(TASK, 6, seed=0, num_workers=1, on_worker_error="restart") as rp:
         rp.reset()
         old = rp.nodes[2]["pid"]
         os.kill(old, signal.SIGKILL)
@@ -974,7 +980,7 @@ def test_restart_mode_sync_step(cluster):
 
 def test_restart_mode_async_each_env_returns_once_flagged(cluster):
     n, b = 6, 2
-    with RayPool(TASK, n, seed=0, num_workers=1, batch_size=b, on_worker_error="restart") as rp:
+    with distributed.RayPool(TASK, n, seed=0, num_workers=1, batch_size=b, on_worker_error="restart") as rp:
         rp.async_reset()
         *_, infos = rp.recv()
         held = infos["env_id"]           # the caller holds these, the rest are in flight
@@ -1020,14 +1026,14 @@ def test_restart_mode_async_each_env_returns_once_flagged(cluster):
 def test_node_removed_raises_quickly(cluster):
     extra = cluster.add_node(num_cpus=1, object_store_memory=STORE)
     head = cluster.head_node.node_id
-    with RayPool(TASK, 4, seed=0, num_workers=1, batch_size=2, nodes=[head, extra.node_id]) as rp:
+    with distributed.RayPool(TASK, 4, seed=0, num_workers=1, batch_size=2, nodes=[head, extra.node_id]) as rp:
         assert rp.nodes[1]["node_id"] == extra.node_id
         rp.async_reset()
         *_, infos = rp.recv()
         rp.send(np.zeros(2, dtype=np.int64), infos["env_id"])
         cluster.remove_node(extra, allow_graceful=False)
         t0 = time.monotonic()
-        with pytest.raises(RemotePoolDiedError, match=r"pool 1 .*envs 2..3") as info:
+        with pytest.raises(distributed.RemotePoolDiedError, match=r"pool 1 .*envs 2..3") as info:
             for _ in range(100_000):
                 *_, infos = rp.recv()
                 rp.send(np.zeros(2, dtype=np.int64), infos["env_id"])
@@ -1041,7 +1047,8 @@ def test_node_removed_raises_quickly(cluster):
 def test_node_removed_restart_moves_the_pool(cluster):
     extra = cluster.add_node(num_cpus=1, object_store_memory=STORE)
     head = cluster.head_node.node_id
-    with RayPool(TASK, 4, seed=0, num_workers=1, nodes=[head, extra.node_id], on_worker_error="restart") as rp:
+    with distributed.RayPool(TASK, 4, seed=0, num_workers=1, nodes=[head, extra.node_id],
+                             on_worker_error="restart") as rp:
         rp.reset()
         cluster.remove_node(extra, allow_graceful=False)
         t0 = time.monotonic()
@@ -1063,7 +1070,7 @@ def test_close_stops_actors_and_workers(cluster):
     """close() from another thread while a call waits: the call stops with PoolClosedError, nothing remains."""
     import threading
 
-    rp = RayPool(TASK, 6, seed=0, num_workers=1)
+    rp = distributed.RayPool(TASK, 6, seed=0, num_workers=1)
     rp.reset()
     procs = set().union(*(descendants(d["pid"]) for d in rp.nodes))
     assert len(procs) >= 6
@@ -1119,7 +1126,7 @@ def test_ctrl_c_during_a_call_closes_the_raypool_as_it_closes_a_local_pool(clust
     with shmpool.Pool([make] * 4, num_workers=2, parent_shard=False) as lp:
         _, _ = interrupted(lp)
         assert lp.closed
-    rp = RayPool(make, 4, seed=0, num_workers=1)
+    rp = distributed.RayPool(make, 4, seed=0, num_workers=1)
     try:
         procs = set().union(*(descendants(d["pid"]) for d in rp.nodes))
         exc, took = interrupted(rp)
@@ -1137,7 +1144,7 @@ def test_ctrl_c_during_a_call_closes_the_raypool_as_it_closes_a_local_pool(clust
 
 def test_a_raypool_after_the_user_s_ray_shutdown_says_so_and_starts_no_ray(cluster):
     """Issue 30: step()/close() raised a bare Exception and Ray started a new local instance."""
-    rp = RayPool(TASK, 4, seed=0, num_workers=1)
+    rp = distributed.RayPool(TASK, 4, seed=0, num_workers=1)
     rp.reset()
     ray.shutdown()
     try:
@@ -1159,7 +1166,7 @@ def test_ray_up_by_its_public_call_alone_is_up(cluster, monkeypatch, worker):
     from types import SimpleNamespace
 
     from shmpool.distributed import api
-    with RayPool(TASK, 4, seed=0, num_workers=1) as rp:
+    with distributed.RayPool(TASK, 4, seed=0, num_workers=1) as rp:
         rp.reset(seed=1)
         monkeypatch.setattr(api, "_RAY_WORKER", None if worker is None else SimpleNamespace(connected=False))
         obs = rp.step(np.zeros(4, dtype=np.int64))[0]

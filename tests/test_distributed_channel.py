@@ -12,14 +12,15 @@ import socket
 import threading
 import time
 
+import heavy_imports
 import numpy as np
 import pytest
 
-pytest.importorskip("ray")
+from shmpool.distributed import channel as ch
+from shmpool.distributed import wire
+from shmpool.distributed.batches import Rows
 
-from shmpool.distributed import channel as ch  # noqa: E402
-from shmpool.distributed import wire  # noqa: E402
-from shmpool.distributed.batches import Rows  # noqa: E402
+heavy_imports.require("ray")   # RayPool's own connection; these tests themselves never import Ray
 
 TOKEN = b"0123456789abcdef"
 

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import time
 
+import heavy_imports
 import pytest
 
-ray = pytest.importorskip("ray")
-pytest.importorskip("ray.exceptions")
+from shmpool.errors import PoolClosedError
 
-from shmpool.distributed import faults  # noqa: E402
-from shmpool.errors import PoolClosedError  # noqa: E402
+heavy_imports.require("ray")
+pytestmark = pytest.mark.heavy_imports   # shmpool.distributed.faults imports Ray
+ray = heavy_imports.module("ray")
+faults = heavy_imports.module("shmpool.distributed.faults")
 
 
 class ScriptedRay:
     """``ray.wait``/``ray.get``/``ray.nodes`` over futures that finish at set times (never: None)."""
 
-    exceptions = ray.exceptions
+    @property
+    def exceptions(self):
+        return ray.exceptions
 
     def __init__(self, finish_at: dict, answers: dict, alive: set[str]) -> None:
         self.t0 = time.monotonic()

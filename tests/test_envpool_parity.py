@@ -19,7 +19,7 @@ IMPLS = ["envpool", "shmpool"]
 
 # A reference run: envpool itself beside the EnvPool face, on CartPole and Atari (~45 s on 2 loaded cores, most of
 # it envpool's start-up); the face itself is in the fast run too (test_fuzz.py, test_batched.py, test_faces_*.py).
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy_imports]   # envpool beside the pool, in this process
 
 # Keys envpool 1.2.5 always has and shmpool gives only when asked, for the reason in docs/porting/envpool.md.
 LEFT_OUT_INFOS = {"ram"}   # an array info leaves the shared-memory info table: Pong gives it with info_ram=True

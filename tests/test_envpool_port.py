@@ -12,39 +12,46 @@ from __future__ import annotations
 import importlib.util
 
 import gymnasium as gym
+import heavy_imports
 import numpy as np
 import pytest
 from cleanrl_shapes import EnvPoolEpisodeStats as EpisodeStats
 
 import shmpool.vector as envpool
 
-torch = pytest.importorskip("torch")
-nn = torch.nn
+heavy_imports.require("torch")
+torch = heavy_imports.module("torch")
 
 pytestmark = [pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("ale_py", "cv2")),
                                  reason="needs ale-py, cv2 (extra [atari])"),
-              pytest.mark.slow]   # a ported CleanRL agent (torch) rolls out on Atari and updates once
+              pytest.mark.slow,             # a ported CleanRL agent (torch) rolls out on Atari and updates once
+              pytest.mark.heavy_imports]    # torch in the test process
 
 NUM_ENVS, NUM_STEPS = 4, 8
 
 
-class Agent(nn.Module):
-    """A small actor-critic sized from the spaces the script reads off the wrapped envs."""
+def new_agent(envs):
+    """A small actor-critic sized from the spaces the script reads off the wrapped envs (its class is
+    made here, not at import: torch stays out of the suite's collection)."""
+    nn = torch.nn
 
-    def __init__(self, envs) -> None:
-        super().__init__()
-        channels, height, width = envs.single_observation_space.shape
-        self.body = nn.Sequential(nn.Conv2d(channels, 8, 8, stride=4), nn.ReLU(), nn.Flatten())
-        hidden = 8 * ((height - 8) // 4 + 1) * ((width - 8) // 4 + 1)
-        self.actor = nn.Linear(hidden, envs.single_action_space.n)
-        self.critic = nn.Linear(hidden, 1)
+    class Agent(nn.Module):
+        def __init__(self, envs) -> None:
+            super().__init__()
+            channels, height, width = envs.single_observation_space.shape
+            self.body = nn.Sequential(nn.Conv2d(channels, 8, 8, stride=4), nn.ReLU(), nn.Flatten())
+            hidden = 8 * ((height - 8) // 4 + 1) * ((width - 8) // 4 + 1)
+            self.actor = nn.Linear(hidden, envs.single_action_space.n)
+            self.critic = nn.Linear(hidden, 1)
 
-    def act(self, x, action=None):
-        h = self.body(x / 255.0)
-        dist = torch.distributions.Categorical(logits=self.actor(h))
-        if action is None:
-            action = dist.sample()
-        return action, dist.log_prob(action), dist.entropy(), self.critic(h).squeeze(-1)
+        def act(self, x, action=None):
+            h = self.body(x / 255.0)
+            dist = torch.distributions.Categorical(logits=self.actor(h))
+            if action is None:
+                action = dist.sample()
+            return action, dist.log_prob(action), dist.entropy(), self.critic(h).squeeze(-1)
+
+    return Agent(envs)
 
 
 def make_envs():
@@ -61,7 +68,7 @@ def test_without_the_forwarding_edit_the_agent_cannot_read_the_spaces(no_leaks):
     envs = EpisodeStats(make_envs(), forward_spaces=False)
     try:
         with pytest.raises(AttributeError, match="has no attribute .single_(observation|action)_space"):
-            Agent(envs)
+            new_agent(envs)
     finally:
         envs.close()
 
@@ -71,7 +78,7 @@ def test_wrapper_agent_rollout_and_one_update(no_leaks):
     envs = EpisodeStats(make_envs())
     try:
         assert isinstance(envs.action_space, gym.spaces.Discrete)   # the script's assert, gymnasium's class
-        agent = Agent(envs)
+        agent = new_agent(envs)
         optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
         shape = envs.single_observation_space.shape
         obs = torch.zeros((NUM_STEPS, NUM_ENVS, *shape))
@@ -112,7 +119,7 @@ def test_wrapper_agent_rollout_and_one_update(no_leaks):
         loss = pg_loss - 0.01 * entropy.mean() + 0.5 * 0.5 * ((newvalue - returns.reshape(-1)) ** 2).mean()
         optimizer.zero_grad()
         loss.backward()
-        nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+        torch.nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
         optimizer.step()
         assert torch.isfinite(loss)
         assert any(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))

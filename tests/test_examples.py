@@ -20,6 +20,7 @@ def run_example(name: str, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.heavy_imports
 def test_ppo_cartpole_short_run(no_leaks):
     pytest.importorskip("torch")
     out = run_example("ppo_cartpole.py", "--total-timesteps", "3072", "--num-envs", "4", "--num-steps", "128",

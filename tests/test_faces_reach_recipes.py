@@ -110,6 +110,7 @@ def test_a_recipe_option_misspelt_is_the_recipe_s_error():
 
 @needs_ale
 @needs_sb3
+@pytest.mark.heavy_imports
 def test_sb3_shm_vec_env_takes_a_recipe_id(frames_of_make, no_leaks):
     from shmpool.sb3 import ShmVecEnv
 
@@ -125,6 +126,7 @@ def test_sb3_shm_vec_env_takes_a_recipe_id(frames_of_make, no_leaks):
 
 @needs_ale
 @needs_sb3
+@pytest.mark.heavy_imports
 def test_sb3_make_vec_env_reaches_the_recipe_by_its_shmpool_id(frames_of_make, no_leaks):
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -140,6 +142,7 @@ def test_sb3_make_vec_env_reaches_the_recipe_by_its_shmpool_id(frames_of_make, n
 
 
 @needs_sb3
+@pytest.mark.heavy_imports
 def test_sb3_refuses_a_batched_recipe_saying_why():
     from shmpool.sb3 import ShmVecEnv
 

@@ -50,6 +50,7 @@ def test_envpool_face_repr_shows_the_plan_and_config(no_leaks):
 
 
 @needs_sb3
+@pytest.mark.heavy_imports
 def test_sb3_repr_shows_the_plan(no_leaks):
     from shmpool.sb3 import ShmVecEnv
 

@@ -24,6 +24,7 @@ def test_a_keyword_close_to_one_of_ours_is_named_as_a_typo(build, face, typo, me
         build()
 
 
+@pytest.mark.heavy_imports
 def test_sb3_vec_env_kwargs_typos_are_named_by_the_face(no_leaks):
     pytest.importorskip("stable_baselines3")
     from stable_baselines3.common.env_util import make_vec_env

@@ -20,6 +20,8 @@ import secrets
 import fuzz  # tests/ is on sys.path (conftest.py)
 import pytest
 
+# A case may draw the sb3 face (SB3, torch): every case runs after the tests that fork pools.
+pytestmark = pytest.mark.heavy_imports
 # ~1 s a case on a quiet 2-core machine (2-3 s loaded): 16 cases keep this file near 20 s.
 CASES = int(os.environ.get("SHMPOOL_FUZZ_CASES", "16"))
 SEED = int(os.environ.get("SHMPOOL_FUZZ_SEED") or secrets.randbelow(10 ** 9))

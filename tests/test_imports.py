@@ -14,6 +14,7 @@ def run(code: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(importlib.util.find_spec("stable_baselines3") is None,
                     reason="needs stable-baselines3 (the [sb3] extra; gymnasium 0.29's CI run has no torch)")
+@pytest.mark.slow   # a fresh interpreter imports SB3 and torch: ~5 s on 2 cores
 def test_sb3_face_reachable_after_import_shmpool():
     done = run("import shmpool; print(shmpool.sb3.ShmVecEnv.__name__)")
     assert done.returncode == 0, done.stderr

@@ -97,6 +97,7 @@ def test_ppo_atari_port_steps_as_sync_vector_env(no_leaks):
 
 @needs_ppo_atari
 @pytest.mark.slow   # SB3 (torch) imported, then Breakout with CleanRL's whole stack until a game ends in each env
+@pytest.mark.heavy_imports
 def test_ppo_atari_port_logs_the_episodes_sync_vector_env_logs(no_leaks):
     logged = assert_ppo_atari_port_steps_as_sync_vector_env(260)
     assert {i for _, i, _, _ in logged} == {0, 1}   # a random Breakout game is 130-250 steps of 4 frames
@@ -132,7 +133,7 @@ def _autoreset_trace(make) -> list[tuple]:
         env.close()
 
 
-@pytest.mark.parametrize("face", ["shmpool", "envpool"])
+@pytest.mark.parametrize("face", ["shmpool", pytest.param("envpool", marks=pytest.mark.heavy_imports)])
 def test_the_envpool_face_autoresets_on_the_next_step_as_envpool(no_leaks, face):
     """EnvPool's autoreset under either gymnasium (the VectorEnv's default under 0.29 is the same
     step): the ending row holds the episode's last reward and count, the next step resets (reward
@@ -201,6 +202,7 @@ ENVPOOL_INFOS = ("lives", "reward", "terminated", "elapsed_step", "TimeLimit.tru
 @needs_atari
 @pytest.mark.slow   # envpool and the port side by side, 400 steps of two envs: 20-45 s on 2 loaded cores
 @pytest.mark.parametrize("task", ["Breakout-v5", "MontezumaRevenge-v5"])
+@pytest.mark.heavy_imports
 def test_the_envpool_scripts_envs_step_as_envpool_s(no_leaks, task):
     """The scripts' envs, ported and on envpool itself, through their statistics wrapper: the same
     observations (``ppo_rnd_envpool.py`` normalizes the newest frame, ``obs[:, 3]``), rewards,

@@ -116,6 +116,7 @@ def _envpool(task: str, **kwargs):
     ("Breakout", {"episodic_life": True, "reward_clip": True}),
     ("Pong", {"frame_skip": 3, "stack_num": 2, "img_height": 64, "img_width": 48, "use_inter_area_resize": False}),
 ])
+@pytest.mark.heavy_imports
 def test_matches_envpool_exactly_without_noops(game, options):
     """``noop_max=1`` makes EnvPool's reset deterministic (zero no-ops, then FIRE), and with
     ``repeat_action_probability=0`` the ALE is too: every frame, reward and flag must agree."""
@@ -174,6 +175,7 @@ def _close_means(a: np.ndarray, b: np.ndarray, floor: float) -> None:
 
 
 @pytest.mark.slow   # many random episodes in the recipe and in envpool: ~13 s on 2 loaded cores
+@pytest.mark.heavy_imports
 def test_random_policy_statistics_match_envpool():
     """Pong-v5 with the defaults (30 no-ops, FIRE, 4 frames, ...) under a random policy: EnvPool
     and the recipe must give the same distributions of episode length and return.  8 envs x 1

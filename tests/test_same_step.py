@@ -243,6 +243,7 @@ def test_final_obs_that_do_not_fit_the_slot_travel_as_the_env_gave_them():
     assert "_final_obs" not in reader.read(None)
 
 
+@pytest.mark.heavy_imports
 def test_sb3_terminal_observation_matches_dummy_vec_env(no_leaks):
     sb3 = pytest.importorskip("stable_baselines3")
     from shmpool.sb3 import ShmVecEnv

@@ -15,20 +15,22 @@ import subprocess
 import sys
 from contextlib import closing
 
+import gymnasium as gym
+import heavy_imports
 import numpy as np
 import pytest
+from envs import DictEnv
+from gymnasium import spaces
 
-pytest.importorskip("stable_baselines3")
+import shmpool
 
-import gymnasium as gym  # noqa: E402
-from envs import DictEnv  # noqa: E402
-from gymnasium import spaces  # noqa: E402
-from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
-from stable_baselines3.common.monitor import Monitor  # noqa: E402
-from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecMonitor, VecNormalize  # noqa: E402
-
-import shmpool  # noqa: E402
-from shmpool.sb3 import ShmVecEnv  # noqa: E402
+heavy_imports.require("stable_baselines3")
+pytestmark = pytest.mark.heavy_imports   # SB3 (and torch) in the test process
+_VEC_ENV = "stable_baselines3.common.vec_env"
+sb3 = heavy_imports.names(make_vec_env="stable_baselines3.common.env_util",
+                          Monitor="stable_baselines3.common.monitor", DummyVecEnv=_VEC_ENV,
+                          VecFrameStack=_VEC_ENV, VecMonitor=_VEC_ENV, VecNormalize=_VEC_ENV,
+                          ShmVecEnv="shmpool.sb3")
 
 KINDS = ["dummy", "shm"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,8 +121,8 @@ ENVS = {
 
 def make(kind: str, fns):
     if kind == "dummy":
-        return DummyVecEnv(fns)
-    return ShmVecEnv(fns, num_workers=min(2, len(fns)))
+        return sb3.DummyVecEnv(fns)
+    return sb3.ShmVecEnv(fns, num_workers=min(2, len(fns)))
 
 
 # --- comparison helpers -------------------------------------------------------------
@@ -198,7 +200,7 @@ def dones_and_truncations(traj):
 @pytest.mark.parametrize("env", ["cartpole", "pendulum", "dict", "tuple"])
 def test_trajectories_match_dummy(env, no_leaks):
     fns = [ENVS[env]] * 3
-    with closing(DummyVecEnv(fns)) as ref, closing(ShmVecEnv(fns, num_workers=2)) as ours:
+    with closing(sb3.DummyVecEnv(fns)) as ref, closing(sb3.ShmVecEnv(fns, num_workers=2)) as ours:
         assert ours.observation_space == ref.observation_space
         assert ours.action_space == ref.action_space
         actions = random_actions(ref.action_space, 3, 60)
@@ -211,7 +213,7 @@ def test_trajectories_match_dummy(env, no_leaks):
 
 
 def test_step_types(no_leaks):
-    with closing(ShmVecEnv([FlatDictEnv] * 3, num_workers=2)) as venv:
+    with closing(sb3.ShmVecEnv([FlatDictEnv] * 3, num_workers=2)) as venv:
         obs = venv.reset()
         assert isinstance(obs, dict) and list(obs) == list(venv.observation_space.spaces)
         assert obs["count"].dtype == np.int64 and obs["count"].shape == (3,)
@@ -257,7 +259,7 @@ def test_set_options(kind, no_leaks):
 
 def test_seed_and_per_env_options_match_dummy(no_leaks):
     fns = [FlatDictEnv] * 3
-    with closing(DummyVecEnv(fns)) as ref, closing(ShmVecEnv(fns, num_workers=2)) as ours:
+    with closing(sb3.DummyVecEnv(fns)) as ref, closing(sb3.ShmVecEnv(fns, num_workers=2)) as ours:
         results = []
         for venv in (ref, ours):
             venv.seed(11)
@@ -316,7 +318,7 @@ def test_errors_keep_their_type(kind, no_leaks):
 
 
 def _monitored_cartpole():
-    return Monitor(gym.make("CartPole-v1"))
+    return sb3.Monitor(gym.make("CartPole-v1"))
 
 
 def _raw_cartpole():
@@ -327,9 +329,9 @@ def _raw_cartpole():
 @pytest.mark.parametrize("kind", KINDS)
 def test_env_is_wrapped(kind, no_leaks):
     with closing(make(kind, [_monitored_cartpole, ENVS["cartpole"], _raw_cartpole])) as venv:
-        assert venv.env_is_wrapped(Monitor) == [True, False, False]
+        assert venv.env_is_wrapped(sb3.Monitor) == [True, False, False]
         assert venv.env_is_wrapped(gym.wrappers.TimeLimit) == [True, True, False]
-        assert venv.env_is_wrapped(Monitor, indices=-3) == [True]
+        assert venv.env_is_wrapped(sb3.Monitor, indices=-3) == [True]
         assert venv.env_is_wrapped(gym.wrappers.TimeLimit, indices=[2, 1]) == [False, True]
 
 
@@ -365,10 +367,10 @@ def test_get_images_and_render(kind, no_leaks):
 # --- SB3 VecEnv wrappers on top ----------------------------------------------------------
 
 WRAPPERS = {
-    "VecNormalize": ("pendulum", lambda v: VecNormalize(v, gamma=0.9)),
-    "VecFrameStack": ("cartpole", lambda v: VecFrameStack(v, n_stack=4)),
-    "VecFrameStack-dict": ("boxdict", lambda v: VecFrameStack(v, n_stack=2)),
-    "VecMonitor": ("cartpole", VecMonitor),
+    "VecNormalize": ("pendulum", lambda v: sb3.VecNormalize(v, gamma=0.9)),
+    "VecFrameStack": ("cartpole", lambda v: sb3.VecFrameStack(v, n_stack=4)),
+    "VecFrameStack-dict": ("boxdict", lambda v: sb3.VecFrameStack(v, n_stack=2)),
+    "VecMonitor": ("cartpole", lambda v: sb3.VecMonitor(v)),
 }
 
 
@@ -376,7 +378,7 @@ WRAPPERS = {
 def test_vec_wrappers_on_top_match_dummy(name, no_leaks):
     env, wrap = WRAPPERS[name]
     fns = [ENVS[env]] * 3
-    with closing(wrap(DummyVecEnv(fns))) as ref, closing(wrap(ShmVecEnv(fns, num_workers=2))) as ours:
+    with closing(wrap(sb3.DummyVecEnv(fns))) as ref, closing(wrap(sb3.ShmVecEnv(fns, num_workers=2))) as ours:
         actions = random_actions(ref.action_space, 3, 50)
         expected, got = trajectory(ref, actions), trajectory(ours, actions)
     assert_same_trajectories(expected, got)
@@ -387,12 +389,12 @@ def test_vec_wrappers_on_top_match_dummy(name, no_leaks):
 
 def test_make_vec_env_matches_dummy(no_leaks):
     kwargs = dict(n_envs=3, seed=5)
-    with closing(make_vec_env("CartPole-v1", **kwargs)) as ref, \
-            closing(make_vec_env("CartPole-v1", vec_env_cls=ShmVecEnv, vec_env_kwargs={"num_workers": 2},
+    with closing(sb3.make_vec_env("CartPole-v1", **kwargs)) as ref, \
+            closing(sb3.make_vec_env("CartPole-v1", vec_env_cls=sb3.ShmVecEnv, vec_env_kwargs={"num_workers": 2},
                                  **kwargs)) as ours:
-        assert isinstance(ours, ShmVecEnv) and ours.pool.num_workers == 2
+        assert isinstance(ours, sb3.ShmVecEnv) and ours.pool.num_workers == 2
         assert ours.render_mode == ref.render_mode == "rgb_array"
-        assert ours.env_is_wrapped(Monitor) == [True] * 3
+        assert ours.env_is_wrapped(sb3.Monitor) == [True] * 3
         # the action spaces were seeded inside the workers, as make_vec_env does
         assert_same(ref.env_method("get_wrapper_attr", "action_space"),
                     ours.env_method("get_wrapper_attr", "action_space"))
@@ -409,7 +411,7 @@ def test_make_vec_env_matches_dummy(no_leaks):
 
 def test_constructor_forms(no_leaks):
     # gymnasium id: non-Pool keyword arguments go to gymnasium.make
-    with closing(ShmVecEnv("CartPole-v1", num_envs=3, num_workers=2, max_episode_steps=4)) as venv:
+    with closing(sb3.ShmVecEnv("CartPole-v1", num_envs=3, num_workers=2, max_episode_steps=4)) as venv:
         venv.reset()
         for _ in range(3):
             _, _, done, _ = venv.step(np.zeros(3, np.int64))
@@ -418,39 +420,39 @@ def test_constructor_forms(no_leaks):
         assert done.all() and all(info["TimeLimit.truncated"] for info in infos)
         assert venv.env_is_wrapped(gym.wrappers.TimeLimit) == [True] * 3
     # one callable plus num_envs
-    with closing(ShmVecEnv(FlatDictEnv, num_envs=2, num_workers=1)) as venv:
+    with closing(sb3.ShmVecEnv(FlatDictEnv, num_envs=2, num_workers=1)) as venv:
         assert venv.num_envs == 2 and venv.env_method("bump", indices=1) == [1]
     # an already built pool
     pool = shmpool.Pool([FlatDictEnv] * 2, num_workers=2, autoreset_mode="same_step")
-    with closing(ShmVecEnv(pool)) as venv:
+    with closing(sb3.ShmVecEnv(pool)) as venv:
         assert venv.pool is pool
         assert venv.env_method("get_marker", indices=[1]) == ["fresh"]
     assert pool.closed
     with pytest.raises(ValueError, match="same_step"):
-        ShmVecEnv(FlatDictEnv, num_envs=2, autoreset_mode="next_step")
+        sb3.ShmVecEnv(FlatDictEnv, num_envs=2, autoreset_mode="next_step")
     with pytest.raises(ValueError, match="num_envs is required"):
-        ShmVecEnv("CartPole-v1")
+        sb3.ShmVecEnv("CartPole-v1")
 
 
 def test_a_plain_pool_gets_every_method(no_leaks):
     """A pool built without ShmVecEnv: lookups still go through wrappers, env_is_wrapped walks the
     chain in the worker, and an env's AttributeError reaches has_attr as itself."""
     pool = shmpool.Pool("CartPole-v1", 3, num_workers=2, autoreset_mode="same_step")
-    with closing(ShmVecEnv(pool)) as venv:
+    with closing(sb3.ShmVecEnv(pool)) as venv:
         assert venv.get_attr("gravity", indices=[2, 0]) == [9.8, 9.8]
         assert venv.env_is_wrapped(gym.wrappers.TimeLimit, indices=1) == [True]
-        assert venv.env_is_wrapped(Monitor) == [False] * 3
+        assert venv.env_is_wrapped(sb3.Monitor) == [False] * 3
         assert venv.env_method("get_wrapper_attr", "gravity", indices=-1) == [9.8]
         assert not venv.has_attr("no_such_attribute")
         venv.set_attr("marker", [1], indices=[0])
         assert venv.get_attr("marker", indices=0) == [[1]]
     with shmpool.Pool("CartPole-v1", 2, num_workers=1) as next_step_pool:
         with pytest.raises(ValueError, match="same_step"):
-            ShmVecEnv(next_step_pool)
+            sb3.ShmVecEnv(next_step_pool)
 
 
 def test_reset_and_close_with_a_pending_step(no_leaks):
-    venv = ShmVecEnv([ENVS["cartpole"]] * 2, num_workers=2)
+    venv = sb3.ShmVecEnv([ENVS["cartpole"]] * 2, num_workers=2)
     venv.reset()
     venv.step_async(np.zeros(2, np.int64))
     assert venv.reset().shape == (2, 4)  # the pending step is finished and dropped

@@ -7,14 +7,15 @@ worker dies with the exception and the parent gets ``EOFError``."""
 from __future__ import annotations
 
 import gymnasium as gym
+import heavy_imports
 import numpy as np
 import pytest
 
-pytest.importorskip("stable_baselines3")
-from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
+from shmpool import EnvError
 
-from shmpool import EnvError  # noqa: E402
-from shmpool.sb3 import ShmVecEnv  # noqa: E402
+heavy_imports.require("stable_baselines3")
+pytestmark = pytest.mark.heavy_imports   # SB3 (and torch) in the test process
+sb3 = heavy_imports.names(DummyVecEnv="stable_baselines3.common.vec_env", ShmVecEnv="shmpool.sb3")
 
 
 class EnvSpecificError(Exception):
@@ -47,13 +48,14 @@ class Failing(gym.Env):
 
 def _venv(cls, phase, error):
     fns = [lambda: Failing(phase, error)] * 2
-    return cls(fns) if cls is DummyVecEnv else cls(fns, num_workers=1)
+    return cls(fns) if cls is sb3.DummyVecEnv else cls(fns, num_workers=1)
 
 
 @pytest.mark.parametrize("error", [KeyError, ValueError, EnvSpecificError])
 @pytest.mark.parametrize("phase", ["reset", "step", "method"])
-@pytest.mark.parametrize("cls", [DummyVecEnv, ShmVecEnv])
-def test_env_exception_is_raised_as_its_own_type(cls, phase, error, no_leaks):
+@pytest.mark.parametrize("cls_name", ["DummyVecEnv", "ShmVecEnv"])
+def test_env_exception_is_raised_as_its_own_type(cls_name, phase, error, no_leaks):
+    cls = getattr(sb3, cls_name)
     venv = _venv(cls, phase, error)
     try:
         with pytest.raises(error, match=f"failed in {phase}") as caught:
@@ -66,7 +68,7 @@ def test_env_exception_is_raised_as_its_own_type(cls, phase, error, no_leaks):
             else:
                 venv.reset()
         assert type(caught.value) is error
-        if cls is ShmVecEnv:  # the pool's account of where it happened stays reachable
+        if cls is sb3.ShmVecEnv:  # the pool's account of where it happened stays reachable
             assert isinstance(caught.value.__cause__, EnvError) and caught.value.__cause__.env_id == 0
     finally:
         venv.close()

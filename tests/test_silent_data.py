@@ -146,6 +146,7 @@ def test_a_reset_info_the_parent_cannot_read_is_an_env_error_and_the_next_reset_
         assert pool.call("double", 4) == (8, 8, 8, 8)
 
 
+@pytest.mark.heavy_imports
 def test_sb3_set_options_that_cannot_be_pickled_leave_env_method_answers_in_step(no_leaks):
     pytest.importorskip("stable_baselines3")
     from shmpool.sb3 import ShmVecEnv

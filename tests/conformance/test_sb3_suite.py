@@ -1,11 +1,12 @@
 """SB3's own tests/test_vec_envs.py with ShmVecEnv in place of DummyVecEnv and SubprocVecEnv."""
 from __future__ import annotations
 
+import heavy_imports
 import pytest
 
 from .reference_suite import RegistryUnreachable, extract, patch, run, sdist
 
-pytest.importorskip("stable_baselines3")
+heavy_imports.require("stable_baselines3")   # the suite runs in a child pytest: never imported here
 
 # The reference suite runs in a child pytest inside the module fixture (~1 min on 2 cores).
 pytestmark = pytest.mark.timeout(900)

@@ -1,0 +1,64 @@
+"""tests/heavy_imports.py: the libraries that make every fork of the test process dearer stay out of it
+until the tests marked for them run, last."""
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import heavy_imports
+import pytest
+
+
+def test_collecting_the_suite_left_the_heavy_libraries_out(request):
+    found = request.config.stash.get(heavy_imports.AT_COLLECTION, None)
+    assert found is not None, "conftest.py recorded nothing at collection"
+    assert found == (), (f"collecting the tests imported {', '.join(found)}: a test module imports it at module "
+                         "level (use heavy_imports.require and heavy_imports.names or module)")
+
+
+def _item(name: str, heavy: bool):
+    return SimpleNamespace(name=name, get_closest_marker=lambda mark: object() if heavy and mark ==
+                           heavy_imports.MARK else None)
+
+
+def test_marked_items_run_after_the_others_each_group_in_its_order():
+    items = [_item("a", True), _item("b", False), _item("c", True), _item("d", False), _item("e", False)]
+    heavy_imports.run_last(items)
+    assert [item.name for item in items] == ["b", "d", "e", "a", "c"]
+
+
+@pytest.fixture
+def fake_heavy(tmp_path, monkeypatch):
+    """A module ``heavy_fake`` on the path, counted as heavy, not yet imported."""
+    (tmp_path / "heavy_fake.py").write_text("VALUE = 7\nitems = []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(heavy_imports, "HEAVY", (*heavy_imports.HEAVY, "heavy_fake"))
+    monkeypatch.delitem(sys.modules, "heavy_fake", raising=False)
+    yield "heavy_fake"
+    sys.modules.pop("heavy_fake", None)
+
+
+def test_names_and_module_import_on_first_use_only(fake_heavy):
+    names = heavy_imports.names(VALUE=fake_heavy)
+    lazy = heavy_imports.module(fake_heavy)
+    assert not hasattr(lazy, "__test__")   # pytest's probe at collection: answered without importing
+    assert fake_heavy not in sys.modules
+    assert names.VALUE == 7 and fake_heavy in sys.modules
+    lazy.VALUE = 8   # a write reaches the module itself (monkeypatch.setattr on a proxy)
+    assert sys.modules[fake_heavy].VALUE == 8 == lazy.VALUE
+
+
+def test_a_test_that_leaves_a_heavy_library_loaded_is_named_with_the_fix(fake_heavy):
+    before = heavy_imports.loaded()
+    assert heavy_imports.newly_loaded("tests/x.py::t", before) is None
+    __import__(fake_heavy)
+    assert heavy_imports.newly_loaded("tests/x.py::t", before) == (
+        "tests/x.py::t imported heavy_fake into the test process: mark it @pytest.mark.heavy_imports so that it "
+        "runs after the tests that fork pools (tests/heavy_imports.py)")
+    assert heavy_imports.newly_loaded("tests/x.py::t", heavy_imports.loaded()) is None
+
+
+def test_require_skips_a_missing_module_without_importing_it():
+    with pytest.raises(pytest.skip.Exception, match="could not import 'no_such_module_here': not installed"):
+        heavy_imports.require("no_such_module_here")
+    heavy_imports.require("json")   # installed: no skip
