@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -27,8 +27,12 @@ from .constructors import ShardConstructors
 from .errors import EnvError, PoolResourceError, WorkerDiedError
 from .layout import same_space
 from .pids import alive
+from .thread_limits import found_for_fork
 from .workers import loop
 from .workers.hosted import HostedWorker
+
+if TYPE_CHECKING:
+    from threadpoolctl import ThreadpoolController
 
 SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
 SLICE_S = SLICE_NS / 1e9
@@ -129,6 +133,7 @@ class WorkerSet:
         me = (os.getpid(), psutil.Process().create_time(), threading.current_thread() is threading.main_thread())
         blobs: dict = {}   # one blob per constructor for every shard (shmpool.constructors)
         inherit = self.ctx.get_start_method() == "fork"
+        libraries = found_for_fork(self.ctx.get_start_method())   # looked up once for every worker forked here
         for k, (a, b) in enumerate(self.bounds):
             cpu = self.cpus[k] if self.pinned else None
             packed = ShardConstructors.pack(fns[a:b], inherit, blobs)
@@ -140,7 +145,7 @@ class WorkerSet:
             self.conns.append(None)
             self.pids.append(0)
             if k != self.hosted:
-                self.spawn(k)
+                self.spawn(k, libraries)
         if self.hosted is not None:
             # Built after the processes are started, so their envs are built meanwhile.
             k = self.hosted
@@ -148,13 +153,17 @@ class WorkerSet:
             worker = HostedWorker(k, hosted_fns, a, seeds[a:b], deadline)
             self.procs[k], self.conns[k], self.pids[k] = worker, worker.conn, worker.pid
 
-    def spawn(self, k: int) -> None:
-        """Start worker ``k`` (again: a replacement gets the same envs, cpu and constructors)."""
+    def spawn(self, k: int, libraries: ThreadpoolController | None = None) -> None:
+        """Start worker ``k`` (again: a replacement gets the same envs, cpu and constructors).
+        ``libraries``: this process's BLAS and OpenMP libraries as found for this fork (looked up here
+        when not given: a replacement is forked from the trainer as it is now)."""
+        if libraries is None:
+            libraries = found_for_fork(self.ctx.get_start_method())
         parent_end, child_end = self.ctx.Pipe(duplex=True)
         saved = {v: os.environ.get(v) for v in loop.THREAD_ENV_VARS}
         os.environ.update({v: "1" for v in loop.THREAD_ENV_VARS})  # spawned workers start with 1 thread
         try:
-            proc = self.ctx.Process(target=loop.main, args=(child_end, *self._args[k]),
+            proc = self.ctx.Process(target=loop.main, args=(child_end, *self._args[k], libraries),
                                     name=f"shmpool-worker-{k}", daemon=True)
             try:
                 with collection_paused():

@@ -47,12 +47,18 @@ def test_unpinned_workers_may_run_on_every_allowed_core(no_leaks):
         assert "unpinned" in repr(pool) and not pool.pinned
 
 
-def test_worker_blas_threads_are_limited(no_leaks):
-    with shmpool.Pool(ProbeEnv, 2, num_workers=2) as pool:
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])   # libraries found in the trainer / in the worker
+def test_worker_blas_threads_are_limited_and_the_trainers_are_not(start_method, no_leaks):
+    from threadpoolctl import threadpool_info
+
+    trainers = [(lib["filepath"], lib["num_threads"]) for lib in threadpool_info()]
+    assert trainers, "numpy's BLAS should be loaded here"
+    with shmpool.Pool(ProbeEnv, 2, num_workers=2, start_method=start_method) as pool:
         for probe in pool.call("probe"):
             assert probe["omp"] == "1"
-            assert all(n == 1 for n in probe["pools"]), probe["pools"]
+            assert probe["pools"] and all(n == 1 for n in probe["pools"]), probe["pools"]
             assert probe["sigint"] == signal.SIG_IGN  # Ctrl-C is the parent's to handle
+    assert [(lib["filepath"], lib["num_threads"]) for lib in threadpool_info()] == trainers
 
 
 def test_dropping_a_pool_without_close_reaps_it(no_leaks):

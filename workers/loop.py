@@ -12,7 +12,6 @@ import signal
 import sys
 
 import psutil
-from threadpoolctl import threadpool_limits  # imported here so forked workers inherit it
 
 from shmpool import _core
 from shmpool import layout as L
@@ -22,6 +21,7 @@ from shmpool.constructors import ShardConstructors
 from shmpool.errors import PoolResourceError
 from shmpool.memory import drop_inherited_regions, receive_region
 from shmpool.neighbours import name_this_worker
+from shmpool.thread_limits import limit_to_one_thread
 
 from . import forks
 from .inbox import PickledActionInbox
@@ -66,7 +66,8 @@ class ParentWatch:
             return False
 
 
-def _setup_process(cpu: int | None, parent_pid: int, parent_started: float, main_thread: bool) -> ParentWatch:
+def _setup_process(cpu: int | None, parent_pid: int, parent_started: float, main_thread: bool,
+                   libraries) -> ParentWatch:
     watch = ParentWatch(parent_pid, parent_started, main_thread)
     drop_inherited_regions()   # other pools' regions a fork copied: never this worker's to hold
     # Ctrl-C reaches the whole process group; the parent decides what to do.
@@ -75,10 +76,7 @@ def _setup_process(cpu: int | None, parent_pid: int, parent_started: float, main
         os.sched_setaffinity(0, {cpu})
     for var in THREAD_ENV_VARS:
         os.environ[var] = "1"
-    try:
-        threadpool_limits(1)
-    except Exception:  # pragma: no cover - a BLAS that refuses is not worth dying for
-        pass
+    limit_to_one_thread(libraries)
     # OpenCV (Atari resizes) keeps its own thread pool: a forked worker inherits the
     # parent's, sized for every core, and two workers' pools then fight over them.
     cv2 = sys.modules.get("cv2")
@@ -112,15 +110,17 @@ def _set(env, name: str, value) -> None:
 
 
 def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], constructors: ShardConstructors,
-         start: int, seeds: list) -> None:
+         start: int, seeds: list, libraries=None) -> None:
     """Entry point of worker ``index`` owning envs ``start..start+len(constructors.per_env)-1``.
 
-    ``parent`` is the pool process's (pid, psutil create_time, built on its main thread)."""
+    ``parent`` is the pool process's (pid, psutil create_time, built on its main thread); ``libraries``
+    the BLAS and OpenMP libraries it found just before forking this worker (``shmpool.thread_limits``;
+    None: this worker finds its own)."""
     set_aside_trainer_objects()   # first: before anything here can trigger a collection
     try:
         # Inside the try: a failure setting the process up reaches the parent's error with its traceback
         # (the worker's stderr may be a progress display's, or nobody's).
-        watch = _setup_process(cpu, *parent)
+        watch = _setup_process(cpu, *parent, libraries)
         name_this_worker(index)   # what another pool on these cores finds (shmpool.neighbours)
         forks.watch_forks()       # a process an env forks never acts as this worker
         shed_sockets({conn.fileno()})   # the trainer's ports and connections are never a worker's

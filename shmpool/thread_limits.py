@@ -1,0 +1,39 @@
+"""Each worker runs its BLAS and OpenMP libraries with one thread; a forked worker's are found in the trainer.
+
+A worker owns one core: a BLAS or OpenMP library that kept its default (a thread per core) would make every
+env's matrix call fight the other workers.  threadpoolctl finds the loaded libraries by walking every shared
+object of the process and asking the known ones for their thread counts.  In a freshly forked worker that
+walk cost 12-16 ms (its first ctypes calls, and the copy-on-write faults each takes on the trainer's heap),
+once per worker at every pool start, while the trainer waited.  A forked worker has exactly the libraries
+the trainer had at the fork, so the trainer walks them (~2 ms) just before forking, and each worker only sets
+the ones found to one thread (~1 ms).  The trainer's own thread counts are read, never changed.
+
+A worker started by ``spawn`` or ``forkserver`` has its own libraries: it walks them itself.  Libraries an
+env loads later (its ``make``) are not limited, as before.
+"""
+from __future__ import annotations
+
+from threadpoolctl import ThreadpoolController, threadpool_limits
+
+
+def found_for_fork(start_method: str) -> ThreadpoolController | None:
+    """The BLAS and OpenMP libraries this process has loaded, for workers about to be forked from it;
+    None for any other start method (the worker finds its own) or where threadpoolctl cannot look."""
+    if start_method != "fork":
+        return None
+    try:
+        return ThreadpoolController()
+    except Exception:   # pragma: no cover - a library that cannot be queried: the worker looks itself
+        return None
+
+
+def limit_to_one_thread(found: ThreadpoolController | None) -> None:
+    """In a worker: every BLAS and OpenMP library ``found`` in the trainer (or, without it, found here)
+    runs one thread."""
+    try:
+        if found is None:
+            threadpool_limits(1)
+        else:
+            found.limit(limits=1)
+    except Exception:  # pragma: no cover - a BLAS that refuses is not worth a worker's death
+        pass
