@@ -10,7 +10,8 @@ pytest.importorskip("matplotlib")
 
 from bench import _timing, latency  # noqa: E402
 
-pytestmark = pytest.mark.slow   # bench latency runs and their plots
+pytestmark = [pytest.mark.slow,             # bench latency runs and their plots
+              pytest.mark.heavy_imports]    # --ray and --netem import Ray here
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PCTS = {"p50", "p75", "p90", "p95", "p99"}

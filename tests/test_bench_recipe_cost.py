@@ -5,7 +5,8 @@ pytest.importorskip("mujoco")
 
 from bench import recipe_cost, tasks  # noqa: E402
 
-pytestmark = pytest.mark.slow   # bench recipe_cost steps MuJoCo/Atari recipes every way
+pytestmark = [pytest.mark.slow,             # bench recipe_cost steps MuJoCo/Atari recipes every way
+              pytest.mark.heavy_imports]    # envpool among them, in this process
 
 
 def test_ant_costs_every_side(capsys):

@@ -10,7 +10,8 @@ from bench import throughput
 from bench.throughput import describe_nodes
 from shmpool.topology import format_cpu_list, numa_nodes, split_by_node
 
-pytestmark = pytest.mark.slow   # bench throughput runs (tiny ones, still seconds each)
+pytestmark = [pytest.mark.slow,             # bench throughput runs (tiny ones, still seconds each)
+              pytest.mark.heavy_imports]    # SB3's vec envs and envpool among the systems, in this process
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 WORKERS = "1,2" if len(ALLOWED) >= 2 else "1"
@@ -141,7 +142,6 @@ def test_bad_options():
     assert throughput.parse_args(["--task", "Pong-v5", "--quick"]).frame_skip == 4
 
 
-@pytest.mark.heavy_imports
 def test_num_envs_sweeps_n_on_the_whole_budget_with_the_poolvec_rows(tmp_path, no_leaks):
     pytest.importorskip("stable_baselines3")
     js = tmp_path / "t.json"
