@@ -9,6 +9,7 @@ import textwrap
 import time
 
 import gymnasium as gym
+import heavy_imports
 import numpy as np
 import pytest
 
@@ -192,7 +193,7 @@ two_cores = pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) != 2,
 @pytest.mark.slow   # a subprocess importing torch: ~11 s on 2 loaded cores
 @two_cores
 def test_cheap_envs_beside_torch_run_in_this_process():
-    pytest.importorskip("torch")
+    heavy_imports.require("torch")   # imported by the subprocess only
     out = _layout("CartPole-v1", 8)
     assert "workers 1 processes 0" in out
     assert "every env stepped in this process: a step of one env costs" in out
@@ -201,7 +202,7 @@ def test_cheap_envs_beside_torch_run_in_this_process():
 @pytest.mark.slow   # four subprocesses importing torch: ~27 s on 2 loaded cores
 @two_cores
 def test_without_a_trainer_or_with_a_choice_the_layout_is_the_default():
-    pytest.importorskip("torch")
+    heavy_imports.require("torch")   # imported by the subprocesses only
     assert "workers 2 processes 1" in _layout("CartPole-v1", 8, torch_first=False)
     assert "workers 2 processes 2" in _layout("CartPole-v1", 8, extra=", num_workers=2")
     assert "workers 2 processes 2" in _layout("CartPole-v1", 8, extra=", parent_shard=False")

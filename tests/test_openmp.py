@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import heavy_imports
 import pytest
 
 from shmpool import openmp
@@ -165,7 +166,7 @@ def _spins_long_enough():
 @pytest.mark.parametrize("imports", ["import torch\n    import shmpool", "import shmpool\n    import torch"],
                          ids=["torch-first", "shmpool-first"])
 def test_in_a_real_process_the_spin_is_quiet_exactly_while_a_pool_with_workers_is_stepped(imports):
-    pytest.importorskip("torch")
+    heavy_imports.require("torch")   # imported by the subprocess only
     _spins_long_enough()
     out = _run(LIFE.format(imports=imports))
     loud = out["before"]
@@ -184,7 +185,7 @@ def test_in_a_real_process_the_spin_is_quiet_exactly_while_a_pool_with_workers_i
                                          ({"GOMP_SPINCOUNT": "300000"}, "GOMP_SPINCOUNT=300000 as the user set it")],
                          ids=["opt-out", "user-setting"])
 def test_in_a_real_process_the_opt_out_and_a_user_setting_change_nothing(env, detail):
-    pytest.importorskip("torch")
+    heavy_imports.require("torch")   # imported by the subprocess only
     _spins_long_enough()
     out = _run(LIFE.format(imports="import torch\n    import shmpool"), **env)
     assert out["stepped"] > out["before"] / 2, out
@@ -217,7 +218,7 @@ PRELOADED = """
 def test_in_a_real_process_with_intel_openmp_preloaded_the_pool_reads_which_runtime_serves_torch():
     # LD_PRELOAD as Intel's PyTorch tuning guides have it: torch's own libgomp is mapped too, but torch's calls
     # go to Intel's runtime, which the pool leaves alone (its waiting threads give way; module docstring).
-    pytest.importorskip("torch")
+    heavy_imports.require("torch")   # imported by the subprocess only
     iomp = _intel_openmp()
     preloaded = _run(PRELOADED, LD_PRELOAD=iomp)["repr"]
     assert "OpenMP: libiomp5.so: its waiting threads give way; left as it is" in preloaded
