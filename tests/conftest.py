@@ -116,6 +116,16 @@ def no_leaks():
     assert new == set(), f"left in /dev/shm: {sorted(new)}"
 
 
+@pytest.fixture
+def gate(tmp_path):
+    """A shut :class:`envs.Gate` for the test's envs to hold a call at; opened at the end whatever happened, so no
+    env is left waiting out its cap."""
+    from envs import Gate
+    shut = Gate(tmp_path)
+    yield shut
+    shut.open()
+
+
 # --- gymnasium 0.29 ------------------------------------------------------------------------
 # Under gymnasium 0.29 (shmpool.gym_compat.LEGACY) these check 1.x's contracts, so they skip, each
 # with its reason; 0.29's contracts are tests/test_gym_compat.py's (its reference is 0.29's own

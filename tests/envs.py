@@ -1,13 +1,47 @@
-"""Small envs for the tests: a Dict-observation env with mixed infos, and one that fails on demand."""
+"""Small envs for the tests: a Dict-observation env with mixed infos, one that fails on demand, and the
+:class:`Gate` a test holds a call pending with."""
 from __future__ import annotations
 
 import os
 import signal
 import time
+import uuid
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+
+class Gate:
+    """Holds an env's call until the test opens it, in place of a fixed sleep: the call stays pending exactly as
+    long as the test needs, on a quiet machine or a loaded one.
+
+    The gate is a file's existence, so it crosses any start method (fork, spawn, AsyncVectorEnv's workers) and
+    a process killed while held leaves nothing behind (a ``multiprocessing.Event`` whose waiter was killed makes
+    the next ``set()`` wait for it forever).  :meth:`hold` polls every :data:`POLL_S` and gives up after
+    :data:`CAP_S` with a RuntimeError, so a test that never opens it fails instead of hanging."""
+
+    POLL_S = 0.002
+    CAP_S = 30.0
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.path = os.path.join(folder, f"gate-{uuid.uuid4().hex}")
+
+    @property
+    def is_open(self) -> bool:
+        return os.path.exists(self.path)
+
+    def open(self) -> None:
+        with open(self.path, "w"):
+            pass
+
+    def hold(self) -> None:
+        """Return once the gate is open (at once if it is)."""
+        deadline = time.monotonic() + self.CAP_S
+        while not self.is_open:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the test never opened its gate ({self.CAP_S} s)")
+            time.sleep(self.POLL_S)
 
 
 class DictEnv(gym.Env):

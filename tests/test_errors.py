@@ -148,13 +148,13 @@ def test_failed_call_names_env(no_leaks):
         assert pool.get_attr("marker") == ("fresh",) * 3
 
 
-def test_step_async_wait_and_a_timeout_that_keeps_the_step_pending(no_leaks):
-    class Slow(FaultyEnv):
+def test_step_async_wait_and_a_timeout_that_keeps_the_step_pending(no_leaks, gate):
+    class Held(FaultyEnv):
         def step(self, action):
-            time.sleep(1.0)   # far past the 0.05 s timeout below, for a loaded CI
+            gate.hold()   # until the test has seen its timeouts, however loaded the machine
             return super().step(action)
 
-    with shmpool.Pool([Slow] * 2, num_workers=2) as pool:
+    with shmpool.Pool([Held] * 2, num_workers=2) as pool:
         pool.reset()
         with pytest.raises(RuntimeError, match="step_wait\\(\\) without a pending step_async\\(\\)"):
             pool.step_wait()
@@ -168,11 +168,12 @@ def test_step_async_wait_and_a_timeout_that_keeps_the_step_pending(no_leaks):
         with pytest.raises(TimeoutError, match="step did not finish within 0.05 s; it is still pending"):
             pool.step_wait(timeout=0.05)
         assert time.monotonic() - t0 >= 0.05
-        # The event, not a time: the 1 s step is still out, so the wait above ended at its timeout, not at the
-        # step's end (a wait that raised only once the step was done would leave nothing pending here).
+        # The gate, not a time: the step cannot end before the test opens it, so the wait above ended at its
+        # timeout (a wait that raised only once the step was done would never have raised).
         with pytest.raises(TimeoutError, match="it is still pending"):
             pool.step_wait(timeout=0.01)
-        obs, rew, *_ = pool.step_wait(timeout=5)
+        gate.open()
+        obs, rew, *_ = pool.step_wait(timeout=30)
         assert rew.tolist() == [1.0, 1.0] and obs[:, 0].tolist() == [1.0, 1.0]
         assert not pool.closed
 

@@ -9,8 +9,8 @@ from :func:`expected`, a model of ``AsyncVectorEnv``'s rules, so the reference c
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -252,28 +252,32 @@ def test_envpool_entries_are_refused_while_a_call_is_pending(no_leaks, pending):
         assert envs.recv()[0].shape == (N, 2)
 
 
-class SlowEnv(CountEnv):
-    """A reset with options, a step and get_value take a second."""
+class HeldEnv(CountEnv):
+    """A reset with options, a step and get_value wait at the test's gate (a plain reset does not)."""
+
+    def __init__(self, gate):
+        super().__init__()
+        self.gate = gate
 
     def reset(self, *, seed=None, options=None):
         if options:
-            time.sleep(1.0)
+            self.gate.hold()
         return super().reset(seed=seed)
 
     def step(self, action):
-        time.sleep(1.0)
+        self.gate.hold()
         return super().step(action)
 
     def get_value(self, k=1):
-        time.sleep(1.0)
+        self.gate.hold()
         return super().get_value(k)
 
 
 @pytest.mark.parametrize("pending", ["reset", "step", "call"])
-def test_a_timed_out_wait_leaves_its_call_pending(no_leaks, pending):
+def test_a_timed_out_wait_leaves_its_call_pending(no_leaks, gate, pending):
     """Unlike AsyncVectorEnv (whose pipes are out of step after a timeout) the call stays pending:
     other entries are refused until its wait collects it."""
-    with shmpool.VectorEnv([SlowEnv] * N, num_workers=2) as envs:
+    with shmpool.VectorEnv([functools.partial(HeldEnv, gate)] * N, num_workers=2) as envs:
         envs.reset(seed=0)
         if pending == "reset":
             envs.reset_async(seed=0, options={"slow": True})
@@ -285,4 +289,5 @@ def test_a_timed_out_wait_leaves_its_call_pending(no_leaks, pending):
         assert isinstance(info.value, TimeoutError)   # the builtin too: WaitTimeoutError is both
         assert str(info.value) == f"The call to `{pending}_wait` has timed out after 0.05 second(s)."
         assert outcome(lambda e: e.set_attr("value", 7), envs) == already_pending("set_attr", pending)
+        gate.open()
         check_result(ENTRIES[f"{pending}_wait"].returns, wait(timeout=30))

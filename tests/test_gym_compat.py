@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
-import time
 import warnings
 
 import gymnasium as gym
@@ -70,9 +69,16 @@ class KwargsEnv(InfoEnv):
         return self._obs(), {"keys": ",".join(sorted(kwargs))}
 
 
-class SlowResetEnv(InfoEnv):
+class HeldResetEnv(InfoEnv):
+    """A reset with options waits at the test's gate."""
+
+    def __init__(self, gate, length=3):
+        super().__init__(length)
+        self.gate = gate
+
     def reset(self, *, seed=None, options=None):
-        time.sleep(1.0 if options else 0.0)
+        if options:
+            self.gate.hold()
         return super().reset(seed=seed)
 
 
@@ -192,14 +198,15 @@ def test_call_refuses_the_names_the_reference_refuses(no_leaks, name):
 
 
 @pytest.mark.parametrize("kind", ["AsyncVectorEnv", "shmpool"])
-def test_wait_timeout_raises_the_references_error(no_leaks, kind):
-    envs = build(kind, [SlowResetEnv] * 2)
+def test_wait_timeout_raises_the_references_error(no_leaks, gate, kind):
+    envs = build(kind, [functools.partial(HeldResetEnv, gate)] * 2)
     try:
         envs.reset_async(options={"slow": True})
         with pytest.raises(multiprocessing.TimeoutError) as info:
             envs.reset_wait(timeout=0.1)
         assert str(info.value) == "The call to `reset_wait` has timed out after 0.1 second(s)."
     finally:
+        gate.open()   # shmpool's close(terminate=True) would wait the held reset out (see test_vector_env_semantics)
         envs.close(terminate=True)
 
 

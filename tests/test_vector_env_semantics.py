@@ -12,35 +12,40 @@ import functools
 import gc
 import multiprocessing
 import re
+import threading
 import time
 import warnings
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from envs import Gate
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv
 from gymnasium.vector.utils import batch_differing_spaces
 
 import shmpool
 import shmpool.vector
+import shmpool.workerset
 
 
 class RecordingEnv(gym.Env):
     """Returns what it was given: its reset keywords and its actions, in the infos; its reward,
-    observation and observation space are chosen by the test."""
+    observation and observation space are chosen by the test.  ``reset_gate``: its resets wait at that
+    :class:`envs.Gate`; ``held(gate)`` waits at ``gate``."""
 
-    def __init__(self, obs_space=None, act_space=None, reward=1.0, obs=None, slow_reset=0.0):
+    def __init__(self, obs_space=None, act_space=None, reward=1.0, obs=None, reset_gate=None):
         self.observation_space = obs_space or spaces.Box(-10.0, 10.0, (1,), np.float32)
         self.action_space = act_space or spaces.Discrete(4)
-        self.reward, self.obs, self.slow_reset = reward, obs, slow_reset
+        self.reward, self.obs, self.reset_gate = reward, obs, reset_gate
 
     def _obs(self):
         return self.observation_space.sample() * 0 if self.obs is None else self.obs
 
     def reset(self, **kwargs):
         super().reset(seed=kwargs.get("seed"))
-        time.sleep(self.slow_reset)
+        if self.reset_gate is not None:
+            self.reset_gate.hold()
         return self._obs(), {"keys": ",".join(sorted(kwargs)), "options": repr(kwargs.get("options"))}
 
     def step(self, action):
@@ -49,6 +54,10 @@ class RecordingEnv(gym.Env):
     def slow(self, seconds):
         time.sleep(seconds)
         return seconds
+
+    def held(self, gate):
+        gate.hold()
+        return "opened"
 
 
 def recording(**kwargs):
@@ -157,21 +166,19 @@ def test_observations_that_do_not_fit_raise_numpys_value_error(vec):
 
 
 @pytest.mark.parametrize("op", ["reset", "call"])
-def test_wait_timeout(vec, op):
-    op_s = 1.5   # far past the timeout (a shmpool VectorEnv's close waits it out: kept short)
-    envs = vec([recording(slow_reset=op_s if op == "reset" else 0.0)] * 2)
+def test_wait_timeout(vec, gate, op):
+    envs = vec([recording(reset_gate=gate if op == "reset" else None)] * 2)
     if op == "reset":
         envs.reset_async(seed=0)
     else:
         envs.reset(seed=0)
-        envs.call_async("slow", op_s)
+        envs.call_async("held", gate)
     t0 = time.monotonic()
     with pytest.raises(multiprocessing.TimeoutError) as info:
         getattr(envs, f"{op}_wait")(timeout=0.1)
-    # Raised before the op could have ended (it started before t0), so the timeout, not the op's end, ended
-    # the wait: a wait that raised only once the op was done fails however loaded the machine; ~0.1 s idle
-    # leaves 14x for a loaded CI.  The lower bound: the wait did wait.
-    assert 0.1 <= time.monotonic() - t0 < op_s
+    # The op cannot end before the gate opens, so the timeout ended the wait (a wait that raised only once
+    # the op was done would never raise here), however loaded the machine.  The bound: the wait did wait.
+    assert time.monotonic() - t0 >= 0.1
     assert str(info.value) == f"The call to `{op}_wait` has timed out after 0.1 second(s)."
 
 
@@ -398,35 +405,63 @@ def test_context_is_the_start_method(no_leaks):
         assert envs.reset(seed=0)[0].tolist() == [[0.0], [0.0]]
 
 
-def test_timed_out_reset_and_call_stay_pending(no_leaks):
-    with shmpool.VectorEnv([recording(slow_reset=0.5)] * 2, num_workers=2) as envs:
+def test_timed_out_reset_and_call_stay_pending(no_leaks, gate, tmp_path):
+    with shmpool.VectorEnv([recording(reset_gate=gate)] * 2, num_workers=2) as envs:
         envs.reset_async(seed=5)
         with pytest.raises(TimeoutError):  # the builtin too: WaitTimeoutError is both
             envs.reset_wait(timeout=0.05)
         with pytest.raises(gym.error.AlreadyPendingCallError):
             envs.step_async(np.array([0, 1]))
+        gate.open()
         _, infos = envs.reset_wait(timeout=30)
         assert infos["keys"].tolist() == ["options,seed"] * 2
         assert envs.np_random_seed == (5, 6)
-        envs.call_async("slow", 0.5)
+        call_gate = Gate(tmp_path)
+        envs.call_async("held", call_gate)
         with pytest.raises(shmpool.vector.WaitTimeoutError):
             envs.call_wait(timeout=0.05)
-        assert envs.call_wait() == (0.5, 0.5)
+        call_gate.open()
+        assert envs.call_wait() == ("opened", "opened")
 
 
-def test_close_ends_a_pending_reset(no_leaks):
-    envs = shmpool.VectorEnv([recording(slow_reset=0.5)] * 2, num_workers=1)
+def test_close_ends_a_pending_reset(no_leaks, gate):
+    envs = shmpool.VectorEnv([recording(reset_gate=gate)] * 2, num_workers=1)
     envs.reset_async()
     with pytest.raises(multiprocessing.TimeoutError):
         envs.reset_wait(timeout=0.05)
+    threading.Timer(0.2, gate.open).start()   # the reset ends while close() waits for it
     t0 = time.monotonic()
     with warnings.catch_warnings():   # gymnasium's "Calling `close` while waiting ..." (if its logger warns)
         warnings.simplefilter("ignore")
         envs.close()
-    assert envs.pool.closed and envs.closed
-    # The reset (0.5 s) ends, then the workers stop (~0.5 s idle).  A close that had to kill them would first
+    assert envs.pool.closed and envs.closed and gate.is_open
+    # The reset ends at 0.2 s, then the workers stop (~0.5 s idle).  A close that had to kill them would first
     # wait out CLOSE_GRACE_S (5 s): 4 s is 8x the idle time and still fails on that.
     assert time.monotonic() - t0 < 4.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["AsyncVectorEnv", "shmpool"])
+def test_close_terminate_ends_a_held_call_at_once(no_leaks, gate, kind, request, monkeypatch):
+    """AsyncVectorEnv's ``close(terminate=True)`` kills its workers at once, without waiting for the call they are
+    in.  shmpool's waits the call out, up to ``CLOSE_GRACE_S`` (1 s here), then kills: a known gap, strict xfail
+    until the pool's close can kill at once.  Every env runs in a worker (``parent_shard=False``): an env held in
+    the trainer's own process could not be ended by any close."""
+    if kind == "shmpool":
+        request.applymarker(pytest.mark.xfail(strict=True, reason="close(terminate=True) waits CLOSE_GRACE_S"))
+    monkeypatch.setattr(shmpool.workerset, "CLOSE_GRACE_S", 1.0)
+    fns = [recording(reset_gate=gate)] * 2
+    envs = AsyncVectorEnv(fns) if kind == "AsyncVectorEnv" else shmpool.VectorEnv(fns, parent_shard=False)
+    envs.reset_async(seed=0)
+    t0 = time.monotonic()
+    with warnings.catch_warnings():   # "Calling `close` while waiting for a pending call ..."
+        warnings.simplefilter("ignore")
+        envs.close(terminate=True)
+    took = time.monotonic() - t0
+    assert envs.closed and not gate.is_open
+    # The held reset never ends by itself, so a close that waited for it takes the whole grace (1 s); killing two
+    # processes takes milliseconds, 0.9 s leaves a loaded machine ~20x.
+    assert took < 0.9, f"close(terminate=True) took {took:.2f} s"
 
 
 @pytest.mark.parametrize("keywords,error,message", [

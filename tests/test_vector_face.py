@@ -7,8 +7,8 @@ a fresh ``SyncVectorEnv`` run, messages are gymnasium's.  Error tests use
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing
-import time
 
 import gymnasium as gym
 import numpy as np
@@ -54,9 +54,15 @@ class RenderEnv(gym.Env):
         return frame
 
 
-class SlowEnv(FaultyEnv):
+class HeldEnv(FaultyEnv):
+    """Its step waits at the test's gate."""
+
+    def __init__(self, gate):
+        super().__init__()
+        self.gate = gate
+
     def step(self, action):
-        time.sleep(0.4)
+        self.gate.hold()
         return super().step(action)
 
 
@@ -344,13 +350,14 @@ def test_wrappers_on_top(build, env, stack):
 # runs under gymnasium 0.29 too.
 
 
-def test_step_wait_timeout(build_async):
-    envs = build_async([SlowEnv] * 2)
+def test_step_wait_timeout(build_async, gate):
+    envs = build_async([functools.partial(HeldEnv, gate)] * 2)
     envs.reset(seed=0)
     envs.step_async(np.array([0, 1]))
     with pytest.raises(multiprocessing.TimeoutError) as info:
         envs.step_wait(timeout=0.05)
     assert str(info.value) == "The call to `step_wait` has timed out after 0.05 second(s)."
+    gate.open()   # the held step ends, so both references close as usual (gate's teardown does it on a failure)
 
 
 @pytest.mark.parametrize("actions,typ,message", [
