@@ -12,7 +12,8 @@ its action to the recv that returned it.  Each cell opens a fresh pool.  ``--ray
 Ray cluster (1 CPU a node) and runs every cell also through RayPool (one pool of one pinned worker per
 node) beside a local Pool with as many workers on the same cores: overhead = RayPool's p50 minus the
 local Pool's.  ``--netem DELAYS`` (root) adds, per delay, the RayPool cells again with its direct connections
-over a veth pair between two network namespaces with that ``tc netem`` delay each way (bench/netem.py).  Tasks:
+over a link between two network namespaces with that delay each way (a veth pair with ``tc netem``, or TAP devices
+joined by a delaying relay where the kernel has no netem: bench/netem.py).  Tasks:
 gymnasium ids, ``empty`` (a step that does nothing) and ``Pong`` (gymnasium's
 Pong-v5 with EnvPool's preprocessing).  How to read it: bench/README.md, "latency".
 """
@@ -269,12 +270,12 @@ def write_report(args: argparse.Namespace, env: dict[str, Any], cells: list[dict
                   "the median over repetitions of Ray p50 − local p50 in the same repetition (in parentheses, a 95 % "
                   "interval for it from 6 repetitions on)."]
     if ray and ray.get("netem"):
-        trips = "; ".join(f"{label} {report.fmt_us(v['round_trip_us']['p50'])} / "
+        trips = "; ".join(f"{label} ({v.get('link', netem.NETEM)}) {report.fmt_us(v['round_trip_us']['p50'])} / "
                           f"{report.fmt_us(v['round_trip_us']['p95'])}" for label, v in ray["netem"].items())
-        lines += ["", "Over a link: `ray <delay>` rows run the RayPool's direct connections over a veth pair between "
-                  "two network namespaces with that `tc netem` delay each way (Ray itself on loopback); the link's own "
-                  f"TCP round trip (64 bytes, p50 / p95 µs): {trips}. Overhead p50 − round trip p50 is what the data "
-                  "plane adds to the link per call."]
+        lines += ["", "Over a link: `ray <delay>` rows run the RayPool's direct connections over a link between two "
+                  "network namespaces with that delay each way (Ray itself on loopback); each link, what it is made "
+                  f"of, and its own TCP round trip (64 bytes, p50 / p95 µs): {trips}. Overhead p50 − round trip p50 "
+                  "is what the data plane adds to the link per call."]
     lines += ["", report.markdown_table(HEADER + (RAY_HEADER if ray else ()), table_rows(cells, bool(ray)))]
     if skipped:
         combos = ", ".join(f"N={s['num_envs']} batch={s['batch_size']}" for s in skipped)
@@ -372,8 +373,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ray", type=int, metavar="NODES", help="also through RayPool on a local Ray cluster of NODES "
                                                             "nodes, beside a local Pool on the same cores")
     p.add_argument("--store-mb", type=int, default=80, help="--ray: object store per node, MB (default 80)")
-    p.add_argument("--netem", metavar="DELAYS", help="--ray: also over a veth link between two network namespaces, "
-                                                     "each tc netem delay (e.g. 100us,1ms; 0: none); root only")
+    p.add_argument("--netem", metavar="DELAYS", help="--ray: also over a link between two network namespaces with "
+                                                     "each delay (e.g. 100us,1ms; 0: none); root only")
     cli.add_run_options(p, cli.RunDefaults(repeats=(1, 1), json=DEFAULT_JSON), quick="0.2 s, N=8, batch 1,8",
                         seconds_help="timed seconds per cell")
     args = cli.parse(p, argv)

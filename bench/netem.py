@@ -1,23 +1,28 @@
-"""``bench latency --ray N --netem 100us,1ms``: RayPool's data plane over a veth pair between two network
-namespaces of this machine, with ``tc netem`` delay on both ends of it, beside the same cells over loopback.
+"""``bench latency --ray N --netem 100us,1ms``: RayPool's data plane over a link with delay between two network
+namespaces of this machine, beside the same cells over loopback.
 
 Root only.  For each delay it creates two namespaces, ``shmpool-bench-d<k>`` (the driver's end) and
-``shmpool-bench-w<k>`` (the actors' end), joined by one veth pair created straight inside them, with the addresses
-``10.213.<k>.1`` and ``10.213.<k>.2`` that exist only there: the root namespace gets no interface, no address and no
-route, and the run talks only to those two addresses.  ``delay`` is added on each end's egress, so a round trip
-crosses it twice.  Ray itself stays on loopback: only the RayPool's direct connections cross the link (each actor's
-listening socket is made in the actors' namespace, the driver's socket in the driver's: shmpool.distributed.netns),
-so this measures the data plane over a link, not Ray's control plane.  The namespaces (and with them the veth
-pairs) are deleted when the run ends, on Ctrl-C and on SIGTERM; ones left by a killed run are deleted by the next
-run before it creates its own.
+``shmpool-bench-w<k>`` (the actors' end), joined by a link whose two ends have the addresses ``10.213.<k>.1`` and
+``10.213.<k>.2``, which exist only there: the root namespace gets no interface, no address and no route, and the run
+talks only to those two addresses.  The link is a veth pair with ``tc netem`` delay on each end's egress, so a round
+trip crosses it twice; on a kernel without the netem qdisc, two TAP devices joined by :mod:`bench.tap_relay`, a
+process of the run's that hands each frame across after the delay (its own cost is in the link's measured round
+trip).  ``0`` is the veth pair without delay.  Ray itself stays on loopback: only the RayPool's direct connections
+cross the link (each actor's listening socket is made in the actors' namespace, the driver's socket in the driver's:
+shmpool.distributed.netns), so this measures the data plane over a link, not Ray's control plane.  The namespaces
+(and with them the veth pairs) are deleted and the relays stopped when the run ends, on Ctrl-C and on SIGTERM; a
+relay ends with its run however the run ends (it reads the run's end of a pipe), and namespaces left by a killed
+run are deleted by the next run before it creates its own.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -26,14 +31,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._timing import percentiles_of
+from .tap_relay import MTU as TAP_MTU
 
 PREFIX = "shmpool-bench-"
 UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+VETH, NETEM, RELAY = "veth", "veth + tc netem", "TAP devices + bench/tap_relay.py"   # what a link is made of
+_RELAYS: list[subprocess.Popen] = []   # this run's relay processes, stopped by delete_all()
 
 
 @dataclass(frozen=True)
 class Link:
-    """One delay's link: its label (``"100us"``), the namespaces of its two ends and their addresses."""
+    """One delay's link: its label (``"100us"``), the namespaces of its two ends and their addresses, and what it is
+    made of (:data:`VETH`, :data:`NETEM` or :data:`RELAY`)."""
 
     label: str
     seconds: float
@@ -41,6 +50,15 @@ class Link:
     worker_netns: str
     driver_host: str
     worker_host: str
+    kind: str = VETH
+
+    @property
+    def driver_device(self) -> str:
+        return "tap-d" if self.kind == RELAY else "veth-d"
+
+    @property
+    def worker_device(self) -> str:
+        return "tap-w" if self.kind == RELAY else "veth-w"
 
     @property
     def route(self) -> str:
@@ -90,33 +108,73 @@ def _ours() -> list[str]:
 
 
 def delete_all() -> None:
-    """Delete every namespace of this bench (deleting one deletes its end of a veth pair, and so the pair)."""
+    """Stop this run's relays (their TAP devices go with them) and delete every namespace of this bench (deleting one
+    deletes its end of a veth pair, and so the pair)."""
+    while _RELAYS:
+        relay = _RELAYS.pop()
+        relay.stdin.close()   # the relay's signal to end
+        try:
+            relay.wait(5)
+        except subprocess.TimeoutExpired:
+            relay.kill()
+            relay.wait()
     for name in _ours():
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 def build(k: int, label: str, seconds: float) -> Link:
-    """Link ``k``: two namespaces, one veth pair inside them, addresses, and ``seconds`` of netem delay each way."""
+    """Link ``k``: two namespaces, a link between them with ``seconds`` of delay each way (:func:`_veth`, else, on a
+    kernel without netem, :func:`_relayed`), and addresses."""
     link = Link(label, seconds, f"{PREFIX}d{k}", f"{PREFIX}w{k}", f"10.213.{k}.1", f"10.213.{k}.2")
     d, w = link.driver_netns, link.worker_netns
     _run("ip", "netns", "add", d)
     _run("ip", "netns", "add", w)
-    # both ends made inside the namespaces: the root namespace never holds the pair
-    _run("ip", "-n", d, "link", "add", "veth-d", "type", "veth", "peer", "name", "veth-w", "netns", w)
-    for ns, dev, host in ((d, "veth-d", link.driver_host), (w, "veth-w", link.worker_host)):
+    try:
+        link = _veth(link)
+    except NoNetem:
+        _run("ip", "-n", d, "link", "del", "veth-d")   # its peer goes with it
+        link = _relayed(link)
+    for ns, dev, host in ((d, link.driver_device, link.driver_host), (w, link.worker_device, link.worker_host)):
         _run("ip", "-n", ns, "addr", "add", f"{host}/30", "dev", dev)
         _run("ip", "-n", ns, "link", "set", dev, "up")
         _run("ip", "-n", ns, "link", "set", "lo", "up")
-        if seconds:
-            try:
-                _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "delay", f"{seconds * 1e6:g}us")
-            except NetemError as exc:
-                if "kind is unknown" in str(exc):
-                    raise NetemError("this kernel has no netem qdisc (module sch_netem): `tc qdisc add ... netem` "
-                                     "is refused, so no delay can be added; --netem 0 measures the veth link "
-                                     "without delay") from exc
-                raise
     return link
+
+
+class NoNetem(NetemError):
+    """The kernel has no netem qdisc (module ``sch_netem``): ``tc qdisc add ... netem`` is refused."""
+
+
+def _veth(link: Link) -> Link:
+    """A veth pair made straight inside the two namespaces (the root namespace never holds it), with netem delay on
+    each end when the link has one; :class:`NoNetem` when the kernel cannot add it."""
+    d, w = link.driver_netns, link.worker_netns
+    _run("ip", "-n", d, "link", "add", "veth-d", "type", "veth", "peer", "name", "veth-w", "netns", w)
+    if not link.seconds:
+        return link
+    for ns, dev in ((d, "veth-d"), (w, "veth-w")):
+        try:
+            _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "delay", f"{link.seconds * 1e6:g}us")
+        except NetemError as exc:
+            if "kind is unknown" in str(exc):
+                raise NoNetem(str(exc)) from exc
+            raise
+    return dataclasses.replace(link, kind=NETEM)
+
+
+def _relayed(link: Link) -> Link:
+    """Two TAP devices, one in each namespace, joined by a :mod:`bench.tap_relay` process that delays each frame."""
+    relay = subprocess.Popen([sys.executable, "-m", "bench.tap_relay", repr(link.seconds),
+                              f"{link.driver_netns}:tap-d", f"{link.worker_netns}:tap-w"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _RELAYS.append(relay)
+    said = relay.stdout.readline().strip()
+    if said != "ready":
+        raise NetemError(f"bench/tap_relay.py did not start (it said {said!r}; exit code {relay.poll()})")
+    for ns, dev in ((link.driver_netns, "tap-d"), (link.worker_netns, "tap-w")):
+        _run("ip", "-n", ns, "link", "set", dev, "mtu", str(TAP_MTU))
+    return dataclasses.replace(link, kind=RELAY)
 
 
 def round_trip_us(link: Link, calls: int = 300, payload: int = 64) -> dict[str, float]:
@@ -166,7 +224,8 @@ def links(delays: Sequence[tuple[str, float]]) -> Iterator[tuple[list[Link], dic
     delete_all()
     try:
         made = [build(k, label, seconds) for k, (label, seconds) in enumerate(delays)]
-        info = {link.label: {"delay_s": link.seconds, "round_trip_us": round_trip_us(link)} for link in made}
+        info = {link.label: {"delay_s": link.seconds, "link": link.kind, "round_trip_us": round_trip_us(link)}
+                for link in made}
         yield made, info
     finally:
         delete_all()

@@ -50,9 +50,10 @@ def test_bad_arguments(capsys):
     assert "--ray must be >= 1" in capsys.readouterr().err
 
 
-def test_a_run_over_a_veth_link_between_two_namespaces_writes_its_cells_and_leaves_no_namespace(tmp_path, capsys):
-    """``--netem 0``: the RayPool cells again with their direct connections over the veth pair (no delay: this
-    kernel may lack netem), the link's round trip in the JSON, and the namespaces deleted afterwards."""
+def test_a_run_over_links_between_two_namespaces_writes_its_cells_and_leaves_no_namespace(tmp_path, capsys):
+    """``--netem 0,1ms``: the RayPool cells again with their direct connections over a veth pair without delay and
+    over a link with 1 ms each way (netem, or the TAP relay where the kernel lacks netem), each link's round trip in
+    the JSON, and the namespaces deleted afterwards."""
     import os
     import subprocess
 
@@ -60,16 +61,20 @@ def test_a_run_over_a_veth_link_between_two_namespaces_writes_its_cells_and_leav
     if netem.refusal() is not None:
         pytest.skip(netem.refusal())
     path = tmp_path / "netem.json"
-    rc = latency.main(["--quick", "--ray", "2", "--num-envs", "4", "--modes", "sync", "--netem", "0",
+    rc = latency.main(["--quick", "--ray", "2", "--num-envs", "4", "--modes", "sync", "--netem", "0,1ms",
                        "--json", str(path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     data = json.loads(path.read_text())
-    assert [(c["system"], c["num_envs"]) for c in data["cells"]] == [("local", 4), ("ray", 4), ("ray 0", 4)]
+    assert [(c["system"], c["num_envs"]) for c in data["cells"]] == [("local", 4), ("ray", 4), ("ray 0", 4),
+                                                                      ("ray 1ms", 4)]
     for c in data["cells"]:
         assert "error" not in c, c.get("error")
     assert data["cells"][2]["throughput_ratio"] > 0
     assert data["ray"]["netem"]["0"]["round_trip_us"]["p50"] > 0 and "Over a link" in out
+    slow = data["ray"]["netem"]["1ms"]
+    assert slow["round_trip_us"]["p50"] >= 2000 and slow["link"] in (netem.NETEM, netem.RELAY)
+    assert data["cells"][3]["agent_latency_us"]["p50"] >= 2000   # every step's calls crossed the link both ways
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert netem.PREFIX not in left
     assert "SHMPOOL_LINK_NETNS" not in os.environ
