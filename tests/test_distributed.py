@@ -322,9 +322,9 @@ def test_a_malformed_answer_is_a_lost_connection_naming_the_pool_and_its_node(cl
     proxies: list[BreakingProxy] = []
     connect = Channel.connect.__func__
 
-    def through_proxy(cls, address, token, timeout):
+    def through_proxy(cls, address, token, timeout, *how):
         proxies.append(BreakingProxy(address))
-        return connect(cls, proxies[-1].address, token, timeout)
+        return connect(cls, proxies[-1].address, token, timeout, *how)
 
     monkeypatch.setattr(Channel, "connect", classmethod(through_proxy))
     zeros = np.zeros(6, dtype=np.int64)
@@ -350,11 +350,11 @@ def test_a_pool_its_driver_cannot_reach_directly_is_driven_through_ray(cluster, 
     real_connect = fleet.Channel.connect
     first = []
 
-    def unreachable_first(address, token, timeout):
+    def unreachable_first(address, token, timeout, *how):
         if not first:
             first.append(address)
             raise ConnectionRefusedError(111, "Connection refused")
-        return real_connect(address, token, timeout)
+        return real_connect(address, token, timeout, *how)
 
     monkeypatch.setattr(fleet.Channel, "connect", unreachable_first)
     n = 6

@@ -136,9 +136,9 @@ class PoolActor:
         handlers = {name: types.MethodType(getattr(PoolActor, name), self) for name in CHANNEL_CALLS}
         if token is None:
             self.server = None
-        elif route is None:
+        elif route is None:   # the node's own address, the one Ray uses
             self.server = ChannelServer(ray.util.get_node_ip_address(), token, handlers)
-        else:
+        else:                 # the bench's link between two network namespaces
             self.server = ChannelServer(route.host, token, handlers, socket_maker(route.server_netns))
 
     def describe(self) -> ActorInfo | SpacesRefused:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import re
 import secrets
+import socket
 import warnings
 from typing import Any
 
@@ -83,12 +84,9 @@ class Fleet:
         address = self.infos[k].channel
         if address is None:
             return
+        make = socket.socket if self.route is None else socket_maker(self.route.client_netns)
         try:
-            if self.route is None:
-                self.channels[k] = Channel.connect(address, self.token, CONNECT_TIMEOUT_S)
-            else:
-                self.channels[k] = Channel.connect(address, self.token, CONNECT_TIMEOUT_S,
-                                                   socket_maker(self.route.client_netns))
+            self.channels[k] = Channel.connect(address, self.token, CONNECT_TIMEOUT_S, make)
         except OSError as exc:
             warnings.warn(f"pool {k}: its actor's direct connection ({address[0]}:{address[1]}) could not be "
                           f"opened ({exc}); its calls go through Ray, which is several times slower",
