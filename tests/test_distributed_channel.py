@@ -443,21 +443,6 @@ def test_what_one_send_leaves_is_sent_in_order_once_the_reader_drains(case):
         assert bytes(got) == want
 
 
-def test_reply_values_only_when_every_reply_is_done_with_a_value():
-    def reply(**settled):
-        r = ch.Reply(None)
-        if settled:
-            r.settle(**settled)
-        return r
-
-    ok = [reply(answer=ch.Answer(value=1)), reply(answer=ch.Answer(value=None))]
-    assert ch.Reply.values(ok) == [1, None]   # None is a value like any other
-    assert ch.Reply.values([*ok, reply()]) is None   # one not done yet
-    assert ch.Reply.values([*ok, reply(answer=ch.Answer(error=ValueError("x")))]) is None
-    assert ch.Reply.values([reply(lost=ch.ChannelClosedError("gone")), *ok]) is None
-    assert ch.Reply.values([]) == []
-
-
 # --- issue 57: who gets in, and a stream that cannot be read on -------------------------------------------
 
 

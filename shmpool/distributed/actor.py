@@ -169,7 +169,7 @@ class PoolActor:
 
     @_portable
     def step(self, actions: Any) -> Rows:
-        return Rows.of_step(self.env_ids, self.pool.step(actions))
+        return Rows(self.env_ids, *self.pool.step(actions))   # (obs, rewards, terminated, truncated, infos)
 
     @_portable
     def async_reset(self) -> None:

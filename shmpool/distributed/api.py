@@ -28,7 +28,7 @@ from ..arguments import (
 from ..autoreset_modes import NEXT_STEP
 from ..errors import PoolClosedError
 from ..reset_args import check_reset_mask, seed_list
-from ..state import Lifecycle, LifecycleFacts
+from ..state import Lifecycle, LifecycleFacts, add_note
 from .action_check import ActionCheck
 from .actor import Resets, pools_on_nodes
 from .batches import Rows, StepOutput, batch_len, concat, merge_infos, take_rows
@@ -36,11 +36,9 @@ from .channel import Reply
 from .faults import (
     SLICE_S,
     Outcome,
-    StepTimeoutError,
     Watch,
     gather,
     node_gone,
-    note,
     outcome_of,
     wait_done,
 )
@@ -78,7 +76,7 @@ def _entry(method: Callable) -> Callable:
             if not life.closed:
                 self._abort()
             if not any(INTERRUPTED in n for n in getattr(exc, "__notes__", ())):
-                note(exc, f"shmpool: {INTERRUPTED} ({op} was interrupted)")
+                add_note(exc, f"shmpool: {INTERRUPTED} ({op} was interrupted)")
             raise
         finally:
             life.leave(self._shut_down)
@@ -412,7 +410,7 @@ class RayPool(LifecycleFacts):
             for ref in done:
                 self._take(ref)
             if not done:
-                for k in self._after_slice(watch, list(ledger.requests.values())):
+                for k in watch.after_slice(list(ledger.requests.values())):
                     self._recovery.async_death(node_gone(k), "recv")
         rows = ledger.take(B)
         self._life.in_flight -= B
@@ -499,26 +497,15 @@ class RayPool(LifecycleFacts):
 
     def _watch(self, op: str, timeout: float | None = None, start: float | None = None) -> Watch:
         life = self._life
+        # a passed step_timeout kills the actors before the error leaves the wait
         return Watch(op, timeout, self.step_timeout, self._fleet.node_of, self._fleet.describe_pools,
-                     cancelled=lambda: life.close_requested, start=start)
-
-    def _after_slice(self, watch: Watch, waiting_on: list[int]) -> list[int]:
-        """``watch.after_slice``; a passed ``step_timeout`` closes the pool first."""
-        try:
-            return watch.after_slice(waiting_on)
-        except StepTimeoutError:
-            self._abort()
-            raise
+                     cancelled=lambda: life.close_requested, start=start, on_step_timeout=self._abort)
 
     def _wait(self, refs: list, pools: list[int], op: str, timeout: float | None = None,
               start: float | None = None) -> list[Outcome]:
         """Every answer of one call (``pools[i]`` for ``refs[i]``), waited for in watched slices (its limits counted
         from ``start``, monotonic seconds, when the wait began before)."""
-        try:
-            return gather(refs, pools, self._watch(op, timeout, start))
-        except StepTimeoutError:
-            self._abort()
-            raise
+        return gather(refs, pools, self._watch(op, timeout, start))
 
     # --- closing ---------------------------------------------------------------------------------
 
@@ -537,22 +524,21 @@ class RayPool(LifecycleFacts):
         """The fatal path (``step_timeout`` passed, Ctrl-C): a pool that overran is not asked to close, its
         actors are killed at once (their workers die with them), so the error comes at the bound,
         not after the close grace."""
-        self._life.close()
-        self._step_refs = None
-        self._ledger.forget()
-        if ray.is_initialized():
-            self._fleet.kill_all()
-        self._fleet.forget()
+        self._shut_down(kill=True)
 
-    def _shut_down(self) -> None:
-        """Stop the actors and mark the pool closed (the caller holds the pool's entry)."""
+    def _shut_down(self, kill: bool = False) -> None:
+        """Stop the actors (``kill``: at once, else after asking their pools to close) and mark the pool closed (the
+        caller holds the pool's entry)."""
         self._life.close()
         self._step_refs = None
         self._ledger.forget()
-        if ray.is_initialized():
-            self._fleet.close(self._close_timeout)
-        else:
+        if not ray.is_initialized():
             self._fleet.forget()
+        elif kill:
+            self._fleet.kill_all()
+            self._fleet.forget()
+        else:
+            self._fleet.close(self._close_timeout)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Its actors and futures belong to this driver: a copy (copy, deepcopy, pickle, a Ray task's

@@ -141,12 +141,6 @@ class Rows:
         return rows_from_obs_first, (self.obs, self.ids, self.rew, self.term, self.trunc, self.infos)
 
     @classmethod
-    def of_step(cls, ids: np.ndarray, result: tuple) -> Rows:
-        """Rows from a pool's ``(obs, rewards, terminated, truncated, infos)``."""
-        obs, rew, term, trunc, infos = result
-        return cls(np.asarray(ids, dtype=np.int64), obs, rew, term, trunc, infos)
-
-    @classmethod
     def restarted(cls, ids: np.ndarray, obs: Any, infos: dict) -> Rows:
         """Rows of rebuilt envs: their reset observation, reward 0, truncated, ``worker_restarted`` set."""
         n = len(ids)

@@ -267,13 +267,6 @@ class Reply:
     def settle(self, answer: Answer | None = None, lost: ChannelClosedError | None = None) -> None:
         self.answer, self.lost, self.done = answer, lost, True
 
-    @staticmethod
-    def values(replies: list[Reply]) -> list | None:
-        """The answers' values when every reply is done with a value; None when one is not done, lost or an error."""
-        if all(r.done and r.lost is None and not r.answer.failed for r in replies):
-            return [r.answer.value for r in replies]
-        return None
-
 
 class Channel:
     """The driver's end of one actor's connection: :meth:`call` sends a request at once and returns

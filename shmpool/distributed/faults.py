@@ -55,14 +55,6 @@ class Outcome:
     node_gone: bool = False
 
 
-def remote_cause(exc: BaseException) -> BaseException:
-    """The exception raised inside an actor method, when Ray kept it; else ``exc`` itself."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, RemoteError):
-        return cause.rebuild()
-    return cause if isinstance(cause, BaseException) else exc
-
-
 def outcome_of(ref: Any, pool: int) -> Outcome:
     """The :class:`Outcome` of a finished future ``ref`` (a Ray future or a direct :class:`Reply`) of pool ``pool``."""
     if isinstance(ref, Reply):
@@ -71,14 +63,15 @@ def outcome_of(ref: Any, pool: int) -> Outcome:
         if not ref.answer.failed:
             return Outcome(pool, value=ref.answer.value)
         cause = ref.answer.error
-        cause = cause.rebuild() if isinstance(cause, RemoteError) else cause
     else:
         try:
             return Outcome(pool, value=ray.get(ref, timeout=0))
         except DEATH as exc:
             return Outcome(pool, death=exc)
-        except ray.exceptions.RayTaskError as exc:
-            cause = remote_cause(exc)
+        except ray.exceptions.RayTaskError as exc:   # the exception raised in the actor, when Ray kept it
+            cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
+    if isinstance(cause, RemoteError):
+        cause = cause.rebuild()
     if isinstance(cause, WorkerDiedError):  # a worker of the local pool died; that pool closed itself
         return Outcome(pool, death=cause)
     return Outcome(pool, error=cause)
@@ -112,15 +105,18 @@ class Watch:
     """The checks between wait slices of one call ``op``.
 
     ``timeout``: the caller's own limit (TimeoutError; the call stays pending).  ``step_timeout``:
-    the pool's limit (:class:`StepTimeoutError`, fatal).  ``node_of(k)``: pool ``k``'s node;
-    ``describe(pools)``: their envs, for messages; ``cancelled()``: True once the wait must stop; ``start``: when
-    the call's wait began (``time.monotonic()``; now when None), which both limits count from."""
+    the pool's limit (:class:`StepTimeoutError`, fatal: ``on_step_timeout()`` runs first, to close the pool).
+    ``node_of(k)``: pool ``k``'s node; ``describe(pools)``: their envs, for messages; ``cancelled()``: True once the
+    wait must stop; ``start``: when the call's wait began (``time.monotonic()``; now when None), which both limits
+    count from."""
 
     def __init__(self, op: str, timeout: float | None, step_timeout: float | None,
                  node_of: Callable[[int], str], describe: Callable[[list[int]], str],
-                 cancelled: Callable[[], bool] = lambda: False, start: float | None = None) -> None:
+                 cancelled: Callable[[], bool] = lambda: False, start: float | None = None,
+                 on_step_timeout: Callable[[], None] = lambda: None) -> None:
         self.op = op
         self.cancelled = cancelled
+        self.on_step_timeout = on_step_timeout
         self.timeout = timeout
         self.step_timeout = step_timeout
         self.node_of = node_of
@@ -139,6 +135,7 @@ class Watch:
             raise TimeoutError(f"{self.op} did not finish within {self.timeout} s; it is still pending")
         if self.step_timeout is not None and waited > self.step_timeout:
             late = sorted(set(waiting_on))
+            self.on_step_timeout()
             raise StepTimeoutError(f"{self.op} did not finish within step_timeout={self.step_timeout} s: pools "
                                    f"{late} ({self.describe(late)}) did not answer; the pool is closed")
         if now - self.last_liveness < LIVENESS_EVERY_S:
@@ -166,8 +163,3 @@ def gather(refs: list, pools: list[int], watch: Watch) -> list[Outcome]:
                         out[i] = node_gone(k)
     return out  # type: ignore[return-value]
 
-
-def note(exc: BaseException, text: str) -> None:
-    """Add ``text`` to ``exc``'s notes (shown under its traceback), where Python has notes (3.11+)."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(text)

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import EnvError
+from ..state import add_note
 from .actor import Resets
 from .batches import Rows, mark_restarted
-from .faults import Outcome, RemotePoolDiedError, note
+from .faults import Outcome, RemotePoolDiedError
 from .fleet import Fleet
 from .ledger import Ledger
 from .placement import describe_range
@@ -39,13 +40,13 @@ class Recovery:
             if not restart or self.on_worker_error != "restart":
                 err = self.fleet.death_error(o.pool, op, o.death, o.node_gone)
                 for e in errors:
-                    note(err, f"pool {e.pool} also raised during {op}: {e.error!r}")
+                    add_note(err, f"pool {e.pool} also raised during {op}: {e.error!r}")
                 self.fatal(err, o.death)
             o.value = self.restart_sync(o.pool, op, o.death, seeds, options)
         if errors:
             err = self.global_error(errors[0].pool, errors[0].error)
             for e in errors[1:]:
-                note(err, f"pool {e.pool} also raised during {op}: {e.error!r}")
+                add_note(err, f"pool {e.pool} also raised during {op}: {e.error!r}")
             raise err
         return [o.value for o in outcomes]
 

@@ -113,12 +113,11 @@ def send_parts(sock: socket.socket, parts: Iterable[Any]) -> None:
 
 @dataclass(frozen=True)
 class Frame:
-    """One whole frame read: its pickle and its out-of-band buffers (views of the frame's own memory, or the target
-    its first buffer was read into: ``targeted``)."""
+    """One whole frame read: its pickle and its out-of-band buffers (views of the frame's own memory, or, for the
+    first, the target it was read into)."""
 
     meta: bytes
     buffers: list
-    targeted: bool = False
 
     def decode(self) -> Any:
         """The message; an error here (a class this process cannot import) concerns this frame alone."""
@@ -220,7 +219,7 @@ class FrameReader:
         buffers = [body[at:at + n] for at, n in offsets]
         if self.target is not None:
             buffers[0] = self.target
-        frame = Frame(bytes(body[head:head + self.meta_len]), buffers, self.target is not None)
+        frame = Frame(bytes(body[head:head + self.meta_len]), buffers)
         self._start()
         return frame
 
