@@ -448,7 +448,8 @@ def test_close_terminate_ends_a_held_call_at_once(no_leaks, gate, kind, request,
     until the pool's close can kill at once.  Every env runs in a worker (``parent_shard=False``): an env held in
     the trainer's own process could not be ended by any close."""
     if kind == "shmpool":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="close(terminate=True) waits CLOSE_GRACE_S"))
+        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError,
+                                              reason="close(terminate=True) waits CLOSE_GRACE_S"))
     monkeypatch.setattr(shmpool.workerset, "CLOSE_GRACE_S", 1.0)
     fns = [recording(reset_gate=gate)] * 2
     envs = AsyncVectorEnv(fns) if kind == "AsyncVectorEnv" else shmpool.VectorEnv(fns, parent_shard=False)
