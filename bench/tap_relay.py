@@ -24,29 +24,20 @@ import struct
 import sys
 import time
 
+from shmpool.distributed.netns import enter
+
 TUN = "/dev/net/tun"
 TUNSETIFF = 0x400454CA
 IFF_TAP = 0x0002
 IFF_NO_PI = 0x1000
-CLONE_NEWNET = 0x40000000
 PR_SET_TIMERSLACK = 29
 MTU = 65000
-NETNS_DIR = "/var/run/netns"
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _enter(netns: str) -> None:
-    """Move this (single-threaded) process into network namespace ``netns``."""
-    with open(os.path.join(NETNS_DIR, netns)) as handle:
-        if _libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns into {netns!r}: {os.strerror(err)}")
 
 
 def open_tap(netns: str, device: str) -> int:
-    """A non-blocking descriptor of a new TAP device ``device`` (no packet-info header) in namespace ``netns``."""
-    _enter(netns)
+    """A non-blocking descriptor of a new TAP device ``device`` (no packet-info header) in namespace ``netns``, which
+    this (single-threaded) process enters."""
+    enter(netns)
     fd = os.open(TUN, os.O_RDWR | os.O_NONBLOCK)
     fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", device.encode(), IFF_TAP | IFF_NO_PI))
     return fd
@@ -85,7 +76,7 @@ def relay(a: int, b: int, delay: float, stop: int) -> None:
 def main(argv: list[str]) -> int:
     delay = float(argv[0])
     (ns_a, dev_a), (ns_b, dev_b) = (spec.split(":") for spec in argv[1:3])
-    _libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
     a = open_tap(ns_a, dev_a)
     b = open_tap(ns_b, dev_b)
     print("ready", flush=True)

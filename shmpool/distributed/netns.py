@@ -42,6 +42,16 @@ class Route:
         return cls(*parts)
 
 
+def enter(netns: str) -> None:
+    """Move the calling thread into network namespace ``netns`` (``setns(2)``, root only); what it creates from then
+    on (a socket, a TAP device) belongs to that namespace."""
+    with open(os.path.join(NETNS_DIR, netns)) as handle:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {netns!r}: {os.strerror(err)}")
+
+
 def socket_maker(netns: str) -> Callable[..., socket.socket]:
     """``socket.socket``'s signature, making the socket inside namespace ``netns``."""
     def make(*args: object) -> socket.socket:
@@ -49,11 +59,7 @@ def socket_maker(netns: str) -> Callable[..., socket.socket]:
 
         def inside() -> None:
             try:
-                with open(os.path.join(NETNS_DIR, netns)) as handle:
-                    libc = ctypes.CDLL(None, use_errno=True)
-                    if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
-                        err = ctypes.get_errno()
-                        raise OSError(err, f"setns into network namespace {netns!r}: {os.strerror(err)}")
+                enter(netns)
                 made.append(socket.socket(*args))
             except BaseException as exc:   # handed to the caller's thread
                 made.append(exc)
