@@ -81,6 +81,22 @@ def test_a_pool_that_never_answers_ends_the_wait_at_step_timeout(monkeypatch):
     assert 0.5 <= time.monotonic() - t0 < 1.5
 
 
+def test_only_a_passed_step_timeout_runs_the_pool_s_shut_down_before_it_raises():
+    """RayPool hands its watches ``on_step_timeout`` (kill the actors): it runs once, before the StepTimeoutError
+    leaves the wait, and never for the caller's own ``timeout``, which leaves the call pending."""
+    calls = []
+    own = faults.Watch("step", 1.0, None, lambda k: f"n{k}", lambda ks: "", start=time.monotonic() - 2.0,
+                       on_step_timeout=lambda: calls.append("own"))
+    with pytest.raises(TimeoutError, match="it is still pending"):
+        own.after_slice([0])
+    assert calls == []
+    fatal = faults.Watch("step", None, 1.0, lambda k: f"n{k}", lambda ks: "", start=time.monotonic() - 2.0,
+                         on_step_timeout=lambda: calls.append("fatal"))
+    with pytest.raises(faults.StepTimeoutError):
+        fatal.after_slice([0])
+    assert calls == ["fatal"]
+
+
 def test_a_watch_counts_its_limits_from_the_start_it_is_given():
     """RayPool's sync step waits one slice before it builds its watch: the limits still count from the call."""
     late = faults.Watch("step", 1.0, None, lambda k: f"n{k}", lambda ks: "", start=time.monotonic() - 2.0)
