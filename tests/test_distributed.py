@@ -308,7 +308,7 @@ class BreakingProxy:
                     if sock is driver:
                         actor.sendall(data)
                     elif self.inject.is_set():
-                        driver.sendall(HEADER.pack(0, 0, 2**64 - 1))
+                        driver.sendall(HEADER.pack(0, 0, 2**64 - 1, 0))
                         return
                     else:
                         driver.sendall(data)

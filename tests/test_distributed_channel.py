@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import pickle
 import re
 import select
 import signal
@@ -111,8 +112,8 @@ def test_arrays_leave_the_pickle_and_are_sent_from_their_own_memory():
     assert len(parts[0]) < 1000   # header, one buffer size and the pickle: not the 400 kB
     outside = [p for p in parts[1:] if np.shares_memory(np.asarray(p), big)]
     assert len(outside) == 1 and outside[0].nbytes == big.nbytes
-    meta_len, count, body = wire.HEADER.unpack_from(parts[0])
-    assert count == 1 and body == sum(len(p) for p in parts) - wire.HEADER.size
+    meta_len, count, body, first = wire.HEADER.unpack_from(parts[0])
+    assert count == 1 and body == sum(len(p) for p in parts) - wire.HEADER.size and first == big.nbytes
 
 
 @pytest.mark.parametrize("case", ["fits", "other size", "no arrays"])
@@ -528,10 +529,10 @@ def test_the_accepting_thread_hangs_up_on_the_oldest_caller_past_its_room(monkey
 
 
 BAD_HEADERS = {
-    "length 2**64-1 (-1 as a signed length)": wire.HEADER.pack(0, 0, 2**64 - 1),
-    "length 1 TiB": wire.HEADER.pack(0, 0, 2**40),
-    "length one past the bound": wire.HEADER.pack(0, 0, 2**30 + 1),
-    "pickle longer than the body": wire.HEADER.pack(100, 0, 10) + bytes(10),
+    "length 2**64-1 (-1 as a signed length)": wire.HEADER.pack(0, 0, 2**64 - 1, 0),
+    "length 1 TiB": wire.HEADER.pack(0, 0, 2**40, 0),
+    "length one past the bound": wire.HEADER.pack(0, 0, 2**30 + 1, 0),
+    "pickle longer than the body": wire.HEADER.pack(100, 0, 10, 0) + bytes(10),
 }
 MALFORMED = r"what came is no frame: a frame header announcing \d+ bytes \(at most 1073741824\) for \d+ arrays"
 
@@ -650,7 +651,42 @@ def test_a_frame_whose_buffers_do_not_add_up_to_its_length_is_no_frame():
     body = wire.SIZE.pack(100) + b"x" * 8   # one buffer of 100 bytes announced in a body of 16
     a, b = socket.socketpair()
     with a, b:
-        a.sendall(wire.HEADER.pack(8, 1, len(body)) + body)
+        a.sendall(wire.HEADER.pack(8, 1, len(body), 0) + body)
         with pytest.raises(ch.ChannelProtocolError, match=r"^what came is no frame: a frame of 16 bytes whose "
                                                           r"buffers end at byte 116; the connection was dropped$"):
             recv_message(b)
+
+
+@pytest.mark.parametrize("header, message", [
+    (wire.HEADER.pack(0, 0, 16, 8) + bytes(16), "a frame header announcing a first array of 8 bytes in a body of 16 "
+                                                 "bytes for 0 arrays and a pickle of 0 bytes"),
+    (wire.HEADER.pack(0, 1, 24, 17) + bytes(24), "a frame header announcing a first array of 17 bytes in a body of "
+                                                  "24 bytes for 1 arrays and a pickle of 0 bytes"),
+    (wire.HEADER.pack(0, 2, 40, 9) + wire.SIZE.pack(8) * 2 + bytes(24), "a first array of 8 bytes announced as 9 "
+                                                                         "bytes"),
+], ids=["without arrays", "past the body", "not the first size"])
+@pytest.mark.parametrize("aimed", [False, True], ids=["plain", "aimed"])
+def test_a_header_whose_first_array_is_not_the_body_s_is_no_frame(header, message, aimed):
+    """The header names the first buffer's size so that a step answer's observations are read into their target
+    with the rest of the body; a size no body of it has cannot be read on, with or without a target."""
+    target = memoryview(np.full(9, 7, np.uint8)) if aimed else None
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(header)
+        with pytest.raises(ch.ChannelProtocolError, match=f"^what came is no frame: {re.escape(message)}; the "
+                                                          "connection was dropped$"):
+            recv_message(b, target=target)
+
+
+def test_an_array_of_an_unpickled_dtype_leaves_the_pickle():
+    """An action space that came from an actor has an unpickled dtype (``isbuiltin == 0``): its actions were pickled
+    in band by numpy's own reduction, a Python call each way.  Any numeric dtype without metadata is named by its
+    string, byte order included."""
+    for dtype in (pickle.loads(pickle.dumps(np.dtype(np.int64))), np.dtype(">i4"), np.dtype(np.float16)):
+        actions = np.arange(6, dtype=dtype)
+        parts = wire.encode(ch.Request("step", (actions,)))
+        assert len(parts[0]) < 200 and wire.HEADER.unpack_from(parts[0])[1] == 1, dtype
+        got = roundtrip(ch.Request("step", (actions,))).args[0]
+        assert got.dtype == dtype and got.tolist() == actions.tolist() and got.flags.writeable
+    tagged = np.dtype(np.int64, metadata={"unit": "m"})   # a string cannot name it: numpy's reduction keeps it
+    assert roundtrip(ch.Answer(value=np.arange(3, dtype=tagged))).value.dtype.metadata == {"unit": "m"}

@@ -1,15 +1,16 @@
 """The frames of a RayPool's direct connections: one format, one send path (:func:`send_parts` of
 :func:`encode`'s parts), one read path (:class:`FrameReader`).  Ray-free.
 
-A frame is a :data:`HEADER` (pickle bytes, buffer count, body bytes) and a body: each out-of-band buffer's size
-(``<u8``), the message's pickle (protocol 5), then the buffers, each at a multiple of :data:`ALIGN` in the body
-(zero bytes between).  A message is pickled with ``buffer_callback``, so numpy arrays (and anything else that
-gives a ``PickleBuffer``) leave their bytes out of the pickle: they are sent from where they lie (an actor's
-shared region) by one ``sendmsg``, and received into one fresh block per frame whose views the unpickled arrays
-become (writable, aligned, owned by nobody else).  A reader may be handed a target for a frame's first buffer:
-when that buffer is exactly the target's size its bytes are read straight into the target (a step answer's
-observations into the driver's batch: :class:`~.batches.StepOutput`).  Whatever plain pickle refuses (a lambda in
-an info dict) is pickled by cloudpickle, which Ray would use too.
+A frame is a :data:`HEADER` (pickle bytes, buffer count, body bytes, first buffer's bytes) and a body: each
+out-of-band buffer's size (``<u8``), the message's pickle (protocol 5), then the buffers, each at a multiple of
+:data:`ALIGN` in the body (zero bytes between).  A message is pickled with ``buffer_callback``, so numpy arrays (and
+anything else that gives a ``PickleBuffer``) leave their bytes out of the pickle: they are sent from where they lie
+(an actor's shared region) by one ``sendmsg``, and received into one fresh block per frame whose views the unpickled
+arrays become (writable, aligned, owned by nobody else).  A reader may be handed a target for a frame's first buffer:
+when that buffer is exactly the target's size (the header says so) its bytes are read straight into the target (a
+step answer's observations into the driver's batch: :class:`~.batches.StepOutput`), in the same read as the rest of
+the body.  Whatever plain pickle refuses (a lambda in an info dict) is pickled by cloudpickle, which Ray would use
+too.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-HEADER = struct.Struct("<IIQ")   # pickle bytes, buffer count, body bytes (buffer sizes, pickle, aligned buffers)
+# pickle bytes, buffer count, body bytes (buffer sizes, pickle, aligned buffers), the first buffer's bytes (0: none)
+HEADER = struct.Struct("<IIQQ")
 SIZE = struct.Struct("<Q")
 ALIGN = 16            # each buffer's offset in a body: numpy's widest usual alignment
 MAX_BODY = 2**30      # a header announcing more is no frame of ours: the connection is dropped
@@ -46,18 +48,18 @@ def _padded(n: int) -> int:
     return -n % ALIGN
 
 
-def array_from(buffer: Any, dtype: str, shape: tuple) -> np.ndarray:
-    """An array of ``dtype`` and ``shape`` over ``buffer`` (the receiving end of :func:`reduce_array`)."""
-    return np.frombuffer(buffer, dtype).reshape(shape)
-
-
 def reduce_array(a: np.ndarray) -> tuple:
-    """How a frame pickles an array: a contiguous one of a native numeric dtype as its buffer (out of band), dtype
-    string and shape, read back by :func:`array_from`; any other as numpy pickles it.  Numpy's own reduction names
-    the dtype as an object and rebuilds through a Python wrapper: 1.5x the pickle's cost both ways for a step's
-    answer of a dozen small arrays."""
-    if a.dtype.kind in NUMERIC and a.dtype.isbuiltin == 1 and a.flags.c_contiguous and type(a) is np.ndarray:
-        return array_from, (pickle.PickleBuffer(a), a.dtype.str, a.shape)
+    """How a frame pickles an array: a contiguous one of a numeric dtype as ``np.ndarray(shape, dtype string,
+    buffer)`` with its buffer out of band, so the other end builds it over the frame's memory in one call; any
+    other as numpy pickles it.  Numpy's own reduction names the dtype as an object and rebuilds through a Python
+    wrapper: 1.5x the pickle's cost both ways for a step's answer of a dozen small arrays.
+
+    A numeric dtype's string names it fully (byte order included) unless metadata is attached.  ``isbuiltin`` is no
+    test of that: a dtype that was unpickled (an action space's, come from an actor) is a fresh instance with
+    ``isbuiltin == 0``, and every action took numpy's slower reduction, in band."""
+    dtype = a.dtype
+    if dtype.kind in NUMERIC and dtype.metadata is None and a.flags.c_contiguous and type(a) is np.ndarray:
+        return np.ndarray, (a.shape, dtype.str, pickle.PickleBuffer(a))
     return a.__reduce_ex__(5)
 
 
@@ -95,20 +97,26 @@ def encode(message: Any) -> list:
         body += pad + view.nbytes
     if body > MAX_BODY:
         raise ValueError(f"a message of {body} bytes is more than one frame carries ({MAX_BODY} bytes)")
-    sizes = b"".join(SIZE.pack(v.nbytes) for v in views)
-    return [HEADER.pack(len(meta), len(views), body) + sizes + meta, *parts]
+    sizes = [v.nbytes for v in views]
+    head = HEADER.pack(len(meta), len(views), body, sizes[0] if sizes else 0) + struct.pack(f"<{len(sizes)}Q", *sizes)
+    return [head + meta, *parts]
 
 
 def send_parts(sock: socket.socket, parts: Iterable[Any]) -> None:
-    """Send every byte of ``parts`` in order, waiting as ``sock``'s timeout says (a stalled peer: ``TimeoutError``)."""
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
-    while views:
-        sent = sock.sendmsg(views[:IOV_MAX])
-        while views and sent >= views[0].nbytes:
-            sent -= views[0].nbytes
-            views.pop(0)
-        if sent:
-            views[0] = views[0][sent:]
+    """Send every byte of ``parts`` (flat byte buffers: bytes, or byte memoryviews as :func:`encode` makes them) in
+    order, waiting as ``sock``'s timeout says (a stalled peer: ``TimeoutError``)."""
+    left = list(parts)
+    while left:
+        batch = left[:IOV_MAX]
+        sent = sock.sendmsg(batch)
+        done = len(batch)
+        if sent != sum(map(len, batch)):   # a partial send: the part it stopped in is cut, the rest follows
+            done = 0
+            while sent >= len(batch[done]):
+                sent -= len(batch[done])
+                done += 1
+            left[done] = memoryview(left[done]).cast("B")[sent:]
+        del left[:done]
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,7 @@ class Frame:
     """One whole frame read: its pickle and its out-of-band buffers (views of the frame's own memory, or, for the
     first, the target it was read into)."""
 
-    meta: bytes
+    meta: memoryview
     buffers: list
 
     def decode(self) -> Any:
@@ -128,37 +136,39 @@ def malformed(detail: str) -> ChannelProtocolError:
     return ChannelProtocolError(f"what came is no frame: {detail}; the connection was dropped")
 
 
-def check_header(meta_len: int, count: int, body_len: int) -> None:
-    """:class:`ChannelProtocolError` for a header no frame has: more than :data:`MAX_BODY` bytes, or fewer than its
-    own buffer sizes and pickle take."""
-    if body_len > MAX_BODY or SIZE.size * count + meta_len > body_len:
+def check_header(meta_len: int, count: int, body_len: int, first_len: int) -> None:
+    """:class:`ChannelProtocolError` for a header no frame has: more than :data:`MAX_BODY` bytes, fewer than its own
+    buffer sizes and pickle take, or a first buffer that does not fit after them (or without any buffer)."""
+    head = SIZE.size * count + meta_len
+    if body_len > MAX_BODY or head > body_len:
         raise malformed(f"a frame header announcing {body_len} bytes (at most {MAX_BODY}) for {count} arrays and a "
                         f"pickle of {meta_len} bytes")
+    if first_len and (not count or head + _padded(head) + first_len > body_len):
+        raise malformed(f"a frame header announcing a first array of {first_len} bytes in a body of {body_len} "
+                        f"bytes for {count} arrays and a pickle of {meta_len} bytes")
 
 
 class FrameReader:
     """Frames put together from whatever a connection holds, never waiting for more: a peer that stops half-way
     through a frame cannot hold the reader (its caller bounds the wait).  Both ends read with it.
 
-    A frame is read in at most three reads: its header; its buffer sizes and pickle (only when a target is given);
-    the rest of its body, around the target when the first buffer fits it."""
+    A frame is read in two reads, its header and then its whole body (around the target when the first buffer fits
+    it); a read that comes up short ends the call, the rest is read when the connection is readable again."""
 
     def __init__(self) -> None:
         self.header = bytearray(HEADER.size)
         self._start()
 
     def _start(self) -> None:
-        self.stage = "header"
         self.todo: list[memoryview] = [memoryview(self.header)]
-        self.body: np.ndarray | None = None
-        self.meta_len = self.count = 0
+        self.body: np.ndarray | None = None   # once the header is read
+        self.meta_len = self.count = self.first_len = 0
         self.target: memoryview | None = None
-        self.offsets: list[tuple[int, int]] | None = None   # each buffer's place and size, once the head is read
 
     @property
     def partial(self) -> bool:
         """Whether a frame has started and is not whole yet."""
-        return self.stage != "header" or self.todo[0].nbytes != HEADER.size
+        return self.body is not None or self.todo[0].nbytes != HEADER.size
 
     def read(self, fd: int, targets: list | None = None) -> tuple[list[Frame], BaseException | None]:
         """The frames completed by what ``fd`` (non-blocking) holds now, and how the connection ended if it did
@@ -166,73 +176,65 @@ class FrameReader:
         this read may put its first buffer (a writable byte memoryview, or None)."""
         frames: list[Frame] = []
         while True:
+            todo = self.todo
             try:
-                got = os.readv(fd, self.todo)
+                got = os.readv(fd, todo)
             except (BlockingIOError, InterruptedError):
                 return frames, None
             except OSError as exc:
                 return frames, exc
             if got == 0:
                 return frames, ChannelClosedError("the connection was closed by the other side")
-            while got and self.todo:
-                step = min(got, self.todo[0].nbytes)
-                self.todo[0] = self.todo[0][step:]
-                got -= step
-                if not self.todo[0].nbytes:
-                    self.todo.pop(0)
-            if self.todo:
-                continue
+            while todo and got >= todo[0].nbytes:
+                got -= todo.pop(0).nbytes
+            if todo:   # short: nothing more has come (the caller waits for the connection to be readable again)
+                todo[0] = todo[0][got:]
+                return frames, None
             try:
-                frame = self._advance(targets[len(frames)] if targets and len(frames) < len(targets) else None)
+                if self.body is None:
+                    frame = self._open(targets[len(frames)] if targets and len(frames) < len(targets) else None)
+                else:
+                    frame = self._finish()
             except ChannelProtocolError as exc:
                 return frames, exc
             if frame is not None:
                 frames.append(frame)
 
-    def _advance(self, target: memoryview | None) -> Frame | None:
-        """The stage after the one just filled; the frame once its body is whole."""
-        if self.stage == "header":
-            self.meta_len, self.count, body_len = HEADER.unpack(self.header)
-            check_header(self.meta_len, self.count, body_len)
-            self.body = np.empty(body_len, np.uint8)
-            head = SIZE.size * self.count + self.meta_len
-            if target is not None and self.count:
-                self.stage, self.todo, self.target = "head", [memoryview(self.body)[:head]], target
-            else:
-                self.stage, self.todo = "body", [memoryview(self.body)]
-            return self._advance(None) if not self.body.nbytes else None
-        if self.stage == "head":
-            self.offsets = offsets = self._offsets()
-            body = memoryview(self.body)
-            head = SIZE.size * self.count + self.meta_len
-            first, size = offsets[0]
-            if size == self.target.nbytes:
-                self.todo = [body[head:first], self.target, body[first + size:]]
-            else:
-                self.todo, self.target = [body[head:]], None
-            self.todo = [v for v in self.todo if v.nbytes]
-            self.stage = "body"
-            return None if self.todo else self._advance(None)
-        offsets = self._offsets() if self.offsets is None else self.offsets
+    def _open(self, target: memoryview | None) -> Frame | None:
+        """The header is whole: the body's reads (into ``target`` when the first buffer is its size), or the frame
+        when the body is empty."""
+        self.meta_len, self.count, body_len, self.first_len = HEADER.unpack(self.header)
+        check_header(self.meta_len, self.count, body_len, self.first_len)
+        self.body = np.empty(body_len, np.uint8)
         body = memoryview(self.body)
-        head = SIZE.size * self.count
-        buffers = [body[at:at + n] for at, n in offsets]
+        if target is not None and self.count and self.first_len == target.nbytes:
+            head = SIZE.size * self.count + self.meta_len
+            first = head + _padded(head)
+            self.target = target
+            self.todo = [v for v in (body[:first], target, body[first + self.first_len:]) if v.nbytes]
+        elif body_len:
+            self.todo = [body]
+        else:
+            return self._finish()
+        return None
+
+    def _finish(self) -> Frame:
+        """The body is whole: the frame (:class:`ChannelProtocolError` when its buffers do not add up to it)."""
+        body = memoryview(self.body)
+        at = SIZE.size * self.count
+        meta = body[at:at + self.meta_len]
+        at += self.meta_len
+        buffers = []
+        for n in struct.unpack_from(f"<{self.count}Q", body):
+            at += -at % ALIGN
+            buffers.append(body[at:at + n])
+            at += n
+        if at != len(body):
+            raise malformed(f"a frame of {len(body)} bytes whose buffers end at byte {at}")
+        if buffers and len(buffers[0]) != self.first_len:
+            raise malformed(f"a first array of {len(buffers[0])} bytes announced as {self.first_len} bytes")
         if self.target is not None:
             buffers[0] = self.target
-        frame = Frame(bytes(body[head:head + self.meta_len]), buffers)
+        frame = Frame(meta, buffers)
         self._start()
         return frame
-
-    def _offsets(self) -> list[tuple[int, int]]:
-        """Where each buffer lies in the body, and its size; :class:`ChannelProtocolError` when they do not add up to
-        the body's length."""
-        sizes = struct.unpack_from(f"<{self.count}Q", self.body)
-        at = SIZE.size * self.count + self.meta_len
-        out = []
-        for n in sizes:
-            at += -at % ALIGN
-            out.append((at, n))
-            at += n
-        if at != self.body.nbytes:
-            raise malformed(f"a frame of {self.body.nbytes} bytes whose buffers end at byte {at}")
-        return out
