@@ -465,9 +465,10 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
         """Close the envs and stop the workers.
 
-        ``timeout``/``terminate`` are accepted for ``AsyncVectorEnv``
-        compatibility; the pool bounds closing itself (envs get a few seconds
-        to close, then workers are killed)."""
+        ``terminate``: kill the workers at once, as ``AsyncVectorEnv`` does, without
+        closing their envs or waiting for a pending call.  ``timeout`` is accepted for
+        ``AsyncVectorEnv`` compatibility; the pool bounds closing itself (envs get a few
+        seconds to close, then workers are killed)."""
         if self._pool is None:
             return
         pending = self._life.pending
@@ -476,7 +477,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         # A reset/call still at work in its thread, or a pending step, ends with the pool's close
         # (which also clears what is pending).
         self._background = None
-        self._pool.close()
+        self._pool.close(terminate=terminate)
 
     def __del__(self) -> None:
         try:

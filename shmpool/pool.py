@@ -560,16 +560,24 @@ class Pool(LifecycleFacts):
 
     # --- closing ----------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, terminate: bool = False) -> None:
         """Close every env and stop the workers. Idempotent.  From a signal handler or
         another thread while a call is in progress, that call ends with
         ``PoolClosedError`` and the pool is closed as it leaves (from another thread,
-        ``close()`` waits for that)."""
+        ``close()`` waits for that).
+
+        ``terminate``: kill the workers at once, without asking their envs to close or
+        waiting for the call they are in (``AsyncVectorEnv.close(terminate=True)``).  An env
+        the trainer's own process runs (the parent shard) cannot be killed: a call in it
+        still ends first."""
         life = self._life
-        if not life.begin_close():
+        if not life.begin_close(kill=terminate):
             return
         try:
-            self._close_now()
+            if terminate:
+                self._kill_workers_now()
+            else:
+                self._close_now()
         finally:
             life.end_close()
 

@@ -117,7 +117,8 @@ class Lifecycle:
     order around a pending one, and ``RuntimeError`` for the other calls out of order;
     transitions are plain assignments kept here so every change of state has a name."""
 
-    __slots__ = ("state", "reason", "in_flight", "started", "lock", "busy", "close_requested", "owner_pid")
+    __slots__ = ("state", "reason", "in_flight", "started", "lock", "busy", "close_requested", "kill_requested",
+                 "owner_pid")
 
     def __init__(self) -> None:
         self.state = PoolState.NEEDS_RESET
@@ -129,6 +130,7 @@ class Lifecycle:
         self.lock = threading.RLock()   # re-entrant only so a signal handler's close() is seen, not deadlocked
         self.busy = False               # a public call is between enter() and leave()
         self.close_requested = False    # close() came while busy: leave() performs it
+        self.kill_requested = False     # ... as a kill (close(terminate=True)): the workers are not asked
         self.owner_pid = os.getpid()
 
     # --- entry and exit ---------------------------------------------------------------
@@ -142,32 +144,35 @@ class Lifecycle:
             raise RuntimeError(REENTERED)
         self.busy = True
 
-    def leave(self, close: Callable[[], None]) -> None:
-        """End a public call.  If ``close()`` was requested while it ran, run ``close``
-        now and raise ``PoolClosedError`` (chained to whatever the call raised)."""
+    def leave(self, close: Callable[[], None], kill: Callable[[], None] | None = None) -> None:
+        """End a public call.  If ``close()`` was requested while it ran, run ``close`` (``kill``
+        when the request was to kill and the pool gave one) now and raise ``PoolClosedError``
+        (chained to whatever the call raised)."""
         self.busy = False   # first: a close() from a signal handler after this runs in full itself
         try:
             if self.close_requested:
-                self.close_requested = False
+                how = kill if self.kill_requested and kill is not None else close
+                self.close_requested = self.kill_requested = False
                 if self.state is not PoolState.CLOSED:
-                    close()
+                    how()
                 raise PoolClosedError(CLOSED_DURING_CALL)
         finally:
             self.lock.release()
 
-    def begin_close(self) -> bool:
+    def begin_close(self, kill: bool = False) -> bool:
         """Called first by ``close()``.  True: no call is in progress, the caller holds
         the lock and closes now (and must ``end_close()``).  False: a call is in
         progress in this thread (a signal handler) and will close the pool when it
-        ends, or the pool is already closed."""
+        ends, or the pool is already closed.  ``kill``: the close is to kill the workers
+        without asking them (recorded for the call that performs it, :meth:`leave`)."""
         if self.lock.acquire(False):
             if self.busy:   # re-entered from a signal handler of the busy thread
                 self.lock.release()
                 if self.state is not PoolState.CLOSED and self.state is not PoolState.FORKED:
-                    self.close_requested = True
+                    self._request_close(kill)
                 return False
         else:               # another thread is inside a call: ask it to stop, wait for it to leave
-            self.close_requested = True
+            self._request_close(kill)
             self.lock.acquire()
         if self.state is PoolState.CLOSED or self.state is PoolState.FORKED:
             self.lock.release()
@@ -175,9 +180,13 @@ class Lifecycle:
         self.busy = True
         return True
 
+    def _request_close(self, kill: bool) -> None:
+        self.kill_requested = self.kill_requested or kill   # a kill asked once is not undone by a plain close
+        self.close_requested = True
+
     def end_close(self) -> None:
         self.busy = False
-        self.close_requested = False
+        self.close_requested = self.kill_requested = False
         self.lock.release()
 
     # --- checks -----------------------------------------------------------------------
@@ -290,7 +299,7 @@ class Lifecycle:
         self.started = None
         self.lock = threading.RLock()
         self.busy = False
-        self.close_requested = False
+        self.close_requested = self.kill_requested = False
 
 
 class LifecycleFacts:
@@ -352,5 +361,5 @@ def public_entry(method: Callable) -> Callable:
                 add_note(exc, f"shmpool: {INTERRUPTED} ({method.__name__} was interrupted)")
             raise
         finally:
-            life.leave(self._close_now)
+            life.leave(self._close_now, self._kill_workers_now)
     return entry

@@ -1086,6 +1086,47 @@ def test_close_stops_actors_and_workers(cluster):
     assert not gone(procs)
 
 
+def test_close_terminate_kills_the_actors_without_waiting_for_their_call(cluster, gate, tmp_path):
+    """gymnasium's ``close(terminate=True)`` on a VectorEnv over a RayPool: it raised TypeError (RayPool.close took
+    no ``terminate``).  Now the actors are killed at once; a plain close would wait for the held call (up to its
+    timeout, 10 s)."""
+    import threading
+
+    rp = distributed.RayPool(TASK, 4, seed=0, num_workers=1)
+    envs = shmpool.VectorEnv(rp)
+    envs.reset(seed=0)
+    procs = set().union(*(descendants(d["pid"]) for d in rp.nodes))
+    entered = str(tmp_path / "entered")
+
+    def held(env, entered=entered, gate=gate.path):   # cloudpickled by value: the actors cannot import tests/
+        open(entered, "w").close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            rp.apply(held, env_ids=[0])
+        except BaseException as exc:
+            raised.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 30
+    while not os.path.exists(entered) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    t0 = time.monotonic()
+    envs.close(terminate=True)
+    took = time.monotonic() - t0
+    caller.join(10)
+    assert not caller.is_alive() and [type(e) for e in raised] == [shmpool.PoolClosedError]
+    assert took < 5, f"close(terminate=True) took {took:.1f} s"
+    assert rp.closed and envs.closed and not gate.is_open
+    assert not gone(procs)
+
+
 @pytest.mark.parametrize("op", ["step", "send+recv"])
 def test_ctrl_c_during_a_call_closes_the_raypool_as_it_closes_a_local_pool(cluster, op):
     """A KeyboardInterrupt in a RayPool call left it open with the call pending (its actors still stepping); a local

@@ -1,6 +1,7 @@
 """shmpool.state: the one state of a pool, its refusals and its entry lock (no workers needed)."""
 import pickle
 import threading
+import time
 
 import pytest
 
@@ -101,6 +102,29 @@ def test_close_from_another_thread_waits_for_the_call():
         life.leave(life.close)
     t.join(5)
     assert result == ["closed by the call"] and life.closed
+
+
+@pytest.mark.parametrize("requests, how", [
+    ([False], "close"), ([True], "kill"), ([True, False], "kill"), ([False, True], "kill")],
+    ids=["close", "terminate", "terminate then close", "close then terminate"])
+def test_a_close_asked_during_a_call_is_performed_as_it_was_asked(requests, how):
+    """``close(terminate=True)`` during another thread's call: the call kills as it leaves, instead of asking the
+    workers to close (which waits for the env they are in); a plain close asked too does not undo the kill."""
+    life = Lifecycle()
+    life.ready()
+    life.enter()
+    closers = [threading.Thread(target=lambda kill=kill: life.begin_close(kill=kill)) for kill in requests]
+    for t in closers:
+        t.start()
+    deadline = time.monotonic() + 5
+    while not (life.close_requested and life.kill_requested == (how == "kill")) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    done = []
+    with pytest.raises(PoolClosedError):
+        life.leave(lambda: (done.append("close"), life.close()), lambda: (done.append("kill"), life.close()))
+    for t in closers:
+        t.join(5)
+    assert done == [how] and life.closed and not life.kill_requested
 
 
 def test_forked_refuses_everything():

@@ -440,16 +440,11 @@ def test_close_ends_a_pending_reset(no_leaks, gate):
     assert time.monotonic() - t0 < 4.0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["AsyncVectorEnv", "shmpool"])
-def test_close_terminate_ends_a_held_call_at_once(no_leaks, gate, kind, request, monkeypatch):
+def test_close_terminate_ends_a_held_call_at_once(no_leaks, gate, kind, monkeypatch):
     """AsyncVectorEnv's ``close(terminate=True)`` kills its workers at once, without waiting for the call they are
-    in.  shmpool's waits the call out, up to ``CLOSE_GRACE_S`` (1 s here), then kills: a known gap, strict xfail
-    until the pool's close can kill at once.  Every env runs in a worker (``parent_shard=False``): an env held in
-    the trainer's own process could not be ended by any close."""
-    if kind == "shmpool":
-        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError,
-                                              reason="close(terminate=True) waits CLOSE_GRACE_S"))
+    in.  shmpool's waited the call out, up to ``CLOSE_GRACE_S`` (1 s here), then killed.  Every env runs in a worker
+    (``parent_shard=False``): an env held in the trainer's own process cannot be ended by any close."""
     monkeypatch.setattr(shmpool.workerset, "CLOSE_GRACE_S", 1.0)
     fns = [recording(reset_gate=gate)] * 2
     envs = AsyncVectorEnv(fns) if kind == "AsyncVectorEnv" else shmpool.VectorEnv(fns, parent_shard=False)

@@ -79,7 +79,7 @@ def _entry(method: Callable) -> Callable:
                 add_note(exc, f"shmpool: {INTERRUPTED} ({op} was interrupted)")
             raise
         finally:
-            life.leave(self._shut_down)
+            life.leave(self._shut_down, self._abort)
     return wrapper
 
 
@@ -509,14 +509,15 @@ class RayPool(LifecycleFacts):
 
     # --- closing ---------------------------------------------------------------------------------
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, terminate: bool = False) -> None:
         """Close every local pool and stop the actors. Idempotent; from a signal handler or another
-        thread during a call, the call closes the pool when it ends."""
+        thread during a call, the call closes the pool when it ends.  ``terminate``: kill the actors
+        (and with them their workers) at once, without asking their pools to close."""
         self._close_timeout = timeout   # also for a call that performs a close requested during it
-        if not self._life.begin_close():
+        if not self._life.begin_close(kill=terminate):
             return
         try:
-            self._shut_down()
+            self._shut_down(kill=terminate)
         finally:
             self._life.end_close()
 
