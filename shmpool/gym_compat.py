@@ -20,7 +20,8 @@ before this module existed.  Under 0.29, shmpool's faces behave as 0.29's ``Asyn
 - **0.29's info layout.**  0.29's ``VectorEnv._add_info`` batches numbers (python's or numpy's)
   into arrays of their type and keeps everything else, dicts and arrays included, as one object
   per env; 1.x recurses into dicts and stacks arrays.  :func:`present_infos` rebuilds 0.29's
-  layout from each env's own info.
+  layout from each env's own info.  So a leaf inside an env's dict must keep the value the env gave
+  where 1.x's batching would change it (``KEEP_NESTED_VALUES``: a None among floats is not NaN).
 - **Reset arguments.**  0.29 passes ``seed=``/``options=`` to an env's ``reset`` only when they
   are given (:func:`reset_kwargs`); 1.x always passes both.
 - **Dict observations are OrderedDicts** (what 0.29's Dict spaces sample and its vector envs
@@ -43,13 +44,19 @@ from gymnasium import spaces
 
 from .info_rows import unbatch_info
 
-__all__ = ["DEFAULT_AUTORESET", "DICT_TYPE", "GYMNASIUM_VERSION", "LEGACY", "NOT_CALLABLE", "AutoresetMode",
+__all__ = ["DEFAULT_AUTORESET", "DICT_TYPE", "GYMNASIUM_VERSION", "KEEP_NESTED_VALUES", "LEGACY", "NOT_CALLABLE",
+           "AutoresetMode",
            "VectorizeMode", "batch_differing_spaces", "hosted_autoreset_mode", "is_space_dtype_shape_equiv",
            "not_callable", "present_infos", "reset_kwargs", "vector_metadata"]
 
 GYMNASIUM_VERSION = tuple(int(p) for p in gymnasium.__version__.split(".")[:2] if p.isdigit())
 #: gymnasium 0.29.x is installed (the vector API before 1.0).
 LEGACY = GYMNASIUM_VERSION < (1, 0)
+#: Whether the pool's batch keeps each env's own value of a leaf inside its info dicts where 1.x's batching (the first
+#: env's value decides the array) would change it: a None or an int stored into a float array becomes NaN or a float,
+#: a float into an int array an int.  0.29 keeps such a dict whole, one object per env, so the face's rebuilt layout
+#: (:func:`present_infos`) must find the values the envs gave.
+KEEP_NESTED_VALUES = LEGACY
 
 
 if LEGACY:

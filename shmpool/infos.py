@@ -25,6 +25,8 @@ import time
 import numpy as np
 
 from . import _core
+from .gym_compat import KEEP_NESTED_VALUES
+from .info_rows import info_element
 from .layout import INFO_COLUMNS, INFO_ENTRY, INFO_NAME_BYTES, Views
 from .pids import alive
 from .spacetree import tree_of
@@ -517,8 +519,9 @@ def _put_nested(infos: dict, path: tuple, values: np.ndarray, present: np.ndarra
     infos["_" + path[-1]] = present
 
 
-def add_info(infos: dict, info: dict, index: int, size: int) -> dict:
-    """Merge one env's info into batched ``infos`` at ``index`` (gymnasium's rules)."""
+def add_info(infos: dict, info: dict, index: int, size: int, nested: bool = False) -> dict:
+    """Merge one env's info into batched ``infos`` at ``index`` (gymnasium's rules); ``nested``: ``info`` is a dict
+    inside an env's info, whose leaves keep the env's values where ``KEEP_NESTED_VALUES`` says so."""
     for key, value in info.items():
         if key == "final_obs":  # gymnasium keeps final observations unbatched, one object per env
             array = infos.get(key)
@@ -526,7 +529,7 @@ def add_info(infos: dict, info: dict, index: int, size: int) -> dict:
                 array = np.full(size, fill_value=None, dtype=object)
             array[index] = value
         elif isinstance(value, dict):
-            array = add_info(infos.get(key, {}), value, index, size)
+            array = add_info(infos.get(key, {}), value, index, size, nested=True)
         else:
             array = infos.get(key)
             if array is None:
@@ -536,6 +539,8 @@ def add_info(infos: dict, info: dict, index: int, size: int) -> dict:
                     array = np.zeros((size, *value.shape), dtype=value.dtype)
                 else:
                     array = np.full(size, fill_value=None, dtype=object)
+            elif nested and KEEP_NESTED_VALUES and not _holds(array, value):
+                array = _as_objects(array)
             array[index] = value
         mask = infos.get(f"_{key}")
         if mask is None:
@@ -543,6 +548,27 @@ def add_info(infos: dict, info: dict, index: int, size: int) -> dict:
         mask[index] = True
         infos[key], infos[f"_{key}"] = array, mask
     return infos
+
+
+def _holds(array: np.ndarray | dict, value) -> bool:
+    """Whether ``array`` stores ``value`` unchanged: any value in an object array, an array of the row's shape and
+    dtype, a scalar of the array's own dtype.  ``array`` may be a dict (the key was a dict in an earlier env):
+    gymnasium then stores the value in it under the env's index, and so does :func:`add_info`."""
+    if not isinstance(array, np.ndarray) or array.dtype == object:
+        return True
+    if isinstance(value, np.ndarray):
+        return value.shape == array.shape[1:] and value.dtype == array.dtype
+    if type(value) in (int, float, bool) or isinstance(value, np.generic):
+        return np.dtype(type(value)) == array.dtype
+    return False
+
+
+def _as_objects(array: np.ndarray) -> np.ndarray:
+    """``array``'s rows as one object each, of the type each env gave (:func:`~.info_rows.info_element`)."""
+    out = np.empty(len(array), dtype=object)
+    for i in range(len(array)):
+        out[i] = info_element(array, i)
+    return out
 
 
 def collides(infos: dict, extra: dict) -> bool:

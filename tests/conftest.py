@@ -184,11 +184,7 @@ GYMNASIUM_1_ONLY = {
 }
 
 # Where shmpool is not yet exactly 0.29's AsyncVectorEnv: expected to fail (strict, so a fix shows).
-GYMNASIUM_0_29_GAPS = {
-    "test_silent_data.py::test_nested_numeric_infos_match_sync_vector_env": (
-        "the face rebuilds 0.29's info layout from the pool's 1.x batch, in which a nested leaf that is a float in "
-        "one env and None in another already became NaN"),
-}
+GYMNASIUM_0_29_GAPS: dict[str, str] = {}
 
 
 def _gymnasium_1_only(path) -> str | None:

@@ -833,6 +833,22 @@ def test_nested_numeric_infos_match_sync_vector_env_whatever_travels_where(paren
     tree_equal(want, got, "infos")
 
 
+@pytest.mark.parametrize("parent_shard", PLACEMENTS)
+def test_a_nested_leaf_that_changes_type_between_envs_is_what_sync_vector_env_gives(parent_shard, no_leaks):
+    """gymnasium 0.29 keeps an env's nested dict whole, so each env's own value comes back: an int, a None or a
+    float32 among floats, a None among bools.  1.x batches them into the first env's array (a float, NaN, False).
+    Against the installed gymnasium's SyncVectorEnv, so each pin checks its own rule; under 0.29 the None was NaN."""
+    leaves = [(0.5, True), (1, None), (None, False), (np.float32(2.5), True)]
+    fns = [functools.partial(ScriptEnv, infos={1: {"episode": {"r": r, "done": done, "l": 3}}}) for r, done in leaves]
+    ref = gym.vector.SyncVectorEnv(fns)
+    ref.reset(seed=0)
+    want = ref.step(np.zeros(4, np.int64))[4]
+    with shmpool.VectorEnv(fns, num_workers=2, parent_shard=parent_shard) as envs:
+        envs.reset(seed=0)
+        got = envs.step(np.zeros(4, np.int64))[4]
+    tree_equal(want, got, "infos")
+
+
 def test_nested_numeric_infos_need_no_side_message(monkeypatch, no_leaks):
     from shmpool.workers import loop
     handed = []

@@ -21,7 +21,9 @@ def tree_equal(a, b, path="obs"):
         a, b = np.asarray(a), np.asarray(b)
         assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} vs {b.dtype}"
         assert a.shape == b.shape, f"{path}: shape {a.shape} vs {b.shape}"
-        if a.dtype == object:
+        if a.dtype == object and a.ndim == 0:   # one object (None, a string, an env's own value)
+            assert a.item() == b.item(), f"{path}: {a.item()!r} vs {b.item()!r}"
+        elif a.dtype == object:
             for i, (x, y) in enumerate(zip(a, b)):
                 if x is None or y is None or isinstance(x, str):
                     assert x == y, f"{path}[{i}]: {x!r} vs {y!r}"
