@@ -211,12 +211,13 @@ def test_info_values_that_change_type_batch_as_in_sync_vector_env(parent_shard, 
             tree_equal(want[4], got[4], f"step {t} infos")
 
 
-def _first_step_infos(fns: list, parent_shard: bool) -> tuple[dict, dict]:
-    """The infos of the first step of four envs: SyncVectorEnv's, then the pool's."""
+def _first_step_infos(fns: list, parent_shard: bool, kind: type = shmpool.Pool) -> tuple[dict, dict]:
+    """The infos of the first step of four envs: SyncVectorEnv's, then the pool's (``kind``: Pool, or the VectorEnv
+    face, which lays them out as the installed gymnasium does)."""
     ref = gym.vector.SyncVectorEnv(fns)
     ref.reset(seed=0)
     want = ref.step(np.zeros(4, np.int64))[4]
-    with shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard) as pool:
+    with kind(fns, num_workers=2, parent_shard=parent_shard) as pool:
         pool.reset(seed=0)
         got = pool.step(np.zeros(4, np.int64))[4]
     return want, got
@@ -840,12 +841,7 @@ def test_a_nested_leaf_that_changes_type_between_envs_is_what_sync_vector_env_gi
     Against the installed gymnasium's SyncVectorEnv, so each pin checks its own rule; under 0.29 the None was NaN."""
     leaves = [(0.5, True), (1, None), (None, False), (np.float32(2.5), True)]
     fns = [functools.partial(ScriptEnv, infos={1: {"episode": {"r": r, "done": done, "l": 3}}}) for r, done in leaves]
-    ref = gym.vector.SyncVectorEnv(fns)
-    ref.reset(seed=0)
-    want = ref.step(np.zeros(4, np.int64))[4]
-    with shmpool.VectorEnv(fns, num_workers=2, parent_shard=parent_shard) as envs:
-        envs.reset(seed=0)
-        got = envs.step(np.zeros(4, np.int64))[4]
+    want, got = _first_step_infos(fns, parent_shard, shmpool.VectorEnv)
     tree_equal(want, got, "infos")
 
 
