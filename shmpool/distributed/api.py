@@ -418,28 +418,28 @@ class RayPool(LifecycleFacts):
 
     def _take(self, ref: Any) -> None:
         o = outcome_of(ref, self._ledger.requests.pop(ref))
-        if o.death is not None:
-            self._recovery.async_death(o, "recv")
-        elif o.error is not None:
-            self._life.needs_reset(f"pool {o.pool} raised in recv; call reset() or async_reset()")
-            raise self._recovery.global_error(o.pool, o.error)
-        else:
+        if o.death is None and o.error is None:
             self._ledger.received(o.pool, o.value)
+        else:
+            self._settle_async([o], "recv")
 
     def _check_sends(self) -> None:
-        """Handle the finished fire-and-forget calls: rebuild (or fail on) the dead pools, then raise
-        the first error one of them raised."""
+        """Handle the finished fire-and-forget calls (see :meth:`_settle_async`)."""
         sends = self._ledger.sends
         if not sends:
             return
         done = wait_done(list(sends), len(sends), 0)
-        outcomes = [outcome_of(ref, sends.pop(ref)) for ref in done]
+        self._settle_async([outcome_of(ref, sends.pop(ref)) for ref in done], "send")
+
+    def _settle_async(self, outcomes: list[Outcome], op: str) -> None:
+        """Rebuild (or fail on) the dead pools of async calls' ``outcomes``, then raise the first error one of the
+        others raised (the pool then needs a reset)."""
         dead = {o.pool: o for o in outcomes if o.death is not None}
         for o in dead.values():
-            self._recovery.async_death(o, "send")
+            self._recovery.async_death(o, op)
         failed = [o for o in outcomes if o.error is not None and o.pool not in dead]
         if failed:
-            self._life.needs_reset(f"pool {failed[0].pool} raised in send; call reset() or async_reset()")
+            self._life.needs_reset(f"pool {failed[0].pool} raised in {op}; call reset() or async_reset()")
             raise self._recovery.global_error(failed[0].pool, failed[0].error)
 
     def _forget_async(self) -> None:
