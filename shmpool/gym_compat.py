@@ -45,9 +45,8 @@ from gymnasium import spaces
 from .info_rows import unbatch_info
 
 __all__ = ["DEFAULT_AUTORESET", "DICT_TYPE", "GYMNASIUM_VERSION", "KEEP_NESTED_VALUES", "LEGACY", "NOT_CALLABLE",
-           "AutoresetMode",
-           "VectorizeMode", "batch_differing_spaces", "hosted_autoreset_mode", "is_space_dtype_shape_equiv",
-           "not_callable", "present_infos", "reset_kwargs", "vector_metadata"]
+           "AutoresetMode", "VectorizeMode", "batch_differing_spaces", "hosted_autoreset_mode",
+           "is_space_dtype_shape_equiv", "not_callable", "present_infos", "reset_kwargs", "vector_metadata"]
 
 GYMNASIUM_VERSION = tuple(int(p) for p in gymnasium.__version__.split(".")[:2] if p.isdigit())
 #: gymnasium 0.29.x is installed (the vector API before 1.0).
