@@ -528,6 +528,51 @@ def test_the_accepting_thread_hangs_up_on_the_oldest_caller_past_its_room(monkey
         server.close()
 
 
+class _GatedSelect:
+    """``select`` as the channel module sees it, whose polls wait until ``gate`` is set: everything connected before
+    then is queued at once, as when a flood of callers arrives faster than the accepting thread runs."""
+
+    POLLIN = select.POLLIN
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+
+    def poll(self):
+        gate, polled = self.gate, select.poll()
+
+        class Gated:
+            register, unregister = polled.register, polled.unregister
+
+            @staticmethod
+            def poll(*args):
+                gate.wait(10)
+                return polled.poll(*args)
+        return Gated()
+
+
+@pytest.mark.parametrize("silent", [3, 104])
+def test_callers_without_the_token_never_push_out_the_driver_that_sent_it(monkeypatch, silent):
+    """Issue 69: with the driver's token sent, 104 silent local connections made the server hang up on the driver
+    (it made room by the oldest caller before reading what the callers had sent)."""
+    if silent < 64:
+        monkeypatch.setattr(ch, "KNOCKING", 2)
+    gate = threading.Event()
+    monkeypatch.setattr(ch, "select", _GatedSelect(gate))
+    server = serve(handler)
+    channel = ch.Channel.connect(server.address, TOKEN, 5)   # its token sent before anyone else connects
+    callers = [socket.create_connection(server.address, timeout=5) for _ in range(silent)]
+    gate.set()
+    try:
+        reply = channel.call("echo", "in")
+        assert ch.wait([reply], 1, 5.0) == [reply]
+        assert reply.lost is None and reply.answer.value == ("in",)
+    finally:
+        channel.close()
+        for sock in callers:
+            sock.close()
+        server.close()
+
+
 BAD_HEADERS = {
     "length 2**64-1 (-1 as a signed length)": wire.HEADER.pack(0, 0, 2**64 - 1, 0),
     "length 1 TiB": wire.HEADER.pack(0, 0, 2**40, 0),
