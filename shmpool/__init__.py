@@ -1,18 +1,28 @@
 """shmpool: many RL environments in pinned worker processes, batched through shared memory."""
-from ._core import WaitPolicy
-from .batched import Batched, BatchEnv
-from .errors import (
-    EnvError,
-    PoolClosedError,
-    PoolResourceError,
-    ShmpoolError,
-    SpacesDifferError,
-    WorkerDiedError,
-    WorkerRestartedError,
-)
-from .pool import Pool
-from .topology import allowed_cpus, parse_cpu_list
-from .vector import VectorEnv, list_tasks, make, make_vec
+# Started in the repository root, Python finds the source folder first: say so rather than a bare
+# "No module named 'shmpool._core'" or 'shmpool.workers' (shmpool/source_tree.py).
+try:
+    from ._core import WaitPolicy
+    from .batched import Batched, BatchEnv
+    from .errors import (
+        EnvError,
+        PoolClosedError,
+        PoolResourceError,
+        ShmpoolError,
+        SpacesDifferError,
+        WorkerDiedError,
+        WorkerRestartedError,
+    )
+    from .pool import Pool
+    from .topology import allowed_cpus, parse_cpu_list
+    from .vector import VectorEnv, list_tasks, make, make_vec
+except ModuleNotFoundError as exc:
+    from pathlib import Path
+
+    from .source_tree import explain
+
+    explain(exc, Path(__file__).parent)   # raises when this folder is the source tree
+    raise
 
 __version__ = "0.1.0"
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 
@@ -72,3 +73,38 @@ def test_builtin_tasks_have_one_home_and_no_import_cycle():
     import shmpool.envs
     assert shmpool.envs.BatchPong is BatchPong   # the old import path still works
     assert "BatchPong-v0" in shmpool.list_tasks()
+
+
+def _source_tree_copy(tmp_path, built: bool):
+    """The repository's layout in ``tmp_path``: ``shmpool/`` (with its compiled modules when ``built``, as after
+    an earlier build in place; without, as a fresh clone), ``workers/`` beside it, pyproject.toml and setup.py."""
+    import pathlib
+    import shutil
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    skip = shutil.ignore_patterns("__pycache__", *([] if built else ["*.so"]))
+    shutil.copytree(root / "shmpool", tmp_path / "shmpool", ignore=skip)
+    shutil.copytree(root / "workers", tmp_path / "workers", ignore=skip)
+    for name in ("pyproject.toml", "setup.py"):
+        shutil.copy(root / name, tmp_path / name)
+    return tmp_path
+
+
+@pytest.mark.parametrize("built,missing", [(False, r"has no built extension \(shmpool\._\w+"),
+                                           (True, r"has no shmpool\.workers")])
+def test_import_from_the_repository_root_names_the_source_tree_and_the_fix(tmp_path, built, missing):
+    """Python started in the repository root after a plain ``pip install .`` imports the source folder, not the
+    installed package: without a build it has no ``shmpool._core``, with one no ``shmpool.workers`` (``workers/``
+    is mapped there by the install).  The error says so and what to do.  The editable install this suite runs
+    under maps ``shmpool.workers`` through a finder on ``sys.meta_path``; it is taken out, as a plain install
+    has none."""
+    root = _source_tree_copy(tmp_path, built)
+    code = ("import sys\nsys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+            "import shmpool")
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: import shmpool found the folder "), done.stderr[-2000:]
+    assert f"the source tree of the repository at {root}" in last
+    assert re.search(missing, last), last
+    assert "Run Python from another folder, or install this tree in place with `pip install -e" in last
