@@ -7,11 +7,16 @@ default, and each then runs at about half its speed (two CleanRL Atari runs: 56-
 pool lists the workers of *other* processes pinned to one of its cores, says so once (``Pool`` warns),
 and ``repr(pool)`` shows them.  A pool's own process's other pools are not counted (the suite, or a
 trainer with a train and an eval pool, decides that itself), nor unpinned workers (``pin=False``: the
-kernel spreads them).
+kernel spreads them), nor what only looks like a worker: a process a worker's env forked (it keeps the worker's
+name and core; its parent is a worker) and the zombies of a trainer that was killed.
+
+Two trainers started at the same moment each look before the other's workers exist, so a pool looks again once
+its own workers run (``Pool``): of two pools that start together, the one that looks last sees the other's.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 
 WORKER_NAME_PREFIX = "shmpool-w"   # a worker's process name (at most 15 bytes: the kernel's comm)
@@ -63,9 +68,21 @@ def _user(uid: int) -> str:
         return str(uid)
 
 
-def pinned_neighbours(cpus: list[int], proc: str = "/proc") -> list[Neighbour]:
+def _named_worker(proc: str, pid: int | str) -> bool:
+    """Whether process ``pid`` bears a worker's name (False when it cannot be read)."""
+    try:
+        with open(f"{proc}/{pid}/comm") as f:
+            return f.read().startswith(WORKER_NAME_PREFIX)
+    except OSError:
+        return False
+
+
+GONE = ("Z", "X")   # a zombie (exited, not reaped: a killed trainer's workers under a reaper-less init), dead
+
+
+def pinned_neighbours(cpus: list[int], proc: str = "/proc", exclude: Collection[int] = ()) -> list[Neighbour]:
     """The workers of other processes' pools pinned to exactly one of ``cpus``, by cpu then pid (empty
-    where ``/proc`` cannot be read)."""
+    where ``/proc`` cannot be read); ``exclude``: pids never counted (the asking pool's own workers)."""
     me = os.getpid()
     wanted = set(cpus)
     found = []
@@ -74,16 +91,17 @@ def pinned_neighbours(cpus: list[int], proc: str = "/proc") -> list[Neighbour]:
     except OSError:
         return []
     for pid in pids:
+        if pid in exclude or not _named_worker(proc, pid):
+            continue
         try:
-            with open(f"{proc}/{pid}/comm") as f:
-                if not f.read().startswith(WORKER_NAME_PREFIX):
-                    continue
             with open(f"{proc}/{pid}/status") as f:
                 status = f.read()
         except OSError:   # gone meanwhile, or not ours to read
             continue
         owner, allowed, uid = _field(status, "PPid"), _field(status, "Cpus_allowed_list"), _field(status, "Uid")
         if owner is None or allowed is None or int(owner) == me:
+            continue
+        if (_field(status, "State") or "?")[:1] in GONE or _named_worker(proc, owner):   # gone, or an env's helper
             continue
         pinned = _cpu_list(allowed)
         if len(pinned) == 1 and pinned <= wanted:

@@ -10,6 +10,7 @@ handed their parts and a weak ``fatal`` callback; none holds the pool.
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import time
@@ -31,6 +32,7 @@ from .dispatch import Dispatch
 from .gym_compat import AutoresetMode
 from .infos import InfoReader
 from .memory import check_room
+from .neighbours import pinned_neighbours
 from .pickled import LatestValues, PickledActionSender, PickledLeaves, warn_pickled
 from .plan import plan_pool
 from .region import Region
@@ -308,6 +310,21 @@ class Pool(LifecycleFacts):
         self._life = life
         _LIVE_POOLS.add(self)
         self._spin = openmp.hold(self.plan.openmp)
+        self._look_again_for_neighbours()
+
+    def _look_again_for_neighbours(self) -> None:
+        """Another trainer's pool planned at the same moment looked before our workers existed, and we before its:
+        look again now that ours run, and warn once of what the plan did not know (``shmpool.neighbours``)."""
+        plan = self.plan
+        if not plan.pinned or plan.neighbours or not plan.process_cpus:
+            return
+        found = pinned_neighbours(plan.process_cpus, exclude=self._workers.pids)
+        if found:
+            said = plan.warnings
+            self.plan = dataclasses.replace(plan, neighbours=tuple(found))
+            for note in self.plan.warnings:
+                if note not in said:
+                    warnings.warn(note, RuntimeWarning, stacklevel=3)
 
     # --- start-up -----------------------------------------------------------------------
 

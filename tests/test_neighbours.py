@@ -12,11 +12,11 @@ import shmpool
 from shmpool import neighbours
 
 
-def _fake_proc(root, pid: int, comm: str, ppid: int, cpus: str, uid: int = 0) -> None:
+def _fake_proc(root, pid: int, comm: str, ppid: int, cpus: str, uid: int = 0, state: str = "S (sleeping)") -> None:
     d = root / str(pid)
     d.mkdir()
     (d / "comm").write_text(comm + "\n")
-    (d / "status").write_text(f"Name:\t{comm}\nPPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+    (d / "status").write_text(f"Name:\t{comm}\nState:\t{state}\nPPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
                               f"Cpus_allowed_list:\t{cpus}\n")
 
 
@@ -32,6 +32,75 @@ def test_only_other_processes_workers_pinned_to_our_cores_are_neighbours(tmp_pat
     said = neighbours.describe(found)
     assert said == "cpus [0] shared with the workers of another shmpool pool (process 100 of user root)"
     assert neighbours.pinned_neighbours([0], proc=str(tmp_path / "missing")) == []
+
+
+def test_a_helper_an_env_forks_and_a_dead_trainer_s_zombie_workers_are_no_neighbours(tmp_path):
+    """Issue 69: a process an env forks keeps its worker's name and core (it was counted as another pool's worker,
+    its owner the worker: so even this process's own pool was a neighbour), and the zombie workers of a killed
+    trainer were counted as a pool still running."""
+    _fake_proc(tmp_path, 104, "shmpool-w0", os.getpid(), "1")   # this process's own worker...
+    _fake_proc(tmp_path, 106, "shmpool-w0", 104, "1")           # ...and a helper its env forked
+    _fake_proc(tmp_path, 201, "shmpool-w0", 200, "0")           # another pool's worker...
+    _fake_proc(tmp_path, 202, "shmpool-w0", 201, "0")           # ...and its env's helper: the pool counts once
+    _fake_proc(tmp_path, 301, "shmpool-w0", 1, "0", state="Z (zombie)")   # a killed trainer's workers
+    _fake_proc(tmp_path, 302, "shmpool-w1", 1, "1", state="X (dead)")
+    found = neighbours.pinned_neighbours([0, 1], proc=str(tmp_path))
+    assert [(n.pid, n.cpu, n.owner) for n in found] == [(201, 0, 200)]
+    # Workers named in ``exclude`` (a pool's own, looking again once they run) are never its neighbours.
+    assert neighbours.pinned_neighbours([0, 1], proc=str(tmp_path), exclude={201}) == []
+
+
+# Two trainers started at the same moment: each process plans its pool (the neighbour check), then waits at a
+# barrier until the other has planned too, so both look before either's workers exist.
+AT_ONCE = """
+    import os, sys, time, warnings
+    import shmpool, shmpool.pool
+    me, other = sys.argv[1], sys.argv[2]
+    planned = shmpool.pool.plan_pool
+
+    def plan_then_wait(*args, **kwargs):
+        plan = planned(*args, **kwargs)
+        with open(me + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(me + ".tmp", me)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(other) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return plan
+
+    shmpool.pool.plan_pool = plan_then_wait
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pool = shmpool.Pool("CartPole-v1", 4, num_workers=2, parent_shard=False)
+    # Only the other trainer counts (another suite's pools on this machine may be named beside it).
+    them = f"process {open(other).read()} of user"
+    said = [str(w.message) for w in caught if them in str(w.message)]
+    print(len(said), int(them in repr(pool)), flush=True)
+    sys.stdin.readline()   # both pools stay up until both have looked
+    pool.close()
+"""
+
+
+def test_of_two_trainers_started_at_the_same_moment_the_later_one_warns(no_leaks, tmp_path):
+    """Issue 69: both looked for neighbours before either's workers existed, and both stayed silent.  A pool now
+    looks again once its own workers run, so at least the one that looks last sees the other's."""
+    marks = [str(tmp_path / "a"), str(tmp_path / "b")]
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(AT_ONCE), me, other], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for me, other in (marks, marks[::-1])]
+    try:
+        said = [p.stdout.readline().split() for p in procs]
+        outs = [p.communicate("go\n", timeout=60) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        assert all(len(s) == 2 for s in said), (said, outs)
+        warned = [int(s[0]) for s in said]
+        assert 1 <= sum(warned) and max(warned) == 1, said   # at least one warns, and each at most once
+        assert [int(s[1]) for s in said] == warned, said   # what a pool warns of, its repr says
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 # The first pool, in a process of its own: how many of its warnings name the test's process
