@@ -1,4 +1,4 @@
-"""What one env step costs, and whether envs that cheap earn a worker process beside a trainer.
+"""What one env step is known to cost, and whether envs that cheap earn a worker process beside a trainer.
 
 Handing a shard to a worker costs a post, a wake-up of a sleeping core and a wait for it: beside
 a trainer whose torch threads hold the other core, that hand-off cost more than stepping 32
@@ -7,182 +7,132 @@ env in this process 0.95-0.98x; docs/performance.md).  Envs whose whole batch co
 ``IN_PROCESS_BELOW_S`` per step are then stepped in this process; heavier ones (Ant-v5: 187 us an
 env) keep their workers, which win there.
 
-The cost is measured by a *probe*: a process forked from this one builds an env from the pool's
-last constructor (scripts give env 0 the extras: video, rendering), steps it with random actions,
-writes one number on a pipe and exits.  Everything it touches is its own copy of the trainer's
-memory, as in one of ``AsyncVectorEnv``'s forked workers: a captured tensor, config or live env
-(``lambda: env``) and the global RNGs (numpy's, Python's, torch's) of this process are never
-advanced, an env allowed once per process is built in another process, and the pool's own envs
-are built later from their own copies, so trajectories are untouched.  The probe is bounded as a
-whole (``PROBE_DEADLINE_S``: a constructor that is slow or a first step that blocks costs at most
-that, and the default layout is kept); an env or constructor that raises gives no cost either (the
-pool's own start-up reports it).  ``repr(pool)`` says what the probe measured.
+The cost is *known*, never measured on the user's envs: the layout (how many worker processes) is
+settled before any env exists, and no env is built, reset or stepped for the pool's own purposes.
+An env's effects outside its process are real (a log it appends to, a counter it draws its id
+from, a server it drives), so a probe env stepped even in a forked copy of the trainer added
+episodes nobody played (issue 69).  What is read instead is which env a constructor builds, from
+the objects themselves and without calling anything (``named_env_id``): a gymnasium id given to the
+pool, an id a ``functools.partial`` carries, or one a function holds in its closure or constants
+(CleanRL's ``make_env(env_id, ...)`` thunks, SB3's ``make_vec_env``, ``lambda: gym.make("CartPole-v1")``).
+The id's registered entry point then names the kind of env, and ``STEP_COST_S`` holds what one step
+of each cheap kind costs.  A constructor that names no id, or more than one, or an id whose kind is
+not in the table, keeps the default layout.  Keyword arguments to ``gymnasium.make`` other than a
+render mode that does no work per step make the cost unknown too (``render_mode="human"`` draws
+every step).
 """
 from __future__ import annotations
 
-import math
-import os
-import select
-import signal
-import struct
-import time
-import warnings
-from collections.abc import Callable
+import functools
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .workers.inherited import set_aside_trainer_objects
-from .workerset import collection_paused
+import gymnasium
 
 # Below this much env work per step (all envs), a trainer's process steps them itself.
 IN_PROCESS_BELOW_S = 1e-3
-PROBE_STEPS = 100          # steps timed on the probe env (the first, cold one is not counted)
-PROBE_BUDGET_S = 0.05      # at most this long stepping it
-# The probe process as a whole (fork, constructor, steps, close): past this it is killed and the
-# default layout kept.  CartPole's whole probe takes ~60 ms here; a constructor that loads a model or
-# a ROM for seconds is not the cheap env the in-process layout is for.
-PROBE_DEADLINE_S = 2.0
 
-_ANSWER = struct.Struct("<d")   # seconds of one step; NaN: the env or its constructor raised
+# One step of each kind of env known to be cheap, with gymnasium.make's wrappers and
+# RecordEpisodeStatistics: the 90th percentile of 3,000 random-action steps on a 2-vCPU Intel host,
+# 2026-11-29, rounded up (the median is 3-32 us).  Keyed by entry point, which names the class whatever
+# the id's version.  Every other kind is not known to be cheap.
+STEP_COST_S = {
+    "gymnasium.envs.classic_control.cartpole:CartPoleEnv": 8e-6,
+    "gymnasium.envs.classic_control.mountain_car:MountainCarEnv": 20e-6,
+    "gymnasium.envs.classic_control.continuous_mountain_car:Continuous_MountainCarEnv": 4e-6,
+    "gymnasium.envs.classic_control.pendulum:PendulumEnv": 13e-6,
+    "gymnasium.envs.classic_control.acrobot:AcrobotEnv": 34e-6,
+    "gymnasium.envs.toy_text.frozen_lake:FrozenLakeEnv": 7e-6,
+    "gymnasium.envs.toy_text.cliffwalking:CliffWalkingEnv": 6e-6,
+    "gymnasium.envs.toy_text.taxi:TaxiEnv": 7e-6,
+    "gymnasium.envs.toy_text.blackjack:BlackjackEnv": 19e-6,
+}
+
+# Render modes that do no work in ``step`` (an image is made only when ``render()`` is called).
+IDLE_RENDER_MODES = (None, "rgb_array", "ansi")
+
+_MAX_DEPTH = 4   # partials of closures of partials...: deeper than any constructor a script writes
 
 
 @dataclass(frozen=True)
-class StepCost:
-    """What the probe found: ``seconds`` of one env step, or None with ``why_not``."""
+class KnownCost:
+    """What one step of a pool's envs is known to cost: ``env_id`` (as the constructors name it),
+    its registered ``entry_point`` and ``seconds`` of one step from ``STEP_COST_S``."""
 
-    seconds: float | None
-    why_not: str = ""
+    env_id: str
+    entry_point: str
+    seconds: float
 
     def describe(self) -> str:
-        """The probe's finding, as ``repr(pool)`` says it."""
-        if self.seconds is None:
-            return f"one env's step not measured ({self.why_not})"
-        return f"one env's step measured in a probe process: {self.seconds * 1e6:.0f} µs"
+        """The known cost, as ``repr(pool)`` says it."""
+        return f"{self.env_id} ({self.entry_point}) steps in about {self.seconds * 1e6:.0f} µs"
 
 
-def time_steps(make_env: Callable[[], Any], steps: int = PROBE_STEPS, budget_s: float = PROBE_BUDGET_S) -> float | None:
-    """Seconds of one ``step`` of an env built by ``make_env`` (random actions, reset when an
-    episode ends), in *this* process: the lower quartile of the steps timed, what a step costs
-    when nothing else runs.  The median of the first 24 steps swung 13-28 us for CartPole in
-    CleanRL's script on a 2-vCPU VM, and 32 of them sit near ``IN_PROCESS_BELOW_S``: the layout
-    flipped from run to run (a worker at 0.66x SyncVectorEnv).  The lower quartile of 100 steps
-    stayed 10-16 us.  None when the constructor or the env raised.  It runs the constructor and
-    the env here: the pool calls it only inside the probe process (``step_cost``)."""
-    env = None
-    try:
-        env = make_env()
-        env.action_space.seed(0)
-        env.reset(seed=0)
-        times = []
-        deadline = time.perf_counter() + budget_s
-        for k in range(steps + 1):
-            action = env.action_space.sample()
-            start = time.perf_counter()
-            _, _, terminated, truncated, _ = env.step(action)
-            if k:   # the first step pays one-off checks (gymnasium's env checker)
-                times.append(time.perf_counter() - start)
-            if terminated or truncated:
-                env.reset()
-            if time.perf_counter() > deadline:
-                break
-        if not times:
+def known_cost(fns: list[Callable[[], Any]]) -> KnownCost | None:
+    """What one step of the envs ``fns`` build is known to cost, read from the constructors without
+    calling them; None when any of them names no id, several ids, or one of unknown cost."""
+    found = None
+    for fn in {id(f): f for f in fns}.values():   # each distinct constructor once
+        env_id = named_env_id(fn)
+        if env_id is None or (found is not None and env_id != found):
             return None
-        times.sort()
-        return times[len(times) // 4]
-    except Exception:
+        found = env_id
+    if found is None:
         return None
-    finally:
-        if env is not None:
+    entry_point = str(gymnasium.registry[found].entry_point)
+    seconds = STEP_COST_S.get(entry_point)
+    return None if seconds is None else KnownCost(found, entry_point, seconds)
+
+
+def named_env_id(fn: Any) -> str | None:
+    """The one registered gymnasium id a constructor names (see the module's docstring), or None."""
+    ids = set()
+    for value, kwargs in _named_values(fn, 0, set()):
+        if kwargs is not None and not _idle_kwargs(kwargs):
+            return None   # gymnasium.make's keyword arguments change what a step does
+        if isinstance(value, str) and value in gymnasium.registry:
+            ids.add(value)
+        elif isinstance(value, gymnasium.envs.registration.EnvSpec) and value.id in gymnasium.registry:
+            ids.add(value.id)
+    return ids.pop() if len(ids) == 1 else None
+
+
+def cheap_enough(cost: KnownCost | None, num_envs: int) -> bool:
+    """Whether ``num_envs`` envs of ``cost`` are stepped faster here than handed out."""
+    return cost is not None and cost.seconds * num_envs < IN_PROCESS_BELOW_S
+
+
+def _named_values(obj: Any, depth: int, seen: set[int]) -> Iterator[tuple[Any, dict | None]]:
+    """The values a constructor carries (partial arguments, closure cells, code constants), with the
+    keyword dict a ``make_by_id``-style partial passes to ``gymnasium.make`` (None elsewhere).
+    Reads attributes only: nothing is called."""
+    if depth > _MAX_DEPTH or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, functools.partial):
+        dicts = [a for a in obj.args if isinstance(a, dict)]
+        for arg in obj.args:
+            if not isinstance(arg, dict):
+                yield arg, (dicts[0] if len(dicts) == 1 else None)
+                yield from _named_values(arg, depth + 1, seen)
+        for value in obj.keywords.values():
+            yield value, None
+        yield from _named_values(obj.func, depth + 1, seen)
+    elif isinstance(obj, types.FunctionType):
+        for cell in obj.__closure__ or ():
             try:
-                env.close()
-            except Exception:
-                pass
+                value = cell.cell_contents
+            except ValueError:   # a cell not yet filled
+                continue
+            yield value, None
+            yield from _named_values(value, depth + 1, seen)
+        for const in obj.__code__.co_consts:
+            if isinstance(const, str):
+                yield const, None
 
 
-def step_cost(make_env: Callable[[], Any], steps: int = PROBE_STEPS, budget_s: float = PROBE_BUDGET_S,
-              deadline_s: float = PROBE_DEADLINE_S) -> StepCost:
-    """What one step of an env built by ``make_env`` costs, measured in a forked probe process
-    (``time_steps`` there), so nothing of this process is run, advanced or drawn from; the whole
-    probe takes at most ``deadline_s``."""
-    read_end, write_end = os.pipe()
-    try:
-        # Collection off across the fork, so nothing of the trainer's is collected in the child
-        # before it sets the trainer's objects aside (as for the workers).  Python 3.12+ warns of a
-        # fork beside threads: the child takes no lock a trainer's thread could hold (a constructor
-        # that does is cut off by the deadline).
-        with collection_paused(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-    except OSError as exc:
-        os.close(read_end)
-        os.close(write_end)
-        return StepCost(None, f"no probe process: {exc.strerror or exc}")
-    if pid == 0:   # the probe process: never returns
-        _probe(read_end, write_end, make_env, steps, budget_s, deadline_s)
-    os.close(write_end)
-    try:
-        answer = _read_within(read_end, _ANSWER.size, deadline_s)
-    finally:
-        os.close(read_end)
-        _end(pid)
-    if answer is None:
-        return StepCost(None, f"the probe process took longer than {deadline_s:g} s")
-    (seconds,) = _ANSWER.unpack(answer)
-    if math.isnan(seconds):
-        return StepCost(None, "the probe env or its constructor raised")
-    return StepCost(seconds)
-
-
-def _probe(read_end: int, write_end: int, make_env: Callable[[], Any], steps: int, budget_s: float,
-           deadline_s: float) -> None:
-    """The probe process's whole life: time the steps, write the answer, exit without running any
-    of the trainer's exit handlers or finalizers."""
-    code = 1
-    try:
-        os.close(read_end)
-        set_aside_trainer_objects()
-        # Ends by itself should the trainer stop waiting (killed, or stuck past the deadline).
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.alarm(math.ceil(deadline_s) + 1)
-        seconds = time_steps(make_env, steps, budget_s)
-        os.write(write_end, _ANSWER.pack(math.nan if seconds is None else seconds))
-        code = 0
-    finally:
-        os._exit(code)
-
-
-def _read_within(fd: int, size: int, timeout_s: float) -> bytes | None:
-    """``size`` bytes from ``fd`` within ``timeout_s``; None when they do not come in time."""
-    deadline = time.monotonic() + timeout_s
-    data = b""
-    while len(data) < size:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None
-        chunk = os.read(fd, size - len(data))
-        if not chunk:   # the probe exited without an answer (killed, or os._exit elsewhere)
-            return None
-        data += chunk
-    return data
-
-
-def _end(pid: int) -> None:
-    """Kill the probe process unless it has exited, and reap it."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if not done:
-            # It wrote its answer and is closing its env, or it is stuck: 0.5 s, then it is killed.
-            deadline = time.monotonic() + 0.5
-            while not done and time.monotonic() < deadline:
-                time.sleep(0.005)
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            if not done:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-    except ChildProcessError:   # reaped by someone else's SIGCHLD handler
-        pass
-
-
-def cheap_enough(cost: float | None, num_envs: int) -> bool:
-    """Whether ``num_envs`` envs of ``cost`` seconds a step are stepped faster here than handed out."""
-    return cost is not None and cost * num_envs < IN_PROCESS_BELOW_S
+def _idle_kwargs(kwargs: dict) -> bool:
+    """Whether ``gymnasium.make(id, **kwargs)`` steps as ``gymnasium.make(id)`` does."""
+    return all(key == "render_mode" and value in IDLE_RENDER_MODES for key, value in kwargs.items())

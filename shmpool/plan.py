@@ -27,7 +27,7 @@ from .arguments import (
     workers_within,
 )
 from .batched import BatchedEnvs
-from .costs import StepCost, cheap_enough, step_cost
+from .costs import KnownCost, cheap_enough, known_cost
 from .neighbours import Neighbour, pinned_neighbours
 from .neighbours import describe as describe_neighbours
 from .neighbours import warning as neighbour_warning
@@ -72,7 +72,7 @@ class PoolPlan:
     trainer: TrainerThreads
     layout_note: str = ""   # why the layout differs from the default one, when it does
     openmp: OpenMPChoice = LEAVE_OPENMP   # what the pool does about the trainer's OpenMP spin
-    probe: StepCost | None = None   # what the probe measured (shmpool.costs), None when none ran
+    step_cost: KnownCost | None = None   # one env step's known cost (shmpool.costs), when the layout asked
     neighbours: tuple[Neighbour, ...] = ()   # other processes' pool workers pinned to our cores (shmpool.neighbours)
 
     @property
@@ -122,8 +122,6 @@ class PoolPlan:
             where = f"({processes}, worker {self.parent_shard}'s shard stepped in this process)"
         if self.layout_note:
             where = f"({self.layout_note})"
-        elif self.probe is not None:
-            where = f"{where} ({self.probe.describe()})"
         workers = "1 worker" if self.num_workers == 1 else f"{self.num_workers} workers"
         shared = f", {describe_neighbours(self.neighbours)}" if self.neighbours else ""
         return f"{workers} {where}{quota}{shared}"
@@ -156,18 +154,16 @@ def plan_pool(fns, *, num_workers: int | None, batch_size: int | None, cpus, wai
     hosting = check_parent_shard(parent_shard, oversubscribed(worker_cpus, allowed, quota), chosen, timeout,
                                  on_error, batch < n, trainer.leaves_a_core(usable_cores(allowed, quota)))
     note = ""
-    probe = None
+    cost = None
     if hosting and parent_shard == "auto" and w > 1 and not batched and trainer.torch_threads is not None:
         # A trainer beside us and envs this cheap: every env here beats any hand-off (shmpool.costs).
-        # The last env's constructor: scripts give env 0 the extras (video, rendering).  The probe
-        # runs in a process of its own: nothing of the trainer's is advanced.
-        probe = step_cost(fns[-1])
-        if cheap_enough(probe.seconds, n):
+        # Known from which env the constructors name, before any env exists: none is run for it.
+        cost = known_cost(fns)
+        if cheap_enough(cost, n):
             w = 1
             worker_cpus = worker_cpus[:1]
-            note = (f"every env stepped in this process: a step of one env costs {probe.seconds * 1e6:.0f} µs "
-                    f"(measured in a probe process), {n} of them less than handing a shard to a worker beside "
-                    "the trainer")
+            note = (f"every env stepped in this process: {cost.describe()}, {n} of them less than handing a "
+                    "shard to a worker beside the trainer")
     if hosting:   # the last (never the largest) shard: the parent also gathers the results
         worker_cpus = worker_cpus[:-1]
     choice = choose_wait_policy(wait_policy, worker_cpus, allowed, quota, trainer, hosted=hosting)
@@ -177,5 +173,5 @@ def plan_pool(fns, *, num_workers: int | None, batch_size: int | None, cpus, wai
         cpus=tuple(cores), cpu_quota=quota, worker_cpus=tuple(worker_cpus) + (None,) * hosting,
         parent_shard=w - 1 if hosting else None, pinned=bool(pin), wait_choice=choice, step_timeout=timeout,
         on_worker_error=on_error, use_semaphores=use_sems, shard_sizes=tuple(shard_sizes(n, w)),
-        trainer=trainer, layout_note=note, openmp=choose_openmp(bool(worker_cpus)), probe=probe,
+        trainer=trainer, layout_note=note, openmp=choose_openmp(bool(worker_cpus)), step_cost=cost,
         neighbours=neighbours)

@@ -2,6 +2,7 @@
 :class:`Gate` a test holds a call pending with."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -286,3 +287,38 @@ def same(a, b, path: str) -> None:
             np.testing.assert_array_equal(a, b, err_msg=path)
     else:
         assert a == b, f"{path}: {a!r} vs {b!r}"
+
+
+class Journal(gym.Env):
+    """Writes what happens to it to its own file: its effects outside its process are real, as a
+    dataset recorder's or SB3's ``Monitor`` log's are."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, path):
+        self.path = path
+        self.write("build")
+
+    def write(self, what):
+        with open(self.path, "a") as f:
+            f.write(what + "\n")
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.write("reset")
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.write("step")
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def journals(folder, n: int) -> list[list[str]]:
+    """What happened to each of ``n`` :class:`Journal` envs written under ``folder``, env by env."""
+    return [(folder / f"env{i}.log").read_text().split() for i in range(n)]
+
+
+def journal_fns(folder, n: int) -> list:
+    """One constructor per env, each writing its own journal under ``folder``."""
+    return [functools.partial(Journal, str(folder / f"env{i}.log")) for i in range(n)]

@@ -1,178 +1,179 @@
-"""Cheap envs beside a trainer are stepped in this process (issue 31): measured on a probe env,
-decided only under ``parent_shard="auto"`` with torch imported, and said in ``repr``.  The probe
-runs in a forked process of its own (issue 57): nothing the user handed over is run or advanced."""
+"""Cheap envs beside a trainer are stepped in this process (issue 31), decided only under
+``parent_shard="auto"`` with torch imported and said in ``repr`` — from which env the constructors
+name, never by running one (issue 69: a probe env stepped in a forked copy of the trainer still wrote
+to the user's logs, drew ids from shared counters and took configs from shared queues)."""
+import functools
+import multiprocessing as mp
 import os
-import random
 import subprocess
 import sys
 import textwrap
-import time
 
 import gymnasium as gym
 import heavy_imports
 import numpy as np
 import pytest
+from envs import Journal, journal_fns, journals
 
 import shmpool
 from shmpool import costs
+from shmpool.arguments import make_by_id
 from shmpool.topology import TrainerThreads
 
-
-class Slow(gym.Env):
-    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self, delay=0.0, fail=False, slow_every=None):
-        self.delay, self.fail, self.slow_every = delay, fail, slow_every
-        self.closed = False
-        self.steps = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        if self.fail:
-            raise ValueError("no")
-        import time
-        self.steps += 1
-        if self.slow_every is None or self.steps % self.slow_every:
-            time.sleep(self.delay)
-        return np.zeros(2, np.float32), 0.0, False, False, {}
+two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2 or shmpool.plan.cpu_quota() is not None,
+                               reason="the auto layout hosts a shard only where workers leave no core (2 cores)")
 
 
-class Captures(gym.Env):
-    """Advances a counter it was handed (a trainer's tensor or array) and draws from numpy's and
-    Python's global RNGs when built and at every step, as careless envs do.  Observation: the counter."""
-
-    observation_space = gym.spaces.Box(0, 1e9, (1,), np.float64)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self, counter, delay=0.0):
-        self.counter, self.delay = counter, delay
-        self.drawn = np.random.random() + random.random()
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return self.counter.copy(), {}
-
-    def step(self, action):
-        self.counter += 1
-        np.random.random(), random.random()
-        time.sleep(self.delay)
-        return self.counter.copy(), 0.0, False, False, {}
-
-
-def test_step_cost_is_a_step_of_a_probe_env():
-    # The probe reports its steps' lower quartile, which a loaded machine's slow steps do not reach: a 2 ms
-    # sleep comes back as 2.0-2.2 ms idle, and ~2.1-3 ms loaded (a sleep overshoots, never undershoots);
-    # 1.5 ms either side still fails a cost off by the 2 ms (none measured, or two steps counted as one).
-    assert costs.step_cost(lambda: Slow(0.002)).seconds == pytest.approx(0.002, abs=0.0015)
-    # A step that only sleeps 0 s (a yield): ~60 us on a loaded machine; 0.5 ms is 8x that, and a quarter of the
-    # 2 ms step above.
-    assert costs.step_cost(lambda: Slow(0.0)).seconds < 0.0005
-
-
-def test_step_cost_is_what_a_step_costs_when_nothing_else_runs():
-    # Two steps in three slowed (a busy VM, cold caches): the median would say 1 ms; the layout
-    # then flips between runs.  Every third step is the env's own cost (~5-10 us on a loaded machine): 0.3 ms
-    # is 30x that, and a third of the 1 ms a median would report.
-    assert costs.step_cost(lambda: Slow(0.001, slow_every=3)).seconds < 0.0003
-
-
-def test_an_env_that_cannot_be_probed_gives_no_cost():
-    assert costs.step_cost(lambda: Slow(fail=True)) == costs.StepCost(None, "the probe env or its constructor raised")
-    assert costs.step_cost(lambda: 1 / 0) == costs.StepCost(None, "the probe env or its constructor raised")
-
-
-def test_the_probe_stays_within_its_budget():
-    # Event, not speed: 100 steps of 20 ms would take 2 s; the budget stops the stepping after 50 ms
-    # (3 steps), and the whole probe (fork, 3 steps, exit: ~0.1 s idle) ends well inside 1 s even on a busy
-    # VM, and half the 2 s a probe that ignored its budget would take.
-    t = time.perf_counter()
-    costs.step_cost(lambda: Slow(0.02), budget_s=0.05)
-    assert time.perf_counter() - t < 1.0
-
-
-def _slow_constructor():
-    time.sleep(30)
-    return Slow()
-
-
-def _blocking_first_step():
-    env = Slow()
-    env.step = lambda action: time.sleep(30)
-    return env
-
-
-@pytest.mark.parametrize("make_env", [_slow_constructor, _blocking_first_step])
-def test_the_probe_is_bounded_as_a_whole_and_leaves_no_process(make_env, no_leaks):
-    # A constructor that takes 30 s, or a first step that blocks, costs the deadline (0.5 s here)
-    # plus the kill (~1 s on a loaded machine); the old probe ran in this process and waited the 30 s.  5 s
-    # leaves 5x that for a loaded CI, and still fails on a probe that waited the env out.
-    t = time.perf_counter()
-    found = costs.step_cost(make_env, deadline_s=0.5)
-    assert time.perf_counter() - t < 5.0
-    assert found == costs.StepCost(None, "the probe process took longer than 0.5 s")
-    assert found.describe() == "one env's step not measured (the probe process took longer than 0.5 s)"
-
-
-def test_the_probe_advances_nothing_of_this_process():
-    """A constructor capturing the trainer's array, or a live env (``lambda: env``), and envs that
-    draw from the global RNGs: after the probe, the array, the env and the next draws are as before."""
-    counter = np.zeros(1)
-    live = Captures(np.zeros(1))
-    np_state, py_state = np.random.get_state(), random.getstate()
-    assert costs.step_cost(lambda: Captures(counter)).seconds is not None
-    assert costs.step_cost(lambda: live).seconds is not None
-    assert counter.tolist() == [0.0] and live.counter.tolist() == [0.0]
-    drawn = np.random.random(), random.random()
-    np.random.set_state(np_state)
-    random.setstate(py_state)
-    assert (np.random.random(), random.random()) == drawn
-
-
-@pytest.mark.parametrize("delay, placement", [(0.0, "every env here"), (0.002, "one env here, one in a worker")])
-@pytest.mark.parametrize("captured", ["array", "live env"])
-def test_a_pool_beside_a_trainer_leaves_what_it_was_handed(monkeypatch, delay, placement, captured, no_leaks):
-    """The probe runs (torch beside the pool, ``parent_shard="auto"``): the trainer's array or live
-    env is not advanced, each env starts from its own copy of it, and the global RNGs' next draws
-    are those they would have been without the pool, as with AsyncVectorEnv."""
-    if len(os.sched_getaffinity(0)) != 2 or shmpool.plan.cpu_quota() is not None:
-        pytest.skip("the probe runs only where the default layout hosts a shard (exactly 2 cores, no quota)")
+def beside_torch(monkeypatch):
+    """The layout of a training script: torch imported, its threads beside the pool."""
     monkeypatch.setattr(shmpool.plan, "trainer_threads", lambda: TrainerThreads(2, None, None))
-    counter = np.zeros(1)
-    live = Captures(counter, delay)
-    make = (lambda: Captures(counter, delay)) if captured == "array" else (lambda: live)
-    np_state, py_state = np.random.get_state(), random.getstate()
-    with shmpool.Pool(make, 2) as pool:
-        assert isinstance(pool.plan.probe, costs.StepCost) and pool.plan.probe.seconds is not None
-        assert "measured in a probe process" in repr(pool), repr(pool)
-        hosted_only = pool.num_workers == 1
-        assert hosted_only == (placement == "every env here"), repr(pool)
-        drawn = np.random.random(), random.random()
-        np.random.set_state(np_state)
-        random.setstate(py_state)
-        assert (np.random.random(), random.random()) == drawn
-        assert counter.tolist() == [0.0]
+
+
+@two_cores
+@pytest.mark.parametrize("face", ["Pool", "VectorEnv"])
+def test_each_env_is_built_once_and_run_only_by_the_users_calls(face, monkeypatch, tmp_path, no_leaks):
+    """Beside a trainer on 2 cores (where the old layout probe ran): each env's journal holds what the
+    reference's does — one build, the user's reset and step.  The old probe built the last env once more
+    and stepped it ~100 times (102 lines for env 3).  AsyncVectorEnv builds env 0 once more in the
+    trainer for its spaces, unstepped; doing less is allowed, doing more is not."""
+    beside_torch(monkeypatch)
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir()
+    theirs.mkdir()
+    if face == "Pool":
+        subject, reference = shmpool.Pool(journal_fns(ours, 4)), None
+    else:
+        subject = shmpool.VectorEnv(journal_fns(ours, 4))
+        reference = gym.vector.AsyncVectorEnv(journal_fns(theirs, 4))
+    for envs in filter(None, (subject, reference)):
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, np.int64))
+        envs.close()
+    got = journals(ours, 4)
+    assert all(lines == ["build", "reset", "step"] for lines in got[1:]), got
+    if reference is None:
+        assert got[0] == ["build", "reset", "step"], got
+    else:
+        want = journals(theirs, 4)
+        assert want[1:] == got[1:]
+        assert want[0] in (["build", "build", "reset", "step"], got[0]), (want[0], got[0])
+        assert got[0] in (["build", "reset", "step"], ["build", "build", "reset", "step"]), got[0]
+
+
+class Numbered(gym.Env):
+    """Takes its id from a counter shared by every env, as scripts number their envs' logs or ports."""
+
+    observation_space = gym.spaces.Box(0, 100, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, counter):
+        with counter.get_lock():
+            self.number = counter.value
+            counter.value += 1
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.array([self.number], np.float32), {}
+
+    def step(self, action):
+        return np.array([self.number], np.float32), 0.0, False, False, {}
+
+
+@two_cores
+def test_envs_numbered_by_a_shared_counter_get_every_number_once(monkeypatch, no_leaks):
+    """The old probe drew number 3 first, so the pool's envs came out [1, 2, 3, 4] (and 4 in all
+    were drawn)."""
+    beside_torch(monkeypatch)
+    counter = mp.get_context("fork").Value("i", 0)
+    with shmpool.Pool(lambda: Numbered(counter), 4, start_method="fork") as pool:
         obs, _ = pool.reset(seed=0)
-        assert obs[:, 0].tolist() == [0.0, 0.0]
-        obs, *_ = pool.step(np.zeros(2, np.int64))
-        obs, *_ = pool.step(np.zeros(2, np.int64))
-        assert obs[:, 0].tolist() == [2.0, 2.0]   # each env its own copy, from 0
-        assert counter.tolist() == [0.0]
+        assert sorted(obs[:, 0].tolist()) == [0.0, 1.0, 2.0, 3.0]
+    assert counter.value == 4
 
 
-@pytest.mark.parametrize("cost, n, here", [(10e-6, 8, True), (10e-6, 32, True), (10e-6, 128, False),
-                                            (190e-6, 8, False), (None, 8, False)])
-def test_cheap_enough(cost, n, here):
-    assert costs.cheap_enough(cost, n) is here
+class CleanRLStyle:
+    """Constructors as the scripts users port write them."""
+
+    @staticmethod
+    def make_env(env_id, idx, capture_video, run_name):   # CleanRL's make_env
+        def thunk():
+            env = gym.make(env_id, render_mode="rgb_array") if capture_video and idx == 0 else gym.make(env_id)
+            return gym.wrappers.RecordEpisodeStatistics(env)
+        return thunk
+
+    @staticmethod
+    def make_vec_env(env_id, rank):   # the shape of SB3's make_vec_env: a closure over the id, wrapped again
+        def _init():
+            return gym.make(env_id, render_mode="rgb_array")
+        return functools.partial(lambda f: f(), _init)
+
+
+def _unknown():
+    return Journal(os.devnull)
+
+
+@pytest.mark.parametrize("fn, named", [
+    (functools.partial(make_by_id, "CartPole-v1", {}), "CartPole-v1"),               # Pool("CartPole-v1", n)
+    (functools.partial(make_by_id, "CartPole-v1", {"render_mode": "rgb_array"}), "CartPole-v1"),
+    (functools.partial(make_by_id, "CartPole-v1", {"render_mode": "human"}), None),   # draws every step
+    (functools.partial(make_by_id, "CartPole-v1", {"max_episode_steps": 10}), None),  # another env than the id's
+    (functools.partial(gym.make, "Pendulum-v1"), "Pendulum-v1"),
+    (CleanRLStyle.make_env("CartPole-v1", 1, False, "CartPole-v1__ppo__1__1"), "CartPole-v1"),
+    (CleanRLStyle.make_vec_env("Acrobot-v1", 0), "Acrobot-v1"),
+    (lambda: gym.make("MountainCar-v0"), "MountainCar-v0"),
+    (lambda: gym.make(gym.spec("CartPole-v1")), "CartPole-v1"),   # the id is one of the code's constants
+    (lambda: (gym.make("CartPole-v1"), gym.make("Pendulum-v1")), None),   # two ids: which one steps is unknown
+    (_unknown, None),
+    (Journal, None),
+])
+def test_which_env_a_constructor_builds_is_read_not_run(fn, named):
+    assert costs.named_env_id(fn) == named
+
+
+def test_a_constructor_is_never_called_to_know_its_cost():
+    calls = []
+
+    def thunk():
+        calls.append(1)
+        return gym.make(env_id)
+
+    env_id = "CartPole-v1"
+    spec = gym.spec("Taxi-v4" if "Taxi-v4" in gym.registry else "Taxi-v3")
+    held = spec
+    assert costs.known_cost([thunk] * 8) == costs.KnownCost(
+        "CartPole-v1", "gymnasium.envs.classic_control.cartpole:CartPoleEnv", 8e-6)
+    assert costs.named_env_id(lambda: gym.make(held)) == spec.id   # an EnvSpec in a closure names its id
+    assert calls == []
+
+
+@pytest.mark.parametrize("ids, known", [
+    (["CartPole-v1"] * 4, "CartPole-v1"),
+    (["CartPole-v1", "CartPole-v1", "Pendulum-v1"], None),   # envs of two kinds
+    (["Ant-v5"] * 2, None),                                   # a kind not known to be cheap
+])
+def test_known_cost_of_a_pools_constructors(ids, known):
+    found = costs.known_cost([functools.partial(make_by_id, i, {}) for i in ids])
+    assert (found and found.env_id) == known
+
+
+@pytest.mark.parametrize("seconds, n, here", [(10e-6, 8, True), (10e-6, 32, True), (10e-6, 128, False),
+                                               (190e-6, 8, False)])
+def test_cheap_enough(seconds, n, here):
+    assert costs.cheap_enough(costs.KnownCost("X-v0", "x:X", seconds), n) is here
+    assert not costs.cheap_enough(None, n)
+
+
+def test_every_known_kind_is_registered_in_this_gymnasium():
+    """The table's keys are entry points as gymnasium registers them: one renamed would never match."""
+    registered = {str(spec.entry_point) for spec in gym.registry.values()}
+    assert set(costs.STEP_COST_S) <= registered | {"gymnasium.envs.toy_text.taxi:TaxiEnv"}, \
+        set(costs.STEP_COST_S) - registered
 
 
 LAYOUT = """
     {imports}
     import shmpool
-    pool = shmpool.Pool({env!r}, {n}{extra})
+    pool = shmpool.Pool({env}, {n}{extra})
     print("workers", pool.num_workers, "processes", len([c for c in pool.worker_cpus if c is not None]))
     print(repr(pool))
     pool.close()
@@ -186,24 +187,25 @@ def _layout(env, n, torch_first=True, extra=""):
     return out.stdout
 
 
-two_cores = pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) != 2,
-                               reason="the auto layout hosts a shard only when workers leave no core (2 cores)")
-
-
 @pytest.mark.slow   # a subprocess importing torch: ~11 s on 2 loaded cores
 @two_cores
 def test_cheap_envs_beside_torch_run_in_this_process():
     heavy_imports.require("torch")   # imported by the subprocess only
-    out = _layout("CartPole-v1", 8)
+    out = _layout("'CartPole-v1'", 8)
     assert "workers 1 processes 0" in out
-    assert "every env stepped in this process: a step of one env costs" in out
+    assert ("every env stepped in this process: CartPole-v1 (gymnasium.envs.classic_control.cartpole:CartPoleEnv) "
+            "steps in about 8 µs, 8 of them less than handing a shard to a worker beside the trainer") in out, out
 
 
-@pytest.mark.slow   # four subprocesses importing torch: ~27 s on 2 loaded cores
+@pytest.mark.slow   # five subprocesses importing torch: ~30 s on 2 loaded cores
 @two_cores
-def test_without_a_trainer_or_with_a_choice_the_layout_is_the_default():
+def test_without_a_trainer_a_choice_or_a_known_cheap_env_the_layout_is_the_default():
     heavy_imports.require("torch")   # imported by the subprocesses only
-    assert "workers 2 processes 1" in _layout("CartPole-v1", 8, torch_first=False)
-    assert "workers 2 processes 2" in _layout("CartPole-v1", 8, extra=", num_workers=2")
-    assert "workers 2 processes 2" in _layout("CartPole-v1", 8, extra=", parent_shard=False")
-    assert "workers 2 processes 1" in _layout("CartPole-v1", 256)
+    assert "workers 2 processes 1" in _layout("'CartPole-v1'", 8, torch_first=False)
+    assert "workers 2 processes 2" in _layout("'CartPole-v1'", 8, extra=", num_workers=2")
+    assert "workers 2 processes 2" in _layout("'CartPole-v1'", 8, extra=", parent_shard=False")
+    assert "workers 2 processes 1" in _layout("'CartPole-v1'", 256)
+    # A constructor naming no id keeps the worker, even for an env as cheap: nothing is run to find out.
+    unnamed = ("lambda: __import__('gymnasium').wrappers.TimeLimit("
+               "__import__('gymnasium.envs.classic_control', fromlist=['_']).CartPoleEnv(), 500)")
+    assert "workers 2 processes 1" in _layout(unnamed, 8)

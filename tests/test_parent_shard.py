@@ -210,7 +210,7 @@ def test_auto_on_two_cores_steps_one_shard_here(monkeypatch, no_leaks):
     monkeypatch.setattr(shmpool.plan, "trainer_threads", lambda: TrainerThreads(2, None, None))
     with shmpool.Pool("CartPole-v1", 8) as pool:
         assert pool.num_workers == 1 and pool.parent_shard == 0 and worker_processes() == 0
-    monkeypatch.setattr(shmpool.plan, "step_cost", lambda make_env: shmpool.costs.StepCost(1e-3))
+    monkeypatch.setattr(shmpool.plan, "known_cost", lambda fns: shmpool.costs.KnownCost("CartPole-v1", "x:X", 1e-3))
     with shmpool.Pool("CartPole-v1", 8) as pool:
         assert pool.num_workers == 2 and pool.parent_shard == 1 and worker_processes() == 1
     # Async: the parent's shard unless the trainer's threads leave a core for the worker processes.

@@ -511,3 +511,20 @@ def test_per_env_dict_and_tuple_actions(kind, space, no_leaks):
     for row, action in zip(obs, actions):
         a, b = (action["a"], action["b"]) if space == "dict" else action
         np.testing.assert_array_equal(row, np.array([a, *b], np.float32))
+
+
+def test_each_env_is_built_once_as_subprocvecenv_builds_it(tmp_path, no_leaks):
+    """SubprocVecEnv builds each env once, in its own process, and runs it only on the user's calls; the
+    old layout probe built ShmVecEnv's last env once more and stepped it ~100 times beside torch."""
+    from envs import journal_fns, journals
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+    got = {}
+    for name, cls in (("theirs", SubprocVecEnv), ("ours", sb3.ShmVecEnv)):
+        folder = tmp_path / name
+        folder.mkdir()
+        venv = cls(journal_fns(folder, 4))
+        venv.reset()
+        venv.step(np.zeros(4, np.int64))
+        venv.close()
+        got[name] = journals(folder, 4)
+    assert got["ours"] == got["theirs"] == [["build", "reset", "step"]] * 4, got

@@ -19,10 +19,8 @@ ALLOWED_REACH_INS = {
     # it would keep forever); it is Pool's own module and touches only what a fork invalidates
     ("shmpool/pool.py", "pool._life"),
     ("shmpool/pool.py", "pool._workers"),
-    # the standard library's exit without cleanup (a worker, or the cost probe's forked process,
-    # must not run the trainer's atexit)
+    # the standard library's exit without cleanup (a worker must not run the trainer's atexit)
     ("workers/loop.py", "os._exit"),
-    ("shmpool/costs.py", "os._exit"),
     ("workers/forks.py", "os._exit"),   # a child an env forked, ending before it acts as the worker
     # a subclass calling its base class's hook
     ("workers/recipes/mujoco.py", "super()._healthy"),
