@@ -450,3 +450,52 @@ def test_a_step_s_observations_read_into_its_output_are_its_output_and_anything_
         kept.append((joined.obs, want))
     for got, want in kept:   # no later step wrote an earlier step's output
         np.testing.assert_array_equal(got, want)
+
+
+BIG_ENDIAN = {"box": ">f4", "dict": {"a": ">f4", "b": ">i4", "c": ">f8"}}
+
+
+def _big_endian_env(kind: str):
+    import gymnasium as gym
+
+    def box(dtype: str):
+        return gym.spaces.Box(-5, 5, (3,), np.dtype(dtype))
+
+    class BigEndian(gym.Env):
+        observation_space = (box(BIG_ENDIAN["box"]) if kind == "box" else
+                             gym.spaces.Dict({k: box(d) for k, d in BIG_ENDIAN["dict"].items()}))
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return self.observation_space.sample(), {"seen": np.asarray(1.5, ">f4")}
+
+        def step(self, action):
+            return self.observation_space.sample(), 1.0, False, False, {}
+    return BigEndian
+
+
+def _dtypes(x):
+    return {k: v.dtype for k, v in x.items()} if isinstance(x, dict) else x.dtype
+
+
+@pytest.mark.parametrize("kind", list(BIG_ENDIAN))
+def test_pools_answers_join_in_the_dtype_a_local_pool_returns_byte_order_included(kind, no_leaks):
+    """Issue 69: a RayPool of several pools returned a Box of '>f4' as native float32 (numpy 2's concatenate makes a
+    byte-swapped dtype native), where a local Pool keeps the space's dtype.  Two pools' answers, each a local Pool's
+    rows, join in that dtype."""
+    import shmpool
+    with shmpool.Pool(_big_endian_env(kind), 4, seed=0, num_workers=1) as pool:
+        obs, infos = pool.reset()
+        want = _dtypes(obs)
+        assert want == ({k: np.dtype(d) for k, d in BIG_ENDIAN["dict"].items()} if kind == "dict"
+                        else np.dtype(BIG_ENDIAN["box"]))   # the local Pool keeps the space's dtype
+        halves = [Rows(np.arange(a, b), take_rows(obs, slice(a, b)), np.zeros(b - a), np.zeros(b - a, bool),
+                       np.zeros(b - a, bool), take_rows(infos, slice(a, b))) for a, b in [(0, 2), (2, 4)]]
+        joined = Rows.join(halves)
+        assert _dtypes(joined.obs) == want and _dtypes(concat([h.obs for h in halves])) == want
+        assert joined.infos["seen"].dtype == infos["seen"].dtype   # an info column too
+        ready = ReadyRows()
+        for h in halves:
+            ready.add(h)
+        assert _dtypes(ready.take(3).obs) == want   # recv's batches, taken across blocks

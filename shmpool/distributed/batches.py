@@ -16,6 +16,14 @@ import numpy as np
 RESTARTED = "worker_restarted"   # the info key that flags a row answered by a rebuilt pool
 
 
+def joined(arrays: list) -> np.ndarray:
+    """``np.concatenate(arrays)``, in the dtype they share when they share one: numpy 2 makes a byte-swapped dtype
+    native (two pools' Box of ``'>f4'`` joined as float32), where a local Pool keeps the space's dtype."""
+    dtypes = {getattr(a, "dtype", None) for a in arrays}
+    shared = dtypes.pop() if len(dtypes) == 1 else None
+    return np.concatenate(arrays, dtype=shared)
+
+
 def concat(parts: list) -> Any:
     """Concatenate batched values (arrays, or dicts/tuples of them) along axis 0."""
     first = parts[0]
@@ -23,7 +31,7 @@ def concat(parts: list) -> Any:
         return {k: concat([p[k] for p in parts]) for k in first}
     if isinstance(first, tuple):
         return tuple(concat([p[i] for p in parts]) for i in range(len(first)))
-    return np.concatenate(parts) if len(parts) > 1 else np.asarray(first)
+    return joined(parts) if len(parts) > 1 else np.asarray(first)
 
 
 def take_rows(x: Any, index: Any) -> Any:
@@ -54,7 +62,7 @@ def _column(values: list, sizes: list[int]) -> np.ndarray:
                  else np.zeros((n, *ref.shape[1:]), dtype=ref.dtype))
         filled.append(v)
     try:
-        return np.concatenate(filled)
+        return joined(filled)
     except ValueError:  # shapes differ between blocks: one object per row, as gymnasium does
         out = np.empty(sum(sizes), dtype=object)
         for i, row in enumerate(row for v in filled for row in v):
@@ -89,7 +97,7 @@ def merge_infos(parts: list[dict], sizes: list[int]) -> dict:
     if len(parts) == 1:
         return parts[0]
     if _same_columns(parts):   # every step of a homogeneous pool: no filling to do, one concatenation a key
-        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        return {key: joined([p[key] for p in parts]) for key in parts[0]}
     keys: dict[str, None] = {}
     for p in parts:
         keys.update(dict.fromkeys(p))
