@@ -9,7 +9,11 @@ the trainer had at the fork, so the trainer walks them (~2 ms) just before forki
 the ones found to one thread (~1 ms).  The trainer's own thread counts are read, never changed.
 
 A worker started by ``spawn`` or ``forkserver`` has its own libraries: it walks them itself.  Libraries an
-env loads later (its ``make``) are not limited, as before.
+env loads later (its ``make``) read ``OMP_NUM_THREADS`` and friends, which each worker sets to "1" in its own
+environment first thing (``workers.loop``).  The trainer's environment is never changed, not even for the
+moment a worker starts: another thread starting a process then inherited the "1" (issue 69).  So a spawned
+worker's libraries loaded before its first line (its start-up imports the trainer's ``__main__``) start with
+their default thread counts, and are limited here like any other.
 """
 from __future__ import annotations
 

@@ -160,8 +160,8 @@ class WorkerSet:
         if libraries is None:
             libraries = found_for_fork(self.ctx.get_start_method())
         parent_end, child_end = self.ctx.Pipe(duplex=True)
-        saved = {v: os.environ.get(v) for v in loop.THREAD_ENV_VARS}
-        os.environ.update({v: "1" for v in loop.THREAD_ENV_VARS})  # spawned workers start with 1 thread
+        # The trainer's environment is never touched (another thread may start a process meanwhile): each worker
+        # limits its own threads (shmpool.thread_limits).
         try:
             proc = self.ctx.Process(target=loop.main, args=(child_end, *self._args[k], libraries),
                                     name=f"shmpool-worker-{k}", daemon=True)
@@ -174,11 +174,6 @@ class WorkerSet:
             self.procs[k], self.conns[k], self.pids[k] = proc, parent_end, proc.pid
         finally:
             child_end.close()
-            for v, value in saved.items():
-                if value is None:
-                    os.environ.pop(v, None)
-                else:
-                    os.environ[v] = value
 
     def guard(self, pool: Any = None) -> None:
         """Kill the workers if ``pool`` is dropped without close(); without ``pool``, renew

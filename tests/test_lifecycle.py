@@ -61,6 +61,38 @@ def test_worker_blas_threads_are_limited_and_the_trainers_are_not(start_method, 
     assert [(lib["filepath"], lib["num_threads"]) for lib in threadpool_info()] == trainers
 
 
+class EnvironmentWrites:
+    """Every change made to this process's environment (``os.environ`` calls ``os.putenv``/``os.unsetenv`` for
+    each), recorded whichever thread makes it: another thread starting a process meanwhile inherits it."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.seen: list[tuple] = []
+        for name in ("putenv", "unsetenv"):
+            real = getattr(os, name)
+            monkeypatch.setattr(os, name, lambda *args, real=real, name=name: (self.seen.append((name, *args)),
+                                                                                 real(*args))[1])
+
+
+@pytest.mark.parametrize("face", ["Pool fork", "Pool spawn", "AsyncVectorEnv fork"])
+def test_starting_workers_never_changes_the_trainer_s_environment(face, no_leaks, monkeypatch):
+    """Issue 69: while workers were forked, the trainer's own ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ... read
+    "1" (put back afterwards), so a process another thread started meanwhile ran one thread.  The workers still run
+    their BLAS and OpenMP libraries with one thread each (``test_worker_blas_threads_are_limited...``)."""
+    import gymnasium as gym
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    writes = EnvironmentWrites(monkeypatch)
+    kind, start_method = face.split()
+    if kind == "Pool":
+        with shmpool.Pool(ProbeEnv, 2, num_workers=2, start_method=start_method) as pool:
+            probes = pool.call("probe")
+        assert [p["omp"] for p in probes] == ["1", "1"]   # set in each worker, for what its envs load later
+    else:   # the reference
+        gym.vector.AsyncVectorEnv([ProbeEnv] * 2, context=start_method).close()
+    assert writes.seen == []
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == "3" and "OMP_NUM_THREADS" not in os.environ
+
+
 def test_dropping_a_pool_without_close_reaps_it(no_leaks):
     pool = shmpool.Pool("CartPole-v1", 2, num_workers=2)
     pool.reset()
