@@ -290,3 +290,29 @@ def test_gymnasium_wrapper_subclass_steps(impl, task, no_leaks):
             obs, rew, term, trunc, info = envs.step(np.zeros(2, dtype=np.int32))
         assert info["l"].tolist() == [3, 3] and info["elapsed_step"].tolist() == [3, 3]
     assert env.closed
+
+
+# Issue 69: Atari options of another type than their default's, taken or refused (TypeError) as envpool does;
+# a bool option given "no" turned it on.  tests/test_recipes_atari.py checks the messages.
+OPTION_TYPES = [
+    ({"zero_discount_on_life_loss": "no"}, TypeError), ({"episodic_life": "yes"}, TypeError),
+    ({"reward_clip": [0]}, TypeError), ({"gray_scale": b""}, TypeError), ({"full_action_space": "False"}, TypeError),
+    ({"frame_skip": "4"}, TypeError), ({"frame_skip": 4.0}, TypeError), ({"noop_max": 3.5}, TypeError),
+    ({"img_height": 84.0}, TypeError), ({"max_episode_steps": 100.0}, TypeError), ({"mode": 1.5}, TypeError),
+    ({"repeat_action_probability": "0.25"}, TypeError), ({"repeat_action_probability": None}, TypeError),
+    ({"zero_discount_on_life_loss": 1}, None), ({"episodic_life": 0.0}, None), ({"reward_clip": None}, None),
+    ({"gray_scale": np.bool_(True)}, None), ({"noop_max": True}, None), ({"frame_skip": np.int64(3)}, None),
+    ({"repeat_action_probability": 1}, None),
+]
+
+
+@pytest.mark.skipif(not HAVE_ATARI, reason="needs ale-py, cv2")
+@pytest.mark.parametrize(("options", "error"), OPTION_TYPES, ids=[repr(o) for o, _ in OPTION_TYPES])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_atari_options_of_another_type_are_taken_or_refused_as_envpool_does(impl, options, error, no_leaks):
+    if error is not None:
+        with pytest.raises(error):
+            make(impl, "Pong-v5", env_type="gymnasium", num_envs=1, num_threads=1, **options)
+        return
+    env = make(impl, "Pong-v5", env_type="gymnasium", num_envs=1, num_threads=1, **options)
+    env.close()

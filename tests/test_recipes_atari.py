@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -340,6 +341,43 @@ def test_errors_name_the_option():
         AtariEnv("Pong-v5", repeat_action_probability=1.5)
     with pytest.raises(TypeError):
         AtariEnv("Pong-v5", 4)   # options are keyword-only
+
+
+# Issue 69: options of the wrong type, as EnvPool 1.2.5's own checks take or refuse them (TypeError), beside it in
+# tests/test_envpool_parity.py.  A bool option given "no" was truthy, so it turned the option on.
+WRONG_TYPE = [
+    ("zero_discount_on_life_loss", "no", "a bool"), ("episodic_life", "yes", "a bool"),
+    ("reward_clip", [0], "a bool"), ("use_fire_reset", "no", "a bool"), ("full_action_space", "False", "a bool"),
+    ("gray_scale", b"", "a bool"), ("use_inter_area_resize", "no", "a bool"), ("info_ram", "no", "a bool"),
+    ("frame_skip", "4", "an integer"), ("frame_skip", 4.0, "an integer"), ("noop_max", 3.5, "an integer"),
+    ("stack_num", "4", "an integer"), ("img_height", 84.0, "an integer"), ("max_episode_steps", 100.0, "an integer"),
+    ("mode", 1.5, "an integer or None"), ("difficulty", "0", "an integer or None"),
+    ("repeat_action_probability", "0.25", "a number"), ("repeat_action_probability", None, "a number"),
+]
+# Of other types, what EnvPool takes (a bool option takes a number or None, an integer one a bool).
+TAKEN = [("zero_discount_on_life_loss", 1, True), ("episodic_life", 0.0, False), ("reward_clip", None, False),
+         ("gray_scale", np.bool_(True), True), ("noop_max", True, 1), ("frame_skip", np.int64(3), 3),
+         ("repeat_action_probability", 1, 1.0)]
+
+
+@pytest.mark.parametrize(("name", "value", "kind"), WRONG_TYPE, ids=[f"{n}={v!r}" for n, v, _ in WRONG_TYPE])
+def test_an_option_of_the_wrong_type_is_a_type_error_naming_it(name, value, kind):
+    said = rf"^Atari option {name} must be {kind}, got {re.escape(repr(value))} \({type(value).__name__}\)$"
+    with pytest.raises(TypeError, match=said):
+        shmpool.make("Pong-v5", num_envs=2, **{name: value})   # before any worker starts
+    with pytest.raises(TypeError, match=said):
+        AtariEnv("Pong-v5", **{name: value})
+
+
+@pytest.mark.parametrize(("name", "value", "taken_as"), TAKEN, ids=[f"{n}={v!r}" for n, v, _ in TAKEN])
+def test_an_option_envpool_converts_is_taken_as_it_takes_it(name, value, taken_as):
+    env = AtariEnv("Pong-v5", **{name: value})
+    try:
+        assert getattr(env, name, taken_as) == taken_as
+        if name == "episodic_life":
+            assert env.episodic_life is False
+    finally:
+        env.close()
 
 
 def test_registered_tasks():

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -81,25 +82,48 @@ task_id = atari_task_id   # the name this module has always exported
 GAMES: dict[str, str] = atari_games(roms.get_all_rom_ids())
 
 
+def _type_error(name: str, value: Any, kind: str) -> TypeError:
+    return TypeError(f"Atari option {name} must be {kind}, got {value!r} ({type(value).__name__})")
+
+
+def _check_type(name: str, value: Any, default: Any) -> None:
+    """TypeError for a value of a type EnvPool 1.2.5 refuses for option ``name`` (whose default says its type):
+    a bool option takes a bool, a number or None (any truthy value did, so "no" turned it on); an integer one
+    anything with ``__index__`` (a bool too, never a float or a string); a float one any real number."""
+    if isinstance(default, bool):
+        if value is not None and not isinstance(value, (bool, int, float, np.bool_, np.number)):
+            raise _type_error(name, value, "a bool")
+    elif isinstance(default, float):
+        if not isinstance(value, (int, float, np.number)) or isinstance(value, np.complexfloating):
+            raise _type_error(name, value, "a number")
+    elif isinstance(default, int) or default is None:   # mode and difficulty: None is the ROM's default
+        if value is None and default is None:
+            return
+        try:
+            operator.index(value)
+        except TypeError:
+            raise _type_error(name, value, "an integer" if default is not None else "an integer or None") from None
+
+
 def check_options(**options: Any) -> None:
-    """Raise ``ValueError`` naming the option for an unknown name or an out-of-range value."""
+    """Raise ``ValueError`` naming the option for an unknown name or an out-of-range value, ``TypeError`` for a
+    value of a type EnvPool refuses (as EnvPool raises it)."""
     known = AtariEnv.OPTIONS
     for name in options:
         if name not in known:
             raise ValueError(f"unknown Atari option {name!r}; options are {', '.join(known)}")
+    for name, value in options.items():
+        _check_type(name, value, known[name].default)
     o = {**{k: v.default for k, v in known.items()}, **options}
     at_least = {"stack_num": 1, "frame_skip": 1, "noop_max": 0, "img_height": 1, "img_width": 1,
                 "max_episode_steps": 1}
     for name, low in at_least.items():
         value = o[name]
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        if value < low:
             raise ValueError(f"Atari option {name} must be an integer >= {low}, got {value!r}")
     p = o["repeat_action_probability"]
-    if not isinstance(p, (int, float, np.number)) or not 0.0 <= p <= 1.0:
+    if not 0.0 <= p <= 1.0:
         raise ValueError(f"Atari option repeat_action_probability must be in [0, 1], got {p!r}")
-    for name in ("mode", "difficulty"):
-        if o[name] is not None and (isinstance(o[name], bool) or not isinstance(o[name], (int, np.integer))):
-            raise ValueError(f"Atari option {name} must be an int or None, got {o[name]!r}")
 
 
 class AtariEnv(gymnasium.Env):
@@ -125,9 +149,8 @@ class AtariEnv(gymnasium.Env):
         rom = GAMES.get(task, task)
         if rom not in roms.get_all_rom_ids():
             raise ValueError(f"unknown Atari game {task!r}: not a ROM ale-py ships (e.g. 'pong', 'Pong-v5')")
-        check_options(stack_num=stack_num, frame_skip=frame_skip, noop_max=noop_max, img_height=img_height,
-                      img_width=img_width, repeat_action_probability=repeat_action_probability,
-                      max_episode_steps=max_episode_steps, mode=mode, difficulty=difficulty)
+        given = locals()   # every option, by its name
+        check_options(**{name: given[name] for name in self.OPTIONS})
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.render_mode = render_mode
