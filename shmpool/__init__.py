@@ -29,13 +29,23 @@ __version__ = "0.1.0"
 # The optional faces load on first use, so ``shmpool.sb3.ShmVecEnv`` works after ``import shmpool``
 # without making SB3 or Ray a dependency of ``import shmpool``.
 _OPTIONAL_FACES = ("sb3", "distributed")
+# Names the docs use at the top level whose module needs an extra: loaded on first read, never by `import *`.
+_OPTIONAL_NAMES = {"ShmVecEnv": ("sb3", "sb3")}   # name -> (module, extra)
 
 
 def __getattr__(name: str):
-    if name in _OPTIONAL_FACES:
-        import importlib
+    import importlib
 
+    if name in _OPTIONAL_FACES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _OPTIONAL_NAMES:
+        module, extra = _OPTIONAL_NAMES[name]
+        try:
+            face = importlib.import_module(f"{__name__}.{module}")
+        except ImportError as exc:
+            raise ImportError(f"shmpool.{name} (shmpool.{module}.{name}) needs the [{extra}] extra: "
+                              f'pip install "shmpool[{extra}]"', name=f"{__name__}.{module}") from exc
+        return getattr(face, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [

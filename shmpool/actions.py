@@ -175,6 +175,9 @@ class ActionWriter:
             parts = self.split(actions)
         except MissingItems as exc:
             raise ValueError(f"actions: {exc}") from None
+        except TypeError:
+            self.refuse_per_env_dicts(actions, rows)
+            raise
         for slot, part in zip(self.slots, parts):
             slot.write(part, ids, rows)
         return None
@@ -193,12 +196,31 @@ class ActionWriter:
             fast.check_values(actions, None)
         return True
 
+    def refuse_per_env_dicts(self, actions, rows: int) -> None:
+        """Raise a TypeError saying what a Dict space's actions look like when ``actions`` are one dict per env
+        (a list of them): a Dict action is one dict of batched values, as gymnasium's vector envs take it."""
+        if not isinstance(self.space, spaces.Dict) or not isinstance(actions, (list, tuple)):
+            return
+        if not actions or not all(isinstance(item, dict) for item in actions):
+            return
+        keys = list(self.space.spaces)
+        shapes = ", ".join(f"{key!r}: shape {(rows, *sub.shape)}" if sub.shape is not None
+                           else f"{key!r}: {rows} values" for key, sub in self.space.spaces.items())
+        raise TypeError(
+            f"actions for a Dict action space are one dict of batched arrays, one entry per key with the envs "
+            f"along its first axis ({{{shapes}}}), as gymnasium's vector envs take them; got a "
+            f"{type(actions).__name__} of {len(actions)} per-env dicts. Batch them first: "
+            f"{{key: np.stack([a[key] for a in actions]) for key in {keys!r}}}")
+
     def _write_with_pickled(self, actions, ids: np.ndarray | None) -> list[tuple]:
         rows = self.num_envs if ids is None else len(ids)
         try:
             shared, pickled = self.pickled.split(actions)
         except MissingItems as exc:
             raise ValueError(f"actions: {exc}") from None
+        except TypeError:
+            self.refuse_per_env_dicts(actions, rows)
+            raise
         values = per_env_values(self.pickled, pickled, rows)   # checked before any slot is written
         for slot, part in zip(self.slots, shared):
             slot.write(part, ids, rows)

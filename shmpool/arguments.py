@@ -114,6 +114,7 @@ def env_constructors(env: Any, num_envs: int | None, env_kwargs: dict) -> list[C
             return recipe.sized(num_envs) if isinstance(recipe, Batched) else recipe
         check_env_id(env)
         return [functools.partial(make_by_id, env, env_kwargs)] * num_envs
+    refuse_env_instances(env)
     if env_kwargs:
         raise TypeError(f"unexpected keyword arguments {sorted(env_kwargs)}: env kwargs are only accepted "
                         "with a gymnasium id")
@@ -127,6 +128,23 @@ def env_constructors(env: Any, num_envs: int | None, env_kwargs: dict) -> list[C
     if num_envs is not None and num_envs != len(fns):
         raise ValueError(f"num_envs={num_envs} but {len(fns)} env constructors were given")
     return fns
+
+
+def refuse_env_instances(env: Any) -> None:
+    """A TypeError naming the fix when ``env`` is a built env (or a list holding one) where constructors are
+    needed: every env is built in its worker from its own constructor, so a built one cannot be shared out."""
+    built = [env] if isinstance(env, (gymnasium.Env, gymnasium.vector.VectorEnv)) else (
+        [e for e in env if isinstance(e, (gymnasium.Env, gymnasium.vector.VectorEnv))]
+        if isinstance(env, (list, tuple)) else [])
+    if not built:
+        return
+    spec = getattr(built[0], "spec", None)
+    env_id = getattr(spec, "id", None)
+    instead = (f"lambda: gym.make({env_id!r}) (one constructor, with num_envs), a list of such callables, or "
+               f"the id {env_id!r}" if env_id else "a callable that builds one (lambda: MyEnv()), with num_envs, "
+               "or a list of such callables")
+    raise TypeError(f"an env instance ({type(built[0]).__name__}) was given where env constructors are needed: "
+                    f"each worker builds its own envs, so give {instead}")
 
 
 def check_parent_shard(parent_shard: Any, crowded: bool, num_workers_given: bool, step_timeout: float | None,

@@ -43,7 +43,7 @@ from .gym_compat import (
 )
 from .pool import Pool
 from .reset_args import check_reset_mask, seed_list
-from .state import CallOrderError, CallPendingError, Lifecycle, NoCallPendingError, Pending
+from .state import CallOrderError, CallPendingError, Lifecycle, NoCallPendingError, Pending, PoolState
 
 if TYPE_CHECKING:
     from .distributed import RayPool
@@ -521,7 +521,8 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             raise self._refusal(refusal, f"{call.value}_wait") from None
 
     def _refusal(self, refusal: Exception, op: str) -> Exception:
-        return gymnasium_refusal(refusal, op, type(self).__name__, closed_by_caller=self.closed)
+        return gymnasium_refusal(refusal, op, type(self).__name__, closed_by_caller=self.closed,
+                                 forked=self._life.state is PoolState.FORKED)
 
     def _out(self, obs):
         if not self.copy:
@@ -537,11 +538,14 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 LIFECYCLE_REFUSALS = (PoolClosedError, CallOrderError)
 
 
-def gymnasium_refusal(refusal: Exception, op: str, name: str, *, closed_by_caller: bool) -> Exception:
+def gymnasium_refusal(refusal: Exception, op: str, name: str, *, closed_by_caller: bool,
+                      forked: bool = False) -> Exception:
     """A refusal of the pool's Lifecycle (one of ``LIFECYCLE_REFUSALS``) of ``op``, by the vector
     env of class ``name``, as the exception ``AsyncVectorEnv`` raises for that mistake, word for
     word (the same in gymnasium 0.29 and 1.x): ``AlreadyPendingCallError`` and
-    ``NoAsyncCallError`` with the pending call's stem as ``.name``, ``ClosedEnvironmentError``."""
+    ``NoAsyncCallError`` with the pending call's stem as ``.name``, ``ClosedEnvironmentError``.  In a
+    forked child (``forked``: a torch DataLoader worker, say) the pool is its parent's, not closed by an error:
+    the ``ClosedEnvironmentError`` says so with the pool's own refusal, which names the fork and the fix."""
     if isinstance(refusal, CallPendingError):
         stem = refusal.call.value
         end = "" if op == "reset_async" else "."   # AsyncVectorEnv's reset_async says it without a full stop
@@ -550,6 +554,8 @@ def gymnasium_refusal(refusal: Exception, op: str, name: str, *, closed_by_calle
     if isinstance(refusal, NoCallPendingError):
         stem = refusal.call.value
         return NoAsyncCallError(f"Calling `{stem}_wait` without any prior call to `{stem}_async`.", stem)
+    if forked:
+        return ClosedEnvironmentError(f"Trying to operate on `{name}` in a forked child process: {refusal}")
     if closed_by_caller:
         return ClosedEnvironmentError(f"Trying to operate on `{name}`, after a call to `close()`.")
     return ClosedEnvironmentError(f"Trying to operate on `{name}`, whose pool was closed by an earlier error.")

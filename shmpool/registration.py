@@ -32,6 +32,7 @@ import copy
 import functools
 import importlib
 import importlib.util
+import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -486,6 +487,22 @@ def _pool_names(kwargs: dict, num_threads: int | None, offset: int | None) -> tu
 MAKE_KEYWORDS = frozenset({"render_mode", "render_env_id", "gym_reset_return_info", "num_workers", "cpus"})
 
 
+# gymnasium's older ALE ids (ale-py registers them): Pong-v0, Pong-v4, PongNoFrameskip-v4, ...
+_OLD_ALE_ID = re.compile(r"(?P<game>[A-Za-z]+?)(?:NoFrameskip|Deterministic)?-v[04]")
+
+
+def warn_if_recipe_is_v5(task_id: str) -> None:
+    """A UserWarning when ``task_id`` is one of gymnasium's older ALE ids of a game with an Atari recipe:
+    EnvPool users write ``Pong-v4`` meaning EnvPool's preprocessed Pong, which here is ``Pong-v5``; gymnasium's
+    env by that id (raw frames) is still what is built, since asking for it is legitimate."""
+    found = _OLD_ALE_ID.fullmatch(task_id)
+    recipe = f"{found['game']}-v5" if found else None
+    if recipe in _TASKS:
+        warnings.warn(f"{task_id} is gymnasium's ALE env (raw 210x160 RGB frames, no EnvPool preprocessing), built "
+                      f"as asked; EnvPool's {recipe} (84x84 gray frames, 4 stacked, frame skip 4, no-op resets) is "
+                      f"shmpool's recipe: shmpool.make({recipe!r})", UserWarning, stacklevel=3)
+
+
 def make(
     task_id: str,
     env_type: str = "gymnasium",
@@ -557,6 +574,8 @@ def make(
     face = dict(env_type=env_type, render_mode=render_mode, render_env_id=render_env_id, config={})
     try:
         spec = None if task_id in _TASKS else _find_spec(task_id)
+        if spec is not None:
+            warn_if_recipe_is_v5(task_id)
         if spec is None:
             env_fns = recipe_constructors(task_id, num_envs, {**env_kwargs, **env_render})
             env = EnvPoolEnv(env_fns, **face, **pool_kwargs, **vector_kwargs)

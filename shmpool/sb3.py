@@ -53,7 +53,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
     raise ImportError("shmpool.sb3 needs stable-baselines3: pip install 'shmpool[sb3]' "
                       "(or 'stable-baselines3>=2.3')") from _exc
 
-from .arguments import POOL_KEYWORDS, check_typos, env_constructors, is_ray_pool, keywords_of
+from .arguments import POOL_KEYWORDS, check_typos, env_constructors, is_ray_pool, keywords_of, refuse_env_instances
 from .autoreset_modes import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
 from .info_rows import unbatch_info
@@ -178,6 +178,7 @@ class ShmVecEnv(VecEnv):
         mode = pool_kwargs.pop("autoreset_mode", SAME_STEP)
         if parse_autoreset_mode(mode) != SAME_STEP:
             raise ValueError(f"ShmVecEnv always uses autoreset_mode='same_step' (SB3's), got {mode!r}")
+        refuse_env_instances(env_fns)   # before it is taken for a constructor or a list of them
         if isinstance(env_fns, str):
             # A gymnasium id or a recipe id (Pong-v5, with EnvPool's options), as every face resolves it.
             env_kwargs = {k: pool_kwargs.pop(k) for k in list(pool_kwargs) if k not in POOL_KEYWORDS}

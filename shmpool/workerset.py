@@ -99,6 +99,19 @@ def collection_paused():
                 gc.enable()
 
 
+def refuse_in_daemonic_process() -> None:
+    """A daemonic process (a ``multiprocessing.Pool`` worker) may not start children, and Python says only
+    ``daemonic processes are not allowed to have children``: say what that means for a pool, and the ways out."""
+    me = mp_process.current_process()
+    if not me.daemon:
+        return
+    raise RuntimeError(
+        f"this process is daemonic (a multiprocessing.Pool worker, say: {me.name}), and Python does not let a "
+        "daemonic process start processes, so this pool cannot start its worker processes. Either step every "
+        "env in this process with num_workers=1, parent_shard=True, or build the pool in a non-daemonic "
+        "process: multiprocessing.Process(daemon=False), or a concurrent.futures.ProcessPoolExecutor worker")
+
+
 class WorkerSet:
     """Worker ``k`` owns envs ``bounds[k]`` and runs pinned to ``cpus[k]`` (``pinned``), or
     wherever the scheduler puts it among the process's allowed cores (not ``pinned``).
@@ -157,6 +170,7 @@ class WorkerSet:
         """Start worker ``k`` (again: a replacement gets the same envs, cpu and constructors).
         ``libraries``: this process's BLAS and OpenMP libraries as found for this fork (looked up here
         when not given: a replacement is forked from the trainer as it is now)."""
+        refuse_in_daemonic_process()
         if libraries is None:
             libraries = found_for_fork(self.ctx.get_start_method())
         parent_end, child_end = self.ctx.Pipe(duplex=True)
