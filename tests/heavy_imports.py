@@ -77,7 +77,13 @@ class module:
         object.__setattr__(self, "_name", name)
 
     def _module(self):
-        return importlib.import_module(object.__getattribute__(self, "_name"))
+        name = object.__getattribute__(self, "_name")
+        try:
+            return importlib.import_module(name)
+        except AttributeError as exc:
+            # getattr(proxy, attr, default) (monkeypatch.setattr's read of the old value) and hasattr take any
+            # AttributeError for a missing name: one raised by the import would read "has no attribute 'attr'"
+            raise ImportError(f"importing {name} failed: {exc!r}", name=name) from exc
 
     def __getattr__(self, attr: str):
         if attr.startswith("_"):   # pytest's probes of a module's names at collection (``__test__``...)

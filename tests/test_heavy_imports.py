@@ -62,3 +62,23 @@ def test_require_skips_a_missing_module_without_importing_it():
     with pytest.raises(pytest.skip.Exception, match="could not import 'no_such_module_here': not installed"):
         heavy_imports.require("no_such_module_here")
     heavy_imports.require("json")   # installed: no skip
+
+
+def test_monkeypatch_on_a_proxy_patches_the_module_and_a_failed_import_is_not_a_missing_name(
+        fake_heavy, tmp_path, monkeypatch):
+    """Issue 68: ``monkeypatch.setattr(faults, "ray", fake)`` on a proxy failed with ``<heavy_imports.module ...>
+    has no attribute 'ray'``.  monkeypatch reads the old value with ``getattr(target, name, default)``, which takes
+    any AttributeError for a missing name, one raised while the module imports included: a proxy's import that
+    fails says so as an ImportError, with its cause."""
+    lazy = heavy_imports.module(fake_heavy)
+    monkeypatch.setattr(lazy, "VALUE", 9)
+    assert sys.modules[fake_heavy].VALUE == 9
+    monkeypatch.undo()
+    assert sys.modules[fake_heavy].VALUE == 7
+
+    (tmp_path / "heavy_broken.py").write_text("import json\njson.no_such_name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broken = heavy_imports.module("heavy_broken")
+    with pytest.raises(ImportError, match=r"importing heavy_broken failed: AttributeError.*no_such_name"):
+        monkeypatch.setattr(broken, "VALUE", 1)
+    assert "heavy_broken" not in sys.modules
