@@ -3,6 +3,8 @@ async evenness (shmpool._lead), a whole batch's action check (shmpool._batch_che
 the EnvPool face's elapsed-step counts (shmpool._elapsed), a shard's result writes
 (shmpool.workers._rows) and the Atari frame kernel
 (shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
+import os
+
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -45,4 +47,7 @@ extensions = [
                     args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),
 ]
 
-setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}))
+# Cythonized and compiled on every core this build may use: the build is most of an install's time.
+jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}, nthreads=jobs),
+      options={"build_ext": {"parallel": jobs}})
