@@ -1,11 +1,16 @@
-"""The one room where shmpool meets the installed gymnasium's version: 1.x, or 0.29.x (``LEGACY``).
+"""The one room where shmpool meets the installed gymnasium's version: 1.1 on, 1.0, or 0.29.x (``LEGACY``).
 
 Everything of gymnasium that exists in one version only, and everything the faces do differently
 under the two, is decided here once, at import; the rest of shmpool imports these names and has no
 version test of its own.  Installing shmpool never moves the user's gymnasium (``gymnasium>=0.29.1``).
 
-Under gymnasium 1.x every name below is gymnasium's own and every function is what the faces did
-before this module existed.  Under 0.29, shmpool's faces behave as 0.29's ``AsyncVectorEnv``:
+Under gymnasium 1.1 on, every name below is gymnasium's own and every function is what the faces did
+before this module existed.  Under 1.0, the same but for ``AutoresetMode`` (1.1's enum, a stand-in here):
+1.0's vector envs autoreset on the next step only and their metadata has no ``autoreset_mode``, so
+shmpool's default is NEXT_STEP and its metadata has none either; ``autoreset_mode=`` is shmpool's own
+keyword there (as under 0.29, kept rather than refused: a script written for it keeps working) and
+``"same_step"`` gives 1.1's layout, ``final_obs``/``final_info``.  Under 0.29, shmpool's faces behave as
+0.29's ``AsyncVectorEnv``:
 
 - **One autoreset, on the same step.**  0.29's vector envs reset an ending env inside the step
   that ended it and return the reset observation; the last observation and info are in
@@ -44,13 +49,16 @@ from gymnasium import spaces
 
 from .info_rows import unbatch_info
 
-__all__ = ["DEFAULT_AUTORESET", "DICT_TYPE", "GYMNASIUM_VERSION", "KEEP_NESTED_VALUES", "LEGACY", "NOT_CALLABLE",
-           "AutoresetMode", "VectorizeMode", "batch_differing_spaces", "hosted_autoreset_mode",
-           "is_space_dtype_shape_equiv", "not_callable", "present_infos", "reset_kwargs", "vector_metadata"]
+__all__ = ["DEFAULT_AUTORESET", "DICT_TYPE", "GYMNASIUM_VERSION", "HAS_AUTORESET_MODE", "KEEP_NESTED_VALUES", "LEGACY",
+           "NOT_CALLABLE", "AutoresetMode", "VectorizeMode", "batch_differing_spaces", "hosted_autoreset_mode",
+           "is_space_dtype_shape_equiv", "not_callable", "present_infos", "reset_kwargs", "same_step_info",
+           "vector_metadata"]
 
 GYMNASIUM_VERSION = tuple(int(p) for p in gymnasium.__version__.split(".")[:2] if p.isdigit())
 #: gymnasium 0.29.x is installed (the vector API before 1.0).
 LEGACY = GYMNASIUM_VERSION < (1, 0)
+#: gymnasium has ``AutoresetMode`` (1.1 on): its vector envs take ``autoreset_mode=``.
+HAS_AUTORESET_MODE = GYMNASIUM_VERSION >= (1, 1)
 #: Whether the pool's batch keeps each env's own value of a leaf inside its info dicts where 1.x's batching (the first
 #: env's value decides the array) would change it: a None or an int stored into a float array becomes NaN or a float,
 #: a float into an int array an int.  0.29 keeps such a dict whole, one object per env, so the face's rebuilt layout
@@ -58,15 +66,19 @@ LEGACY = GYMNASIUM_VERSION < (1, 0)
 KEEP_NESTED_VALUES = LEGACY
 
 
-if LEGACY:
+if HAS_AUTORESET_MODE:
+    from gymnasium.vector import AutoresetMode  # noqa: F401  (re-exported)
+else:
     class AutoresetMode(enum.Enum):
-        """gymnasium 1.x's ``AutoresetMode``, which 0.29 lacks: the same members and values, so
-        ``autoreset_mode=`` takes the same names under both."""
+        """gymnasium 1.1's ``AutoresetMode``, which 0.29 and 1.0 lack: the same members and values, so
+        ``autoreset_mode=`` (shmpool's keyword there) takes the same names under every version."""
 
         NEXT_STEP = "NextStep"
         SAME_STEP = "SameStep"
         DISABLED = "Disabled"
 
+
+if LEGACY:
     class VectorizeMode(enum.Enum):
         """The modes 0.29's (experimental) ``gymnasium.make_vec`` knows; ``"custom"`` is its
         name for 1.x's ``"vector_entry_point"``."""
@@ -82,8 +94,8 @@ if LEGACY:
     _NOT_CALLABLE_MESSAGE = "Trying to call function `{name}` with `_call`. Use `{name}` directly instead."
 else:
     from gymnasium.envs.registration import VectorizeMode  # noqa: F401  (re-exported)
-    from gymnasium.vector import AutoresetMode  # noqa: F401  (re-exported)
 
+    #: 1.x's default autoreset (1.0's only one).
     DEFAULT_AUTORESET = AutoresetMode.NEXT_STEP
     NOT_CALLABLE = ("reset", "step", "close", "_setattr", "_check_spaces")
     _NOT_CALLABLE_MESSAGE = "Trying to call function `{name}` with `call`, use `{name}` directly instead."
@@ -118,9 +130,10 @@ def hosted_autoreset_mode(env: Any, metadata: dict) -> Any:
 
 
 def vector_metadata(env_metadata: dict, mode: Any) -> dict:
-    """A vector env's metadata: a copy of its envs', plus 1.x's ``autoreset_mode`` (0.29 has none)."""
+    """A vector env's metadata: a copy of its envs', plus ``autoreset_mode`` from gymnasium 1.1 on (0.29's and 1.0's
+    vector envs have none)."""
     out = dict(env_metadata)
-    if not LEGACY:
+    if HAS_AUTORESET_MODE:
         out["autoreset_mode"] = mode
     return out
 
@@ -182,46 +195,95 @@ def _add_info_0_29(infos: dict, info: dict, i: int, n: int) -> None:
         infos[f"_{key}"][i] = True
 
 
+# Under 0.29, an ended env's reset info keeps its own keys of the pool's final keys' names under this prefix
+# (:func:`same_step_info`), so that its final observation and info are not replaced by them on the way; the
+# prefix on an env's key that already starts with it keeps the renaming reversible.
+_RESET_KEY = "\x1freset-info\x1f"
+
+
+def _same_step_info_1_x(final: dict, reset_info: dict) -> dict:
+    return {**final, **reset_info}
+
+
+def _same_step_info_0_29(final: dict, reset_info: dict) -> dict:
+    out = dict(final)
+    for key, value in reset_info.items():
+        if key in _FINAL_KEYS or (type(key) is str and key.startswith(_RESET_KEY)):
+            key = _RESET_KEY + key
+        out[key] = value
+    return out
+
+
+#: ``same_step_info(final, reset_info)``: what a worker's SAME_STEP returns for an ended env, the pool's ``final``
+#: (``final_obs``, ``final_info``) with the env's reset info.  1.x: ``{**final, **reset_info}``, as 1.x's
+#: ``AsyncVectorEnv`` (a reset info's ``final_obs`` replaces the pool's).  0.29: the reset info's keys of the pool's
+#: names are carried renamed, and :func:`present_infos` gives them back to the env as 0.29 does (its own keys are
+#: ``final_observation``/``final_info``).
+same_step_info = _same_step_info_0_29 if LEGACY else _same_step_info_1_x
+
+
+def _reset_key(key: Any) -> Any:
+    """An ended env's reset-info key as the env gave it (:func:`same_step_info`)."""
+    return key[len(_RESET_KEY):] if type(key) is str and key.startswith(_RESET_KEY) else key
+
+
 def _needs_relayout(infos: dict) -> bool:
-    """Whether 1.x's layout of ``infos`` differs from 0.29's: final keys, nested dicts or
-    stacked arrays (numbers and object arrays are batched alike by both)."""
-    for key, value in infos.items():
-        if key in _FINAL_KEYS or isinstance(value, dict):
+    """Whether 1.x's layout of an env's own ``infos`` differs from 0.29's: nested dicts or stacked
+    arrays (numbers and object arrays are batched alike by both)."""
+    for value in infos.values():
+        if isinstance(value, dict):
             return True
         if isinstance(value, np.ndarray) and value.ndim > 1:
             return True
     return False
 
 
-def _legacy_infos(infos: dict, rows: int) -> dict:
+def _legacy_infos(infos: dict, rows: int, autoreset: Any = None, terminated: np.ndarray | None = None,
+                  truncated: np.ndarray | None = None) -> dict:
     """The pool's batched infos (gymnasium 1.x's layout) in gymnasium 0.29's: each env's own info
     rebuilt and batched again with 0.29's rules, in env order (the first env with a key decides
     its array, as in 0.29); an ended env's info is its reset info plus ``final_observation`` and
-    ``final_info`` (its last step's info), as 0.29's worker builds it."""
-    if not infos or not _needs_relayout(infos):
+    ``final_info`` (its last step's info), as 0.29's worker builds it.
+
+    Only the rows whose episode ended under SAME_STEP (``autoreset``, ``terminated | truncated``) carry
+    the pool's ``final_obs``/``final_info``: in every other row a key of those names is the env's own,
+    an ordinary key under 0.29, and stays as the env gave it."""
+    if not infos:
+        return infos
+    ended = None
+    if autoreset is AutoresetMode.SAME_STEP and terminated is not None:
+        ended = terminated | truncated
+        if not ended.any():
+            ended = None
+    if ended is None and not _needs_relayout(infos):
         return infos
     kept = {k: infos[k] for k in _POOL_KEYS if k in infos}
-    top = {k: v for k, v in infos.items() if k not in _FINAL_KEYS and k not in kept}
-    ended = infos.get("_final_obs")
-    final_info = infos.get("final_info", {})
-    final_mask = infos.get("_final_info")
-    n = rows
+    everything = {k: v for k, v in infos.items() if k not in kept}
+    if ended is not None:
+        own_keys = {k: v for k, v in everything.items() if k not in _FINAL_KEYS}
+        final_obs = infos.get("final_obs")
+        final_info = infos.get("final_info", {})
+        final_mask = infos.get("_final_info")
     out: dict = {}
-    for i in range(n):
-        own = unbatch_info(top, i)
-        if ended is not None and ended[i]:
-            own["final_observation"] = infos["final_obs"][i]
+    for i in range(rows):
+        if ended is None or not ended[i]:
+            own = unbatch_info(everything, i)
+        else:
+            own = {_reset_key(k): v for k, v in unbatch_info(own_keys, i).items()}
+            own["final_observation"] = None if final_obs is None else final_obs[i]
             own["final_info"] = unbatch_info(final_info, i) if final_mask is None or final_mask[i] else {}
         if own:
-            _add_info_0_29(out, own, i, n)
+            _add_info_0_29(out, own, i, rows)
     out.update(kept)
     return out
 
 
-def _infos_as_they_are(infos: dict, rows: int) -> dict:
+def _infos_as_they_are(infos: dict, rows: int, autoreset: Any = None, terminated: np.ndarray | None = None,
+                       truncated: np.ndarray | None = None) -> dict:
     return infos
 
 
-#: ``present_infos(infos, rows)``: the pool's batched infos of ``rows`` results as the installed
-#: gymnasium's vector envs lay them out (1.x: as they are).
+#: ``present_infos(infos, rows, autoreset=None, terminated=None, truncated=None)``: the pool's batched infos of
+#: ``rows`` results as the installed gymnasium's vector envs lay them out (1.x: as they are).  ``autoreset`` (the
+#: face's ``AutoresetMode``) and a step's flags say which rows carry the pool's own final keys (none for a reset).
 present_infos = _legacy_infos if LEGACY else _infos_as_they_are

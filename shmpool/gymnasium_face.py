@@ -378,7 +378,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         except EnvError as err:
             raise _retyped(err) from None
         return (self._out(obs), rewards.copy(), terminated.copy(), truncated.copy(),
-                present_infos(infos, self.num_envs))
+                present_infos(infos, self.num_envs, self.autoreset_mode, terminated, truncated))
 
     # --- EnvPool-style async ----------------------------------------------
 
@@ -404,7 +404,8 @@ class VectorEnv(gymnasium.vector.VectorEnv):
             obs, rewards, terminated, truncated, infos = self._pool.recv()
         except EnvError as err:
             raise _retyped(err) from None
-        return obs, rewards, terminated, truncated, present_infos(infos, len(rewards))
+        return obs, rewards, terminated, truncated, present_infos(infos, len(rewards), self.autoreset_mode,
+                                                                  terminated, truncated)
 
     # --- calls and attributes ---------------------------------------------
 

@@ -521,7 +521,8 @@ def _put_nested(infos: dict, path: tuple, values: np.ndarray, present: np.ndarra
 
 def add_info(infos: dict, info: dict, index: int, size: int, nested: bool = False) -> dict:
     """Merge one env's info into batched ``infos`` at ``index`` (gymnasium's rules); ``nested``: ``info`` is a dict
-    inside an env's info, whose leaves keep the env's values where ``KEEP_NESTED_VALUES`` says so."""
+    inside an env's info.  Where ``KEEP_NESTED_VALUES`` says so, its leaves, and arrays of another shape or dtype
+    than the batch's, keep the env's values (one object per env; 1.x raises numpy's broadcast error there)."""
     for key, value in info.items():
         if key == "final_obs":  # gymnasium keeps final observations unbatched, one object per env
             array = infos.get(key)
@@ -539,7 +540,8 @@ def add_info(infos: dict, info: dict, index: int, size: int, nested: bool = Fals
                     array = np.zeros((size, *value.shape), dtype=value.dtype)
                 else:
                     array = np.full(size, fill_value=None, dtype=object)
-            elif nested and KEEP_NESTED_VALUES and not _holds(array, value):
+            elif KEEP_NESTED_VALUES and (nested or getattr(array, "ndim", 0) > 1) and not _holds(array, value):
+                # 0.29 keeps such a value (inside a dict, or an array of another shape or dtype) as the env gave it
                 array = _as_objects(array)
             array[index] = value
         mask = infos.get(f"_{key}")

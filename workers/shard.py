@@ -6,7 +6,7 @@ import numpy as np
 from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.autoreset_modes import NEXT_STEP, SAME_STEP
-from shmpool.gym_compat import reset_kwargs
+from shmpool.gym_compat import reset_kwargs, same_step_info
 from shmpool.info_rows import unbatch_info
 from shmpool.infos import IN_SLOT, InfoWriter, column_dtype
 from shmpool.pickled import PickledLeaves
@@ -226,7 +226,7 @@ class Shard:
                     obs, info = env.reset()
                     if forks.in_child:
                         forks.leave_child(f"env {i}'s reset")
-                    info = {**final, **info}
+                    info = same_step_info(final, info)
         self._put_obs(i, j, obs)
         return info
 
