@@ -42,7 +42,7 @@ from gymnasium.envs.registration import EnvSpec
 
 from .arguments import POOL_KEYWORDS, check_count, check_seed, check_typos, keywords_of, know_recipes
 from .envpool_env import ENV_TYPES, RENDER_MODES, EnvPoolEnv, base_config
-from .gym_compat import VectorizeMode
+from .gym_compat import LEGACY, VectorizeMode
 from .gymnasium_face import VECTOR_PARAMETERS, VectorEnv
 from .topology import allowed_cpus
 from .workers.recipes import MUJOCO_TASK_IDS, atari_games
@@ -271,7 +271,45 @@ def register_envs(env_ids: Iterable[str] | None = None) -> list[str]:
             kwargs=dict(spec.kwargs),
         )
         added.append(twin_id(spec.id))
+    if LEGACY:
+        _route_legacy_make_vec()
     return added
+
+
+def _is_shmpool_id(env_id: Any) -> bool:
+    """Whether ``env_id`` (an id, ``"module:id"`` or an EnvSpec) names a shmpool twin or recipe."""
+    try:
+        spec = _find_spec(env_id)
+    except (gymnasium.error.Error, ImportError, ValueError):
+        return False   # gymnasium's own make_vec says what is wrong with it
+    return _is_twin(spec) or spec.namespace == RECIPE_NAMESPACE
+
+
+def _route_legacy_make_vec() -> None:
+    """Under gymnasium 0.29, make ``gymnasium.make_vec(twin or recipe id, n)`` build a shmpool VectorEnv, as under
+    1.x: 0.29's ``make_vec`` defaults to ``vectorization_mode="async"`` and builds its own (experimental)
+    AsyncVectorEnv from any id's entry point, never the ``vector_entry_point`` the twins register.  Its
+    ``make_vec`` is replaced by one that, for shmpool's ids and no mode given, builds them with
+    :func:`make_vec`; every other call (gymnasium's ids, any explicit mode) is 0.29's own, unchanged.  Ids
+    named ``"shmpool:shmpool/X"`` reach 0.29's function before shmpool is imported, so they need
+    ``import shmpool`` first there."""
+    legacy = gymnasium.envs.registration.make_vec
+    if getattr(legacy, "routes_shmpool_ids", False):
+        return
+
+    @functools.wraps(legacy)
+    def routed(id: str | EnvSpec, num_envs: int = 1, vectorization_mode: str | None = None,  # noqa: A002
+               vector_kwargs: dict[str, Any] | None = None, wrappers: Sequence[Callable] | None = None,
+               **kwargs: Any) -> Any:
+        if vectorization_mode is None and _is_shmpool_id(id):
+            return make_vec(id, num_envs, vector_kwargs=vector_kwargs, wrappers=wrappers, **kwargs)
+        return legacy(id, num_envs, "async" if vectorization_mode is None else vectorization_mode,
+                      vector_kwargs, wrappers, **kwargs)
+
+    routed.routes_shmpool_ids = True
+    for module in (gymnasium, gymnasium.envs, gymnasium.envs.registration):
+        if getattr(module, "make_vec", None) is legacy:
+            module.make_vec = routed
 
 
 # --- EnvPool's make -----------------------------------------------------------------
@@ -332,11 +370,15 @@ def missing_extras() -> dict[str, str]:
 
 
 def _missing_extra_hint(task_id: str) -> str | None:
-    """How to get ``task_id`` when it is a built-in task whose extra is not installed."""
+    """How to get ``task_id`` (bare, ``shmpool/`` or ``shmpool-recipe/``) when it is a built-in task whose extra is
+    not installed."""
+    namespace, _, name = task_id.rpartition("/")
+    if namespace not in ("", TWIN_NAMESPACE, RECIPE_NAMESPACE):
+        return None
     missing = missing_extras()
-    if "mujoco" in missing and task_id in _MUJOCO_V5:
+    if "mujoco" in missing and name in _MUJOCO_V5:
         return f"{task_id} is a built-in shmpool task: pip install 'shmpool[mujoco]'"
-    if "atari" in missing and task_id.endswith("-v5") and "/" not in task_id and task_id not in _MUJOCO_V5:
+    if "atari" in missing and name.endswith("-v5") and name not in _MUJOCO_V5:
         return f"{task_id} looks like a built-in Atari task: pip install 'shmpool[atari]'"
     return None
 
