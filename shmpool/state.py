@@ -12,7 +12,7 @@ way, and a face with other words (gymnasium's) translates the refusal, never the
 Entry protocol of a public method (``Pool`` and ``RayPool`` both)::
 
     life = self._life
-    life.enter()                 # one lock per pool: two threads never interleave calls
+    life.enter(op)               # one lock per pool: a second thread's call is refused, never interleaved
     try:
         life.check_send()        # or check_step_async(), check_recv(...), ...
         ...                      # the work, then a transition: life.step_posted(), ...
@@ -29,6 +29,7 @@ import enum
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from .errors import PoolClosedError
@@ -62,6 +63,12 @@ class NoCallPendingError(CallOrderError):
     """``<call>_wait()`` refused: no ``<call>_async()`` is pending."""
 
 
+class ConcurrentCallError(RuntimeError):
+    """A call refused because another thread is inside one of the pool's calls: a pool serves one thread at a
+    time (a second caller waiting its turn would get the step after the first's, and with ``copy=False`` the
+    first caller's arrays would be overwritten by it)."""
+
+
 def call_pending_message(op: str, pending: Pending) -> str:
     """``op`` refused while ``pending`` is started and not collected."""
     return f"{op}() while a {pending.value}_async() is pending; call {pending.value}_wait() first"
@@ -82,6 +89,16 @@ NOTHING_IN_FLIGHT = "recv() with nothing in flight: call send() or async_reset()
 CLOSED_DURING_CALL = "the pool was closed (by a signal handler or another thread) while this call was in progress"
 REENTERED = ("the pool was called again from the thread that is already inside one of its calls (a signal "
              "handler?); only close() may be called there")
+
+
+def concurrent_call_message(op: str, thread: str, inside: str) -> str:
+    """``op`` refused in this thread because ``thread`` is inside the pool's call ``inside``."""
+    def named(call: str) -> str:   # "step()", or a description ("a per-env call") as it is
+        return call if " " in call else f"{call}()"
+    return (f"{named(op)} from thread {threading.current_thread().name!r} while thread {thread!r} is inside this "
+            f"pool's {named(inside)}: a pool serves one thread at a time (a second caller waiting its turn would get "
+            "the step after the first's, and with copy=False overwrite the first caller's arrays); call it from one "
+            "thread, or give each thread a pool of its own")
 
 
 def busy_envs_message(n_flight: int) -> str:
@@ -118,7 +135,7 @@ class Lifecycle:
     transitions are plain assignments kept here so every change of state has a name."""
 
     __slots__ = ("state", "reason", "in_flight", "started", "lock", "busy", "close_requested", "kill_requested",
-                 "owner_pid")
+                 "owner_pid", "inside")
 
     def __init__(self) -> None:
         self.state = PoolState.NEEDS_RESET
@@ -132,23 +149,33 @@ class Lifecycle:
         self.close_requested = False    # close() came while busy: leave() performs it
         self.kill_requested = False     # ... as a kill (close(terminate=True)): the workers are not asked
         self.owner_pid = os.getpid()
+        self.inside: tuple[str, str] | None = None   # (thread name, op) of the call in progress; op "close" closing
 
     # --- entry and exit ---------------------------------------------------------------
 
-    def enter(self) -> None:
-        """Start a public call: wait for any call of another thread to finish.
-        A call re-entered from the same thread (a signal handler) is refused."""
-        self.lock.acquire()
+    def enter(self, op: str = "a call") -> None:
+        """Start public call ``op``.  Refused while another thread is inside a call (:class:`ConcurrentCallError`;
+        ``PoolClosedError`` while it closes the pool), or when re-entered from the same thread (a signal handler).
+        Only ``close()`` waits for another thread's call (:meth:`begin_close`)."""
+        while not self.lock.acquire(False):
+            inside = self.inside
+            if inside is not None:
+                if inside[1] == "close":
+                    raise PoolClosedError(CLOSED)
+                raise ConcurrentCallError(concurrent_call_message(op, *inside))
+            time.sleep(0)   # the holder has just taken the lock (or is giving it back) and says why in a moment
         if self.busy:
             self.lock.release()
             raise RuntimeError(REENTERED)
         self.busy = True
+        self.inside = (threading.current_thread().name, op)
 
     def leave(self, close: Callable[[], None], kill: Callable[[], None] | None = None) -> None:
         """End a public call.  If ``close()`` was requested while it ran, run ``close`` (``kill``
         when the request was to kill and the pool gave one) now and raise ``PoolClosedError``
         (chained to whatever the call raised)."""
         self.busy = False   # first: a close() from a signal handler after this runs in full itself
+        self.inside = None
         try:
             if self.close_requested:
                 how = kill if self.kill_requested and kill is not None else close
@@ -178,6 +205,7 @@ class Lifecycle:
             self.lock.release()
             return False
         self.busy = True
+        self.inside = (threading.current_thread().name, "close")
         return True
 
     def _request_close(self, kill: bool) -> None:
@@ -186,6 +214,7 @@ class Lifecycle:
 
     def end_close(self) -> None:
         self.busy = False
+        self.inside = None
         self.close_requested = self.kill_requested = False
         self.lock.release()
 
@@ -299,6 +328,7 @@ class Lifecycle:
         self.started = None
         self.lock = threading.RLock()
         self.busy = False
+        self.inside = None
         self.close_requested = self.kill_requested = False
 
 
@@ -342,15 +372,18 @@ def add_note(exc: BaseException, text: str) -> None:
         exc.__notes__ = [*getattr(exc, "__notes__", ()), text]
 
 
+ENTRY_NAMES = {"_per_env": "a per-env call"}   # how a refusal names an entry that is no public name
+
+
 def public_entry(method: Callable) -> Callable:
-    """A ``Pool``'s public method (the entry protocol above): one call at a time per pool (other
-    threads wait; a signal handler re-entering is refused), and a ``close()`` that came meanwhile
+    """A ``Pool``'s public method (the entry protocol above): one call at a time per pool (another
+    thread's call meanwhile is refused, as a signal handler re-entering is), and a ``close()`` that came meanwhile
     runs as the call leaves (raising ``PoolClosedError``).  The pool gives ``_life``,
     ``_kill_workers_now()`` (the fatal path) and ``_close_now()``."""
     @functools.wraps(method)
     def entry(self, *args, **kwargs):
         life = self._life
-        life.enter()
+        life.enter(ENTRY_NAMES.get(method.__name__, method.__name__))
         try:
             return method(self, *args, **kwargs)
         except KeyboardInterrupt as exc:

@@ -6,16 +6,19 @@ import functools
 import gc
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
-from envs import CounterEnv
+from envs import CounterEnv, Gate
 
 import shmpool
+from shmpool.state import ConcurrentCallError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -164,27 +167,92 @@ def test_forked_child_is_refused_and_leaves_the_parents_workers_alone():
     assert "parent steps on: [2.0, 2.0]" in res.stdout
 
 
+class HeldCounter(CounterEnv):
+    """A CounterEnv whose steps wait at ``gate``, leaving a mark (``gate.path + ".in"``) that a step is there."""
+
+    def __init__(self, gate: Gate) -> None:
+        super().__init__(tag=False)
+        self.gate = gate
+
+    def step(self, action):
+        with open(self.gate.path + ".in", "w"):
+            pass
+        self.gate.hold()
+        return super().step(action)
+
+
+@pytest.mark.parametrize("face", ["Pool", "AsyncVectorEnv"])
+def test_a_second_thread_stepping_while_one_steps_is_refused_and_the_first_s_rows_stand(face, tmp_path, no_leaks):
+    """Issue 69: a Pool stepped from a second thread while a first is inside step() ran the second step after the
+    first (with copy=False the first caller's views were overwritten); AsyncVectorEnv refuses it
+    (AlreadyPendingCallError), and the Pool refuses it too, at once, naming both calls."""
+    import gymnasium as gym
+    gate = Gate(tmp_path)
+    fns = [functools.partial(HeldCounter, gate)] * 2
+    env = shmpool.Pool(fns, num_workers=2, copy=False) if face == "Pool" else gym.vector.AsyncVectorEnv(fns)
+    first: dict = {}
+    second: list = []
+
+    def step_into(out, actions):
+        try:
+            out.append(env.step(actions))
+        except Exception as exc:  # noqa: BLE001 - the outcome is the test's subject
+            out.append(exc)
+
+    try:
+        env.reset()
+        a = threading.Thread(target=step_into, args=(first.setdefault("out", []), np.zeros(2, np.int64)))
+        a.start()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(gate.path + ".in") and time.monotonic() < deadline:
+            time.sleep(0.002)   # until the first thread's step is at the envs
+        b = threading.Thread(target=step_into, args=(second, np.ones(2, np.int64)), name="second")
+        b.start()
+        b.join(5)
+        refused_at_once = not b.is_alive()
+        gate.open()
+        a.join(30)
+        b.join(30)
+        assert refused_at_once, "the second thread waited for the first's step"
+        if face == "Pool":
+            assert isinstance(second[0], ConcurrentCallError), second
+            assert re.match(r"step\(\) from thread 'second' while thread '.+' is inside this pool's step\(\)",
+                            str(second[0])), str(second[0])
+        else:
+            assert isinstance(second[0], gym.error.AlreadyPendingCallError), second
+        assert first["out"][0][0][:, 0].tolist() == [1.0, 1.0]   # the first step's rows, not the second's
+        assert env.step(np.zeros(2, np.int64))[0][:, 0].tolist() == [2.0, 2.0]   # and no second step was taken
+    finally:
+        gate.open()
+        env.close()
+
+
 @pytest.mark.slow   # a stress loop: two threads stepping one pool, ~6.5 s
 def test_two_threads_never_mix_steps():
     """Issue 18: one pool stepped from two threads with a 1 µs switch interval returned rows
-    of different steps.  Each step() is now one call: every batch is whole."""
+    of different steps.  Each step() is one call, and (issue 69) a call made while another thread is inside one
+    is refused: every batch is whole, and every step taken is one some thread asked for."""
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
-    bad, errors = [], []
+    bad, errors, refused = [], [], []
     try:
         with shmpool.Pool([functools.partial(CounterEnv, tag=False)] * 4, num_workers=2, copy=True) as pool:
             pool.reset()
 
             def run(n):
-                try:
-                    last = -1
-                    for _ in range(n):
+                last = -1
+                for _ in range(n):
+                    try:
                         obs = pool.step(np.zeros(4, np.int64))[0][:, 0]
-                        if not (obs == obs[0]).all() or obs[0] <= last:
-                            bad.append(obs.tolist())
-                        last = obs[0]
-                except Exception as exc:  # noqa: BLE001 - any refusal fails the test below
-                    errors.append(exc)
+                    except ConcurrentCallError:
+                        refused.append(1)
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - any other refusal fails the test below
+                        errors.append(exc)
+                        return
+                    if not (obs == obs[0]).all() or obs[0] <= last:
+                        bad.append(obs.tolist())
+                    last = obs[0]
 
             for _ in range(20):
                 threads = [threading.Thread(target=run, args=(1500,)) for _ in range(2)]
@@ -197,7 +265,7 @@ def test_two_threads_never_mix_steps():
         sys.setswitchinterval(old)
     assert not errors, errors[:3]
     assert not bad, bad[:5]
-    assert final.tolist() == [20 * 3000 + 1] * 4
+    assert final.tolist() == [20 * 3000 - len(refused) + 1] * 4
 
 
 def test_reentry_from_a_signal_handler_is_refused():

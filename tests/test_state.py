@@ -1,5 +1,6 @@
 """shmpool.state: the one state of a pool, its refusals and its entry lock (no workers needed)."""
 import pickle
+import re
 import threading
 import time
 
@@ -13,6 +14,7 @@ from shmpool.state import (
     STEP_PENDING_ASYNC,
     STEP_PENDING_OTHER,
     CallPendingError,
+    ConcurrentCallError,
     Lifecycle,
     NoCallPendingError,
     Pending,
@@ -102,6 +104,46 @@ def test_close_from_another_thread_waits_for_the_call():
         life.leave(life.close)
     t.join(5)
     assert result == ["closed by the call"] and life.closed
+
+
+def _in_thread(fn, name: str = "second") -> list:
+    """What ``fn()`` returned or raised in a thread of its own, waited for up to 5 s (empty: still waiting)."""
+    got: list = []
+
+    def run():
+        try:
+            got.append(fn())
+        except Exception as exc:  # noqa: BLE001 - the outcome is the test's subject
+            got.append(exc)
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(5)
+    return got
+
+
+def test_a_second_thread_entering_during_a_call_is_refused_naming_both():
+    """Issue 69: a second thread's call waited for the first's and then ran (a step after the first caller's,
+    its views overwritten); it is refused at once, and gets in once the first call has left."""
+    life = Lifecycle()
+    life.ready()
+    life.enter("step")
+    got = _in_thread(lambda: life.enter("reset"))
+    assert got and isinstance(got[0], ConcurrentCallError), got
+    assert re.fullmatch(r"reset\(\) from thread 'second' while thread 'MainThread' is inside this pool's step\(\): .*"
+                        r"one thread at a time.*", str(got[0])), str(got[0])
+    assert pickle.loads(pickle.dumps(got[0])).args == got[0].args
+    life.leave(life.close)
+    assert _in_thread(lambda: (life.enter("reset"), life.leave(life.close), "in")[-1]) == ["in"]
+
+
+def test_a_call_entering_while_another_thread_closes_the_pool_is_told_it_is_closed():
+    life = Lifecycle()
+    life.ready()
+    assert life.begin_close()   # this thread closes: the lock is held until end_close()
+    got = _in_thread(lambda: life.enter("step"))
+    assert got and isinstance(got[0], PoolClosedError) and str(got[0]) == "the pool is closed", got
+    life.close()
+    life.end_close()
 
 
 @pytest.mark.parametrize("requests, how", [

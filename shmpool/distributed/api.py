@@ -61,7 +61,7 @@ def _entry(method: Callable) -> Callable:
     @functools.wraps(method)
     def wrapper(self: RayPool, *args: Any, **kwargs: Any) -> Any:
         life = self._life
-        life.enter()
+        life.enter(op)
         try:
             if not life.closed and not (getattr(_RAY_WORKER, "connected", False) or ray.is_initialized()):
                 # The user's ray.shutdown() took the actors; a Ray call now would start a new,
