@@ -246,10 +246,28 @@ def title(plan: Plan, env: dict[str, Any]) -> str:
     return f"{plan.task} - {env['cpu_model']} (FPS, frame_skip {plan.frame_skip})"
 
 
+def baseline(plan: Plan) -> str | None:
+    """The row every row's ratio divides by: For-loop when it was measured in the last column, else the first row
+    that was; None when none was."""
+    last = plan.cells[-1] if plan.cells else None
+    measured = [s for s in plan.systems if last is not None and last.fps(s, plan.frame_skip) is not None]
+    return FOR_LOOP if FOR_LOOP in measured else next(iter(measured), None)
+
+
+def ratio(plan: Plan, system: str, base: str) -> str:
+    """``system``'s FPS over ``base``'s in the last column (the most cores), as ``8.00``; ``—`` if either failed."""
+    last = plan.cells[-1]
+    f, b = last.fps(system, plan.frame_skip), last.fps(base, plan.frame_skip)
+    return "—" if f is None or b is None or b.median <= 0 else f"{f.median / b.median:.2f}"
+
+
 def markdown(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> str:
-    """EnvPool's table (one row per system, one column per number of workers or N, FPS medians) and its notes."""
-    rows = [[s, *("error" if (f := c.fps(s, plan.frame_skip)) is None else f"{f.median:.2f}" for c in plan.cells)]
-            for s in plan.systems]
+    """EnvPool's table (one row per system, one column per number of workers or N, FPS medians as whole numbers,
+    then each row over a baseline row of the same run) and its notes."""
+    base = baseline(plan)
+    rows = [[s, *("error" if (f := c.fps(s, plan.frame_skip)) is None else f"{f.median:,.0f}" for c in plan.cells),
+             *([ratio(plan, s, base)] if base else [])] for s in plan.systems]
+    ratio_title = [f"÷ {base} (at {plan.cells[-1].label})"] if base else []
     mode = f"{args.seconds:g} s per repetition"
     columns = (f"Columns: workers W (cores); a cell limits every system to the first W cpus (process affinity, "
                f"taskset-like; shmpool workers pinned one per core; EnvPool num_threads=W). num_envs = "
@@ -257,7 +275,7 @@ def markdown(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> str:
                f"Columns: N envs, every system on cpus {format_cpu_list(plan.cpus)} (process affinity); shmpool "
                f"and EnvPool with min(N, {len(plan.cpus)}) workers/threads")
     lines = [f"<!-- {plan.task} - {env['cpu_model']} -->", "",
-             report.markdown_table([title(plan, env), *(c.label for c in plan.cells)], rows), "",
+             report.markdown_table([title(plan, env), *(c.label for c in plan.cells), *ratio_title], rows), "",
              f"<!-- {plan.task} - {env['cpu_model']} -->", "",
              f"`{args.command}` · {env['date']} · cpus {format_cpu_list(plan.cpus)} · python {env['python']}, "
              f"gymnasium {env['gymnasium']}, shmpool {env['shmpool']}, envpool {env.get('envpool') or '—'}, "
@@ -265,9 +283,24 @@ def markdown(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> str:
              f"{columns}; async rows: batch_size = num_envs/2. FPS = env steps/s × frame_skip ({plan.frame_skip}); "
              f"median of {args.repeats} interleaved repetitions, {mode}, warm-up {args.warmup:g} s not timed. Raw "
              "measurements in the JSON."]
+    if base:
+        lines.append(f"\n÷ {base}: each row's FPS over {base}'s in the same run, in the last column "
+                     f"({plan.cells[-1].label}).")
     lines += [f"\n{n}" for n in plan.notes]
     lines += [f"\n{s}: not run — {why}" for s, why in plan.skipped.items()]
     return "\n".join(lines) + "\n"
+
+
+def nothing_to_measure(plan: Plan, args: argparse.Namespace) -> str | None:
+    """Why this run would measure nothing (every column or every row skipped), or None."""
+    if not plan.cells:
+        n = len(plan.cpus)
+        use = f"--workers {n}" if n == 1 else f"--workers up to {n}"
+        return (f"nothing to measure: every column was skipped (--workers {','.join(map(str, args.workers))} on "
+                f"{n} cpu{'s' if n > 1 else ''}: use {use})")
+    if not plan.systems:
+        return "nothing to measure: every system was skipped (the reasons above)"
+    return None
 
 
 def json_data(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
@@ -277,7 +310,7 @@ def json_data(plan: Plan, args: argparse.Namespace, env: dict[str, Any]) -> dict
             "num_envs_rule": f"{args.envs_per_worker} x workers; async batch_size = num_envs // 2",
             "actions": "fixed seeded random actions (bench.subjects.fixed_random_actions, seed 0)",
             "numa": {"nodes": plan.nodes, "groups": groups, "single": len(groups) <= 1},
-            "systems": plan.systems, "skipped": plan.skipped, "notes": plan.notes,
+            "systems": plan.systems, "skipped": plan.skipped, "notes": plan.notes, "ratio_baseline": baseline(plan),
             "cells": [c.to_json(plan.frame_skip) for c in plan.cells]}
 
 
@@ -337,6 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(line, highlight=False, markup=False, soft_wrap=True)
     env = {**report.environment(), "envpool": envpool_status(args.task)[0],
            "stable_baselines3": report.version_of("stable_baselines3"), "allowed_cpus_at_start": allowed_cpus()}
+    nothing = nothing_to_measure(plan, args)
+    if nothing:   # an empty table with status 0 read as a run that worked (taskset -c 0 ... --workers 2)
+        err.print(nothing, style="red", highlight=False, markup=False, soft_wrap=True)
+        return 2
     run(plan, args, err)
     text = markdown(plan, args, env)
     print(text, flush=True)   # the table once, as markdown (EnvPool's format)

@@ -77,12 +77,12 @@ def test_tiny_run_writes_markdown_and_json(tmp_path, capsys, no_leaks):
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("| CartPole-v1 - "))
     assert "(FPS, frame_skip 1)" in header
-    assert header.endswith(" | ".join(map(str, workers)) + " |")
+    assert header.endswith(" | ".join(map(str, workers)) + f" | ÷ For-loop (at {workers[-1]}) |")
     rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and line is not header}
     assert set(rows) == {"---", "For-loop", "shmpool (sync)"}
     for system in ("For-loop", "shmpool (sync)"):
         cells = rows[system].strip("| ").split(" | ")[1:]
-        assert len(cells) == len(workers) and all(float(c) > 0 for c in cells)
+        assert len(cells) == len(workers) + 1 and all(int(c.replace(",", "")) > 0 for c in cells[:-1])
 
     data = json.loads(js.read_text())
     assert data["task"] == "CartPole-v1" and data["frame_skip"] == 1
@@ -155,3 +155,46 @@ def test_num_envs_sweeps_n_on_the_whole_budget_with_the_poolvec_rows(tmp_path, n
         assert sample["info"]["affinity"] == ALLOWED and sample["count"] > 0
         (pool,) = sample["info"]["pools"]   # ShmVecEnv(cpus=the first min(N, cores) cpus): the pool sizes itself
         assert pool["num_envs"] == cell["num_envs"] and 1 <= pool["num_workers"] <= min(cell["num_envs"], 2)
+
+
+def test_a_run_with_nothing_to_measure_says_why_and_fails(capsys, no_leaks):
+    """Issue 68: under ``taskset -c 0``, ``--workers 2`` skipped its only column and printed an empty table with
+    rc 0.  Here one allowed cpu stands for the taskset: nothing runs, stderr says why, the exit status is 2."""
+    rc = throughput.main([*FAST, "--cpus", str(ALLOWED[0]), "--workers", "2", "--systems", "for-loop"])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert f"2 workers skipped: only 1 cpus {ALLOWED[0]}" in captured.err
+    assert "nothing to measure: every column was skipped (--workers 2 on 1 cpu: use --workers 1)" in captured.err
+    assert "| CartPole-v1" not in captured.out    # no empty table
+
+
+def _fake_plan(medians: dict[str, list[float | None]]) -> throughput.Plan:
+    """A plan whose cells' FPS medians are ``medians`` (None: the system failed there), for the table alone."""
+    from bench._timing import Summary
+
+    cells = [throughput.Cell(w, ALLOWED[:1], [ALLOWED[:1]], 8 * w, w) for w in (1, 2)]
+    for k, cell in enumerate(cells):
+        cell.fps = lambda system, frame_skip, k=k: (None if medians[system][k] is None
+                                                    else Summary(medians[system][k], 0.0, 0.0, 1))
+    return throughput.Plan("CartPole-v1", 1, ALLOWED[:1], {}, list(medians), {}, cells, [])
+
+
+def test_the_table_has_integer_fps_and_each_row_over_a_named_baseline():
+    """EnvPool's table: whole frames per second, and a column of each row's FPS over the baseline row measured in
+    the same run (For-loop when it ran), at the last column (the most cores)."""
+    args = throughput.parse_args([*FAST, "--workers", "1"])
+    env = {"cpu_model": "cpu", "date": "today", "python": "3", "gymnasium": "1", "shmpool": "0"}
+    plan = _fake_plan({"For-loop": [10234.56, 10100.4], "shmpool (sync)": [40938.2, 80801.9],
+                       "shmpool (async)": [45000.0, None]})
+    lines = throughput.markdown(plan, args, env).splitlines()
+    header = next(line for line in lines if line.startswith("| CartPole-v1"))
+    assert header.endswith("| 1 | 2 | ÷ For-loop (at 2) |")
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and line != header}
+    assert rows["For-loop"] == "| For-loop | 10,235 | 10,100 | 1.00 |"
+    assert rows["shmpool (sync)"] == "| shmpool (sync) | 40,938 | 80,802 | 8.00 |"
+    assert rows["shmpool (async)"] == "| shmpool (async) | 45,000 | error | — |"
+    assert any("÷ For-loop: each row's FPS over For-loop's in the same run" in line for line in lines)
+
+    plan = _fake_plan({"shmpool (sync)": [1.0, 2.0], "shmpool (async)": [3.0, 5.0]})   # no For-loop row
+    header = next(line for line in throughput.markdown(plan, args, env).splitlines() if line.startswith("| Cart"))
+    assert header.endswith("| ÷ shmpool (sync) (at 2) |")
