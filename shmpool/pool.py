@@ -197,8 +197,13 @@ class Pool(LifecycleFacts):
         waiting for a worker, and only the other shards get worker processes (its
         side messages and commands are the workers'; ``shmpool.workers.hosted``).  It
         saves a process hop and a wake-up per step, and a core, at the price of
-        isolation: an env that crashes the interpreter takes this process with it, and
-        ``step_timeout`` cannot interrupt it (so the two do not go together).
+        isolation: that shard's constructors and steps run in this process, so an env that
+        ends its process (``os._exit``, a fatal signal, a segfault in native code) ends the
+        trainer, where in a worker process the pool raises ``WorkerDiedError`` (and
+        ``AsyncVectorEnv`` a ``BrokenPipeError``), and one that calls ``sys.exit`` raises
+        ``SystemExit`` here; nothing can intercept ``os._exit``: ``parent_shard=False``
+        gives every shard a process.  ``step_timeout`` cannot interrupt it either (so the two
+        do not go together).
         ``"auto"``: True when the default worker layout leaves no core (or quota) for
         this process (2 workers on 2 cores; any pool under a 1-CPU quota, which then runs
         no worker process at all), unless ``num_workers``, ``step_timeout`` or

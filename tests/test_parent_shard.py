@@ -1,6 +1,7 @@
 """A shard stepped in the pool's own process (``parent_shard``): the same results as
 gymnasium's SyncVectorEnv, the same errors as a worker process's shard, nothing left behind."""
 import os
+import re
 import signal
 
 import gymnasium as gym
@@ -249,3 +250,46 @@ def test_trainer_threads_say_what_was_seen(monkeypatch):
     assert TrainerThreads(None, None, None).describe() == "no torch/OpenMP settings seen"
     assert (TrainerThreads(2, None, None, (("GOMP_SPINCOUNT", "10000"),)).describe()
             == "torch 2 threads, GOMP_SPINCOUNT=10000")
+
+
+ENDS_ITS_PROCESS = """
+import os, sys
+import gymnasium as gym
+import shmpool
+
+def make():
+    os._exit(3)
+
+fns = [lambda: gym.make("CartPole-v1")] * 3 + [make]
+try:
+    shmpool.Pool(fns, parent_shard=sys.argv[1] == "True")
+except shmpool.WorkerDiedError as exc:
+    print("raised:", exc, flush=True)
+print("the trainer goes on", flush=True)
+"""
+
+
+@pytest.mark.parametrize("parent_shard", [True, False])
+def test_an_env_that_ends_its_process_ends_the_trainer_only_in_the_parent_shard_and_the_docs_say_so(parent_shard):
+    """Issue 69: a constructor calling os._exit in the default 2-core layout ended the trainer (its shard is hosted
+    there), where AsyncVectorEnv loses a worker and raises.  Nothing can intercept os._exit: the parent_shard docs
+    say so where the user meets it, with ``parent_shard=False`` as the fix, which raises as a worker does."""
+    import subprocess
+    import sys
+    import textwrap
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(ENDS_ITS_PROCESS), str(parent_shard)],
+                         capture_output=True, text=True, timeout=120)
+    if parent_shard:
+        assert res.returncode == 3 and "goes on" not in res.stdout, (res.stdout, res.stderr[-2000:])
+    else:
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert re.search(r"raised: worker 1 \(pid \d+, cpu \d+, envs 2\.\.3\) exited with code 3 during starting",
+                         res.stdout), res.stdout
+        assert "the trainer goes on" in res.stdout
+    doc = " ".join(shmpool.Pool.__doc__.split())
+    assert re.search(r"parent_shard : .*constructors and steps run in this process, so an env that ends its process "
+                     r"\(``os\._exit``.*ends the trainer.*``parent_shard=False`` gives every shard a process", doc)
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as f:
+        section = " ".join(f.read().split("## The parent's own shard")[1].split("\n## ")[0].split())
+    assert "constructors and steps run in the trainer" in section and "`os._exit`" in section
+    assert "`parent_shard=False` gives every shard a process, the fix" in section
