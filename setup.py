@@ -4,10 +4,37 @@ the EnvPool face's elapsed-step counts (shmpool._elapsed), a shard's result writ
 (shmpool.workers._rows) and the Atari frame kernel
 (shmpool.workers.recipes._frames); everything else is in pyproject.toml."""
 import os
+import shlex
+import shutil
+import sysconfig
 
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import PlatformError
+
+# What a failed source build means, said before pip's wall of output ends in a bare "No such file: 'gcc'".
+CANNOT_BUILD = (
+    "shmpool's C extensions cannot be built here: {cause}. Either install a C compiler and Python's headers "
+    "(Debian/Ubuntu: apt-get install gcc python3-dev, or build-essential python3-dev; Fedora/RHEL: dnf install "
+    "gcc python3-devel), or install a prebuilt wheel, which needs neither: build it once on a machine that has "
+    "them, then pip install wheelhouse/shmpool-*.whl (README.md, \"Set up\")."
+)
+
+
+class BuildExtensions(build_ext):
+    """``build_ext`` that first checks for a C compiler and Python's headers, and names the fix when one is
+    missing."""
+
+    def run(self) -> None:
+        compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")[0]
+        if shutil.which(compiler) is None:
+            raise PlatformError(CANNOT_BUILD.format(cause=f"no C compiler ({compiler!r} is not on PATH)"))
+        headers = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+        if not os.path.exists(headers):
+            raise PlatformError(CANNOT_BUILD.format(cause=f"no Python headers ({headers} is missing)"))
+        super().run()
 
 
 def numpy_extension(name: str, source: str, include: list[str] | None = None, args: list[str] | None = None):
@@ -47,7 +74,12 @@ extensions = [
                     args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),
 ]
 
+# Without DWARF debug info (Python's CFLAGS carry -g): a quarter of the compile time and three quarters of
+# the wheel (0.8 MB, not 3.1); the symbol tables stay, so profilers still name the functions.
+for extension in extensions:
+    extension.extra_compile_args.append("-g0")
+
 # Cythonized and compiled on every core this build may use: the build is most of an install's time.
 jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}, nthreads=jobs),
-      options={"build_ext": {"parallel": jobs}})
+      options={"build_ext": {"parallel": jobs}}, cmdclass={"build_ext": BuildExtensions})
