@@ -85,6 +85,12 @@ class module:
             # AttributeError for a missing name: one raised by the import would read "has no attribute 'attr'"
             raise ImportError(f"importing {name} failed: {exc!r}", name=name) from exc
 
+    @property
+    def __dict__(self):
+        # The module's namespace: pytest 9.2's monkeypatch reads the old value from the target's ``__dict__``
+        # (and restores it from there); the proxy's own would hold no name, so undo deleted the module's.
+        return vars(self._module())
+
     def __getattr__(self, attr: str):
         if attr.startswith("_"):   # pytest's probes of a module's names at collection (``__test__``...)
             raise AttributeError(attr)
