@@ -8,7 +8,8 @@ pool lists the workers of *other* processes pinned to one of its cores, says so 
 and ``repr(pool)`` shows them.  A pool's own process's other pools are not counted (the suite, or a
 trainer with a train and an eval pool, decides that itself), nor unpinned workers (``pin=False``: the
 kernel spreads them), nor what only looks like a worker: a process a worker's env forked (it keeps the worker's
-name and core; its parent is a worker) and the zombies of a trainer that was killed.
+name and core; its parent is a worker, or once that worker is gone, init or a subreaper, which holds no pool's
+region mapped as every trainer does) and the zombies of a trainer that was killed.
 
 Two trainers started at the same moment each look before the other's workers exist, so a pool looks again once
 its own workers run (``Pool``): of two pools that start together, the one that looks last sees the other's.
@@ -18,6 +19,8 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 from dataclasses import dataclass
+
+from .memory import REGION_NAME
 
 WORKER_NAME_PREFIX = "shmpool-w"   # a worker's process name (at most 15 bytes: the kernel's comm)
 
@@ -77,6 +80,23 @@ def _named_worker(proc: str, pid: int | str) -> bool:
         return False
 
 
+def _holds_a_region(proc: str, pid: int | str) -> bool | None:
+    """Whether process ``pid`` maps a pool's region, as a trainer does for its pools' lives (None when its maps
+    cannot be read: another user's process)."""
+    try:
+        with open(f"{proc}/{pid}/maps") as f:
+            return any(f"/memfd:{REGION_NAME}" in line for line in f)
+    except OSError:
+        return None
+
+
+def _orphaned(proc: str, owner: int) -> bool:
+    """Whether a process named like a worker, child of ``owner``, was left behind by one (an env's helper
+    adopted by init or a subreaper): a worker dies with its trainer, which maps its region all along."""
+    holds = _holds_a_region(proc, owner)
+    return holds is False or (holds is None and owner == 1)
+
+
 GONE = ("Z", "X")   # a zombie (exited, not reaped: a killed trainer's workers under a reaper-less init), dead
 
 
@@ -101,8 +121,8 @@ def pinned_neighbours(cpus: list[int], proc: str = "/proc", exclude: Collection[
         owner, allowed, uid = _field(status, "PPid"), _field(status, "Cpus_allowed_list"), _field(status, "Uid")
         if owner is None or allowed is None or int(owner) == me:
             continue
-        if (_field(status, "State") or "?")[:1] in GONE or _named_worker(proc, owner):   # gone, or an env's helper
-            continue
+        if (_field(status, "State") or "?")[:1] in GONE or _named_worker(proc, owner) or _orphaned(proc, int(owner)):
+            continue   # gone, or an env's helper (its worker still there, or gone)
         pinned = _cpu_list(allowed)
         if len(pinned) == 1 and pinned <= wanted:
             found.append(Neighbour(pid, pinned.pop(), int(owner), _user(int(uid.split()[0])) if uid else "?"))

@@ -50,6 +50,26 @@ def test_a_helper_an_env_forks_and_a_dead_trainer_s_zombie_workers_are_no_neighb
     assert neighbours.pinned_neighbours([0, 1], proc=str(tmp_path), exclude={201}) == []
 
 
+def test_an_env_s_helper_left_behind_by_its_worker_is_no_neighbour(tmp_path):
+    """An env's helper outliving its pool is adopted by init (or a subreaper) and keeps the worker's name and
+    core: a pool built afterwards warned of "process 1".  A worker dies with its trainer, which maps the pool's
+    region all along; the adopter maps none."""
+    region = "7f00-7f10 rw-s 00000000 00:01 42                         /memfd:shmpool-region (deleted)\n"
+    _fake_proc(tmp_path, 401, "shmpool-w0", 1, "0")       # adopted by init, whose maps cannot be read
+    _fake_proc(tmp_path, 402, "shmpool-w1", 400, "1")     # adopted by a subreaper (same user: maps readable)
+    (tmp_path / "400").mkdir()
+    (tmp_path / "400" / "maps").write_text("5600-5700 r-xp 00000000 08:01 7 /usr/bin/tini\n")
+    _fake_proc(tmp_path, 501, "shmpool-w0", 500, "0")     # a trainer's real worker: its trainer maps the region
+    (tmp_path / "500").mkdir()
+    (tmp_path / "500" / "maps").write_text(region)
+    assert [(n.pid, n.owner) for n in neighbours.pinned_neighbours([0, 1], proc=str(tmp_path))] == [(501, 500)]
+    # A trainer running as pid 1 (a container's entry point) maps its region: its workers count.
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "maps").write_text(region)
+    found = neighbours.pinned_neighbours([0, 1], proc=str(tmp_path))
+    assert [(n.pid, n.owner) for n in found] == [(401, 1), (501, 500)]
+
+
 # Two trainers started at the same moment: each process plans its pool (the neighbour check), then waits at a
 # barrier until the other has planned too, so both look before either's workers exist.
 AT_ONCE = """
