@@ -49,10 +49,10 @@ from gymnasium import spaces
 
 from .info_rows import unbatch_info
 
-__all__ = ["DEFAULT_AUTORESET", "DICT_TYPE", "GYMNASIUM_VERSION", "HAS_AUTORESET_MODE", "KEEP_NESTED_VALUES", "LEGACY",
-           "NOT_CALLABLE", "AutoresetMode", "VectorizeMode", "batch_differing_spaces", "hosted_autoreset_mode",
-           "is_space_dtype_shape_equiv", "not_callable", "present_infos", "reset_kwargs", "same_step_info",
-           "vector_metadata"]
+__all__ = ["DEFAULT_AUTORESET", "DICT_TYPE", "FINAL_OBS_AS_OBJECTS", "GYMNASIUM_VERSION", "HAS_AUTORESET_MODE",
+           "KEEP_NESTED_VALUES", "LEGACY", "NOT_CALLABLE", "AutoresetMode", "VectorizeMode",
+           "batch_differing_spaces", "hosted_autoreset_mode", "is_space_dtype_shape_equiv", "not_callable",
+           "present_infos", "reset_kwargs", "same_step_info", "vector_metadata"]
 
 GYMNASIUM_VERSION = tuple(int(p) for p in gymnasium.__version__.split(".")[:2] if p.isdigit())
 #: gymnasium 0.29.x is installed (the vector API before 1.0).
@@ -64,6 +64,10 @@ HAS_AUTORESET_MODE = GYMNASIUM_VERSION >= (1, 1)
 #: a float into an int array an int.  0.29 keeps such a dict whole, one object per env, so the face's rebuilt layout
 #: (:func:`present_infos`) must find the values the envs gave.
 KEEP_NESTED_VALUES = LEGACY
+#: Whether the vector envs batch an info key ``final_obs`` as one object per env whatever its values (1.1's
+#: ``_add_info``, for SAME_STEP's final observations; 0.29's layout is rebuilt from each env's own info anyway), not
+#: as any other key (1.0's, which has no SAME_STEP: an env's own ``final_obs`` arrays are stacked there).
+FINAL_OBS_AS_OBJECTS = GYMNASIUM_VERSION != (1, 0)
 
 
 if HAS_AUTORESET_MODE:

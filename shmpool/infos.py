@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from . import _core
-from .gym_compat import KEEP_NESTED_VALUES
+from .gym_compat import FINAL_OBS_AS_OBJECTS, KEEP_NESTED_VALUES
 from .info_rows import info_element
 from .layout import INFO_COLUMNS, INFO_ENTRY, INFO_NAME_BYTES, Views
 from .pids import alive
@@ -524,7 +524,7 @@ def add_info(infos: dict, info: dict, index: int, size: int, nested: bool = Fals
     inside an env's info.  Where ``KEEP_NESTED_VALUES`` says so, its leaves, and arrays of another shape or dtype
     than the batch's, keep the env's values (one object per env; 1.x raises numpy's broadcast error there)."""
     for key, value in info.items():
-        if key == "final_obs":  # gymnasium keeps final observations unbatched, one object per env
+        if key == "final_obs" and FINAL_OBS_AS_OBJECTS:  # gymnasium keeps final observations unbatched
             array = infos.get(key)
             if array is None:
                 array = np.full(size, fill_value=None, dtype=object)
