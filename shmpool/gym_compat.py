@@ -52,7 +52,7 @@ from .info_rows import unbatch_info
 __all__ = ["DEFAULT_AUTORESET", "DICT_TYPE", "FINAL_OBS_AS_OBJECTS", "GYMNASIUM_VERSION", "HAS_AUTORESET_MODE",
            "KEEP_NESTED_VALUES", "LEGACY", "NOT_CALLABLE", "AutoresetMode", "VectorizeMode",
            "batch_differing_spaces", "hosted_autoreset_mode", "is_space_dtype_shape_equiv", "not_callable",
-           "present_infos", "reset_kwargs", "same_step_info", "vector_metadata"]
+           "own_info", "present_infos", "reset_kwargs", "same_step_info", "vector_metadata"]
 
 GYMNASIUM_VERSION = tuple(int(p) for p in gymnasium.__version__.split(".")[:2] if p.isdigit())
 #: gymnasium 0.29.x is installed (the vector API before 1.0).
@@ -199,43 +199,52 @@ def _add_info_0_29(infos: dict, info: dict, i: int, n: int) -> None:
         infos[f"_{key}"][i] = True
 
 
-# Under 0.29, an ended env's reset info keeps its own keys of the pool's final keys' names under this prefix
-# (:func:`same_step_info`), so that its final observation and info are not replaced by them on the way; the
-# prefix on an env's key that already starts with it keeps the renaming reversible.
-_RESET_KEY = "\x1freset-info\x1f"
+# Under 0.29 an env's own keys of the pool's final keys' names travel under this prefix (:func:`own_info`), from
+# every reset and step, so that in the pool's batch (1.x's layout) they never meet the pool's ``final_obs`` and
+# ``final_info`` of another env (a string ``final_info`` beside an ended env's dict raised; an env's ``_final_obs``
+# met the pool's mask of ``final_obs``); the prefix on an env's key that already starts with it keeps the
+# renaming reversible.  :func:`present_infos` gives them back under their own names.
+_OWN_KEY = "\x1fenv-info\x1f"
 
 
-def _same_step_info_1_x(final: dict, reset_info: dict) -> dict:
+def _own_key(key: Any) -> bool:
+    return type(key) is str and (key in _FINAL_KEYS or key.startswith(_OWN_KEY))
+
+
+def _own_info_0_29(info: Any) -> Any:
+    if not isinstance(info, dict) or not any(_own_key(key) for key in info):
+        return info
+    return {(_OWN_KEY + key if _own_key(key) else key): value for key, value in info.items()}
+
+
+def _own_info_1_x(info: Any) -> Any:
+    return info
+
+
+#: ``own_info(info)``: an env's info dict (from ``reset`` or ``step``) as the worker hands it to the pool.  1.x: as it
+#: is (its vector envs' ``final_obs``/``final_info`` are their own keys, an env's of those names meets them as in
+#: ``AsyncVectorEnv``).  0.29: the env's keys of those names renamed (``_OWN_KEY``), since under 0.29 they are
+#: ordinary keys that its vector envs return unchanged.
+own_info = _own_info_0_29 if LEGACY else _own_info_1_x
+
+
+def same_step_info(final: dict, reset_info: dict) -> dict:
+    """What a worker's SAME_STEP returns for an ended env: the pool's ``final`` (``final_obs``, ``final_info``)
+    with the env's reset info (already through :func:`own_info`), as 1.x's ``AsyncVectorEnv`` merges them (a
+    reset info's ``final_obs`` replaces the pool's there; under 0.29 it was renamed and cannot)."""
     return {**final, **reset_info}
 
 
-def _same_step_info_0_29(final: dict, reset_info: dict) -> dict:
-    out = dict(final)
-    for key, value in reset_info.items():
-        if key in _FINAL_KEYS or (type(key) is str and key.startswith(_RESET_KEY)):
-            key = _RESET_KEY + key
-        out[key] = value
-    return out
-
-
-#: ``same_step_info(final, reset_info)``: what a worker's SAME_STEP returns for an ended env, the pool's ``final``
-#: (``final_obs``, ``final_info``) with the env's reset info.  1.x: ``{**final, **reset_info}``, as 1.x's
-#: ``AsyncVectorEnv`` (a reset info's ``final_obs`` replaces the pool's).  0.29: the reset info's keys of the pool's
-#: names are carried renamed, and :func:`present_infos` gives them back to the env as 0.29 does (its own keys are
-#: ``final_observation``/``final_info``).
-same_step_info = _same_step_info_0_29 if LEGACY else _same_step_info_1_x
-
-
-def _reset_key(key: Any) -> Any:
-    """An ended env's reset-info key as the env gave it (:func:`same_step_info`)."""
-    return key[len(_RESET_KEY):] if type(key) is str and key.startswith(_RESET_KEY) else key
+def _env_key(key: Any) -> Any:
+    """An env's own key as the env gave it (:func:`own_info`)."""
+    return key[len(_OWN_KEY):] if type(key) is str and key.startswith(_OWN_KEY) else key
 
 
 def _needs_relayout(infos: dict) -> bool:
     """Whether 1.x's layout of an env's own ``infos`` differs from 0.29's: nested dicts or stacked
-    arrays (numbers and object arrays are batched alike by both)."""
-    for value in infos.values():
-        if isinstance(value, dict):
+    arrays (numbers and object arrays are batched alike by both), or keys of an env's that travel renamed."""
+    for key, value in infos.items():
+        if isinstance(value, dict) or (type(key) is str and key.startswith((_OWN_KEY, "_" + _OWN_KEY))):
             return True
         if isinstance(value, np.ndarray) and value.ndim > 1:
             return True
@@ -271,11 +280,12 @@ def _legacy_infos(infos: dict, rows: int, autoreset: Any = None, terminated: np.
     out: dict = {}
     for i in range(rows):
         if ended is None or not ended[i]:
-            own = unbatch_info(everything, i)
+            own = {_env_key(k): v for k, v in unbatch_info(everything, i).items()}
         else:
-            own = {_reset_key(k): v for k, v in unbatch_info(own_keys, i).items()}
+            own = {_env_key(k): v for k, v in unbatch_info(own_keys, i).items()}
             own["final_observation"] = None if final_obs is None else final_obs[i]
-            own["final_info"] = unbatch_info(final_info, i) if final_mask is None or final_mask[i] else {}
+            last = unbatch_info(final_info, i) if final_mask is None or final_mask[i] else {}
+            own["final_info"] = {_env_key(k): v for k, v in last.items()}
         if own:
             _add_info_0_29(out, own, i, rows)
     out.update(kept)

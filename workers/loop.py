@@ -19,6 +19,7 @@ from shmpool import protocol as P
 from shmpool.batched import BatchedEnvs, hosting_info
 from shmpool.constructors import ShardConstructors
 from shmpool.errors import PoolResourceError
+from shmpool.gym_compat import own_info, same_step_info
 from shmpool.memory import drop_inherited_regions, receive_region
 from shmpool.neighbours import name_this_worker
 from shmpool.thread_limits import limit_to_one_thread
@@ -293,9 +294,9 @@ def restarted(shard: Shard, views) -> None:
         shard.write_obs(i, obs)
         if next_step:
             shard.autoreset[j] = True
-        info = {**info, "worker_restarted": True}
+        info = {**own_info(info), "worker_restarted": True}
         if same_step:
-            info = {"final_obs": obs, "final_info": {}, **info}
+            info = same_step_info({"final_obs": obs, "final_info": {}}, info)
         return info
 
     def reset(i: int, seed=None, options=None):

@@ -6,7 +6,7 @@ import numpy as np
 from shmpool import layout as L
 from shmpool import protocol as P
 from shmpool.autoreset_modes import NEXT_STEP, SAME_STEP
-from shmpool.gym_compat import reset_kwargs, same_step_info
+from shmpool.gym_compat import own_info, reset_kwargs, same_step_info
 from shmpool.info_rows import unbatch_info
 from shmpool.infos import IN_SLOT, InfoWriter, column_dtype
 from shmpool.pickled import PickledLeaves
@@ -202,6 +202,7 @@ class Shard:
         env = self.envs[j]
         if self.autoreset[j]:
             obs, info = env.reset()
+            info = own_info(info)
             if forks.in_child:
                 forks.leave_child(f"env {i}'s reset")
             self.autoreset[j] = False
@@ -212,6 +213,7 @@ class Shard:
             obs, reward, terminated, truncated, info = env.step(self.action(i))
             if forks.in_child:
                 forks.leave_child(f"env {i}'s step")
+            info = own_info(info)
             if not self.rows.put_status(i, reward, terminated, truncated):
                 raise ResultError(f"reward is {reward}: rewards must be finite")
             if terminated or truncated:
@@ -226,7 +228,7 @@ class Shard:
                     obs, info = env.reset()
                     if forks.in_child:
                         forks.leave_child(f"env {i}'s reset")
-                    info = same_step_info(final, info)
+                    info = same_step_info(final, own_info(info))
         self._put_obs(i, j, obs)
         return info
 
@@ -247,6 +249,7 @@ class Shard:
         obs, info = self.envs[j].reset(**reset_kwargs(seed, options))
         if forks.in_child:
             forks.leave_child(f"env {i}'s reset")
+        info = own_info(info)
         self.autoreset[j] = False
         v = self.views
         v.reward[i] = 0.0
