@@ -18,8 +18,8 @@ pool, an id a ``functools.partial`` carries, or one a function holds in its clos
 The id's registered entry point then names the kind of env, and ``STEP_COST_S`` holds what one step
 of each cheap kind costs.  A constructor that names no id, or more than one, or an id whose kind is
 not in the table, keeps the default layout.  Keyword arguments to ``gymnasium.make`` other than a
-render mode that does no work per step make the cost unknown too (``render_mode="human"`` draws
-every step).
+render mode that does no work per step make the cost unknown too, and so does a constructor that
+holds the string ``"human"`` anywhere (``render_mode="human"`` draws every step).
 """
 from __future__ import annotations
 
@@ -52,6 +52,10 @@ STEP_COST_S = {
 
 # Render modes that do no work in ``step`` (an image is made only when ``render()`` is called).
 IDLE_RENDER_MODES = (None, "rgb_array", "ansi")
+
+# Libraries whose functions a constructor passes through (gymnasium.make, SB3's make_vec_env, the pool's own
+# wrappers): their closures hold the user's values, their code's strings are theirs, not the user's.
+LIBRARIES = ("gymnasium", "shmpool", "stable_baselines3")
 
 _MAX_DEPTH = 4   # partials of closures of partials...: deeper than any constructor a script writes
 
@@ -90,8 +94,8 @@ def named_env_id(fn: Any) -> str | None:
     """The one registered gymnasium id a constructor names (see the module's docstring), or None."""
     ids = set()
     for value, kwargs in _named_values(fn, 0, set()):
-        if kwargs is not None and not _idle_kwargs(kwargs):
-            return None   # gymnasium.make's keyword arguments change what a step does
+        if (kwargs is not None and not _idle_kwargs(kwargs)) or value == "human":
+            return None   # gymnasium.make's keyword arguments, or a window drawn every step, change what a step costs
         if isinstance(value, str) and value in gymnasium.registry:
             ids.add(value)
         elif isinstance(value, gymnasium.envs.registration.EnvSpec) and value.id in gymnasium.registry:
@@ -128,9 +132,10 @@ def _named_values(obj: Any, depth: int, seen: set[int]) -> Iterator[tuple[Any, d
                 continue
             yield value, None
             yield from _named_values(value, depth + 1, seen)
-        for const in obj.__code__.co_consts:
-            if isinstance(const, str):
-                yield const, None
+        if (getattr(obj, "__module__", None) or "").partition(".")[0] not in LIBRARIES:
+            for const in obj.__code__.co_consts:   # the script's own code: gymnasium.make's holds "human"
+                if isinstance(const, str):
+                    yield const, None
 
 
 def _idle_kwargs(kwargs: dict) -> bool:

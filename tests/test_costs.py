@@ -121,6 +121,7 @@ def _unknown():
     (CleanRLStyle.make_env("CartPole-v1", 1, False, "CartPole-v1__ppo__1__1"), "CartPole-v1"),
     (CleanRLStyle.make_vec_env("Acrobot-v1", 0), "Acrobot-v1"),
     (lambda: gym.make("MountainCar-v0"), "MountainCar-v0"),
+    (lambda: gym.make("MountainCar-v0", render_mode="human"), None),   # a window drawn every step
     (lambda: gym.make(gym.spec("CartPole-v1")), "CartPole-v1"),   # the id is one of the code's constants
     (lambda: (gym.make("CartPole-v1"), gym.make("Pendulum-v1")), None),   # two ids: which one steps is unknown
     (_unknown, None),
