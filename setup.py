@@ -81,5 +81,10 @@ for extension in extensions:
 
 # Cythonized and compiled on every core this build may use: the build is most of an install's time.
 jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}, nthreads=jobs),
+# The generated C embeds the numpy it was cythonized against (numpy 1's inline helpers read fields numpy 2
+# removed), and Cython regenerates it by timestamps only: one folder per numpy major, so a tree built for
+# numpy 1 (a gymnasium 0.29 venv) and then for numpy 2 never compiles the other's C.
+generated = os.path.join("build", f"cython-numpy{numpy.__version__.split('.')[0]}")
+setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}, nthreads=jobs,
+                            build_dir=generated),
       options={"build_ext": {"parallel": jobs}}, cmdclass={"build_ext": BuildExtensions})
