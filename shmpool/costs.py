@@ -46,7 +46,7 @@ STEP_COST_S = {
     "gymnasium.envs.classic_control.acrobot:AcrobotEnv": 34e-6,
     "gymnasium.envs.toy_text.frozen_lake:FrozenLakeEnv": 7e-6,
     "gymnasium.envs.toy_text.cliffwalking:CliffWalkingEnv": 6e-6,
-    "gymnasium.envs.toy_text.taxi:TaxiEnv": 7e-6,
+    "gymnasium.envs.toy_text.taxi:TaxiEnv": 12e-6,   # Taxi-v4, measured beside a CI run (p90 11 us)
     "gymnasium.envs.toy_text.blackjack:BlackjackEnv": 19e-6,
 }
 
