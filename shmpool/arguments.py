@@ -14,7 +14,7 @@ import gymnasium
 import numpy as np
 
 # Keywords of ``Pool`` besides the envs themselves: a face forwards these to the pool and treats any
-# other keyword as an env kwarg.  tests/test_units.py checks this against ``Pool``'s signature.
+# other keyword as an env kwarg.  tests/units/test_units.py checks this against ``Pool``'s signature.
 POOL_KEYWORDS = frozenset({
     "num_workers", "batch_size", "cpus", "seed", "wait_policy", "step_timeout", "startup_timeout", "copy",
     "start_method", "wake", "autoreset_mode", "on_worker_error", "pin", "strict",

@@ -128,7 +128,7 @@ def gate(tmp_path):
 
 # --- gymnasium 0.29 ------------------------------------------------------------------------
 # Under gymnasium 0.29 (shmpool.gym_compat.LEGACY) these check 1.x's contracts, so they skip, each
-# with its reason; 0.29's contracts are tests/test_gym_compat.py's (its reference is 0.29's own
+# with its reason; 0.29's contracts are tests/faces/test_gym_compat.py's (its reference is 0.29's own
 # AsyncVectorEnv) and the conformance run of 0.29.1's tests/vector.  A key is a file, or a file and
 # the start of a test's name.
 _REFERENCE_1X = ("its reference is gymnasium 1.x's vector env (autoreset_mode=, observation_mode=, "

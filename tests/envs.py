@@ -322,3 +322,41 @@ def journals(folder, n: int) -> list[list[str]]:
 def journal_fns(folder, n: int) -> list:
     """One constructor per env, each writing its own journal under ``folder``."""
     return [functools.partial(Journal, str(folder / f"env{i}.log")) for i in range(n)]
+
+
+class ScriptEnv(gym.Env):
+    """Observation: steps since the last reset.  ``infos[t]`` (t = that count) is the info that
+    step returns (default ``{}``; a callable: what it returns); ``reset_info`` the reset's; ``raise_at[t]`` an exception
+    raised instead of returning; ``obs_none_at`` a step that returns ``None`` as its observation."""
+
+    observation_space = spaces.Box(0, 1e9, (1,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, infos=None, reset_info=None, raise_at=None, obs_none_at=-1, by_total=False):
+        self.infos = infos or {}
+        self.by_total = by_total   # ``infos`` keyed by steps over all episodes, not since the reset
+        self.total = 0
+        self.reset_info = reset_info or {}
+        self.raise_at = raise_at or {}
+        self.obs_none_at = obs_none_at
+        self.t = 0
+        self.resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.resets += 1
+        info = self.reset_info(self.resets) if callable(self.reset_info) else dict(self.reset_info)
+        return np.zeros(1), info
+
+    def step(self, action):
+        self.t += 1
+        self.total += 1
+        if self.t in self.raise_at:
+            raise self.raise_at[self.t]
+        obs = None if self.t == self.obs_none_at else np.array([float(self.t)])
+        info = self.infos.get(self.total if self.by_total else self.t, {})
+        return obs, 1.0, False, False, info() if callable(info) else info
+
+    def double(self, x):
+        return 2 * x

@@ -33,7 +33,7 @@ Run it (from the repository root)::
     python tests/fuzz.py --minutes 30          # the same
     python -m tests.fuzz --seed 123 -v         # one case again, every op printed
 
-``tests/test_fuzz.py`` is the bounded run in the suite: ``SHMPOOL_FUZZ_CASES`` cases (default 16) from
+``tests/project/test_fuzz.py`` is the bounded run in the suite: ``SHMPOOL_FUZZ_CASES`` cases (default 16) from
 ``SHMPOOL_FUZZ_SEED`` (random unless set, printed), case ``i`` being ``--seed SHMPOOL_FUZZ_SEED + i``.
 
 Tolerated (docs/porting/*.md, shmpool/sb3.py, or no data at stake):
@@ -114,7 +114,7 @@ def frac(*parts: Any) -> float:
 
 
 # ============================================================================================
-# the chooser: one plan generator, driven by a seed (the CLI and tests/test_fuzz.py alike)
+# the chooser: one plan generator, driven by a seed (the CLI and tests/project/test_fuzz.py alike)
 # ============================================================================================
 
 class SeedChooser:
@@ -1906,7 +1906,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=5.0, help="how long to fuzz (default 5)")
     ap.add_argument("--cases", type=int, default=None, help="stop after this many cases")
     ap.add_argument("--seed", type=int, default=None, help="run this one case (printed per op with -v)")
-    ap.add_argument("--case", default=None, help="run this case: the Case(...) text a failure of tests/test_fuzz.py "
+    ap.add_argument("--case", default=None, help="run this case: the Case(...) text a failure of tests/project/test_fuzz.py "
                                                  "prints")
     ap.add_argument("--base-seed", type=int, default=None, help="first case seed (default: from the clock)")
     ap.add_argument("-v", "--verbose", action="store_true")

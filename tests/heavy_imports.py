@@ -13,7 +13,7 @@ So:
 - the tests that do import one carry the ``heavy_imports`` mark, and ``conftest.py`` runs them after
   the rest (``run_last``);
 - ``conftest.py`` fails a test without the mark that leaves one of them loaded (``loaded``), and
-  ``tests/test_structure.py`` fails when collecting the suite loaded one.
+  ``tests/project/test_structure.py`` fails when collecting the suite loaded one.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import pytest
 HEAVY = ("torch", "ray", "stable_baselines3", "envpool", "tensorflow", "jax")
 
 MARK = "heavy_imports"
-# What collection found loaded, for tests/test_structure.py (set by conftest.py).
+# What collection found loaded, for tests/project/test_structure.py (set by conftest.py).
 AT_COLLECTION = pytest.StashKey[tuple]()
 
 

@@ -5,7 +5,7 @@ README.md's test table has a row per command: the whole suite, ``-m "not slow"``
 
     | `python -m pytest -q -m "not slow"` | faces, units, ... | about 1,150 | about 3 minutes (2026-11-28) |
 
-The counts are checked: ``tests/test_docs.py`` fails when one is more than ``COUNT_TOLERANCE`` off
+The counts are checked: ``tests/project/test_docs.py`` fails when one is more than ``COUNT_TOLERANCE`` off
 the suite as collected, naming the number to write.  The times are a machine's, so they are shown,
 not checked: ``conftest.py`` prints, at the end of a run of one of those commands, what it took beside
 what the table says (``compare``), with the machine's cores and load, and the lead writes a new time
@@ -31,7 +31,7 @@ README = ROOT / "README.md"
 # The parts by the mark expression that selects them ("" is the whole suite), and their commands.
 COMMANDS = {"": "python -m pytest -q", "not slow": 'python -m pytest -q -m "not slow"',
             "slow": "python -m pytest -q -m slow"}
-# How far a stated count may be from the suite's before tests/test_docs.py fails: the table is read
+# How far a stated count may be from the suite's before tests/project/test_docs.py fails: the table is read
 # for its size, so a few tests added since it was written need no edit; a stale table (969 stated
 # for 1,219) fails.
 COUNT_TOLERANCE = 0.05

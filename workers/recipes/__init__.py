@@ -16,7 +16,7 @@ __all__ = ["MUJOCO_TASK_IDS", "atari_games", "atari_task_id"]
 # The ids of the recipe modules, known without importing their extras (mujoco, ale-py): the
 # registry lists them in gymnasium's registry at ``import shmpool``, and builds them on first use.
 
-#: ``mujoco.TASKS``'s ids (tests/test_recipes_mujoco.py checks the two agree).
+#: ``mujoco.TASKS``'s ids (tests/faces/test_recipes_mujoco.py checks the two agree).
 MUJOCO_TASK_IDS = ("Ant-v5", "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Swimmer-v5", "InvertedPendulum-v5",
                    "InvertedDoublePendulum-v5", "Reacher-v5", "Humanoid-v5", "HumanoidStandup-v5")
 

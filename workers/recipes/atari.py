@@ -35,10 +35,10 @@ FIRE (``use_fire_reset=True``), ``img_height``/``img_width`` 84, ``gray_scale=Tr
 
 Grey frames with an INTER_AREA downscale (the default 210x160 -> 84x84) skip OpenCV: the
 ``_frames.AreaPush`` kernel max-pools the two reads, resizes with OpenCV's own float weights
-and rounding (bit for bit ``cv2.resize``; ``tests/test_frames_kernel.py``) and writes into the
+and rounding (bit for bit ``cv2.resize``; ``tests/units/test_frames_kernel.py``) and writes into the
 stack's newest slot in one pass.  Other sizes, bilinear and RGB frames use ``cv2.resize``.
 
-Checked frame for frame against EnvPool 1.2.5 (``tests/test_recipes_atari.py``, with
+Checked frame for frame against EnvPool 1.2.5 (``tests/faces/test_recipes_atari.py``, with
 ``noop_max=1`` so that its reset is deterministic).  Differences from EnvPool:
 ``zero_discount_on_life_loss`` is accepted but changes nothing (it only sets the dm_env
 discount, which the gymnasium API has no place for); infos carry no ``ram`` (128 bytes per

@@ -65,7 +65,7 @@ def _skip_island_discovery(model: mujoco.MjModel) -> None:
     """Turn off constraint-island discovery (on by default since MuJoCo 3.3) where it cannot
     change a bit: with a single kinematic tree every constraint joins the same island, so the
     solver's problem is the whole one, in the same order, with or without discovery.  Saves
-    ~6 % of Ant-v5's native instructions per step; ``tests/test_recipes_mujoco.py`` checks the
+    ~6 % of Ant-v5's native instructions per step; ``tests/faces/test_recipes_mujoco.py`` checks the
     trajectories bit for bit against gymnasium's (which keeps the default)."""
     flag = getattr(mujoco.mjtDisableBit, "mjDSBL_ISLAND", None)
     if flag is not None and getattr(model, "ntree", 2) == 1:

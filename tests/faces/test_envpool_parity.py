@@ -231,7 +231,7 @@ def test_atari_render(impl, no_leaks):
             env.render()
 
 
-# --- the old gym API, a statistics wrapper (CleanRL's script: tests/test_envpool_port.py) ---------------
+# --- the old gym API, a statistics wrapper (CleanRL's script: tests/faces/test_envpool_port.py) ---------------
 
 
 def test_gym_env_type_is_the_old_four_tuple_api(no_leaks):
@@ -293,7 +293,7 @@ def test_gymnasium_wrapper_subclass_steps(impl, task, no_leaks):
 
 
 # Issue 69: Atari options of another type than their default's, taken or refused (TypeError) as envpool does;
-# a bool option given "no" turned it on.  tests/test_recipes_atari.py checks the messages.
+# a bool option given "no" turned it on.  tests/faces/test_recipes_atari.py checks the messages.
 OPTION_TYPES = [
     ({"zero_discount_on_life_loss": "no"}, TypeError), ({"episodic_life": "yes"}, TypeError),
     ({"reward_clip": [0]}, TypeError), ({"gray_scale": b""}, TypeError), ({"full_action_space": "False"}, TypeError),

@@ -81,7 +81,7 @@ def _source_tree_copy(tmp_path, built: bool):
     import pathlib
     import shutil
 
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]
     skip = shutil.ignore_patterns("__pycache__", *([] if built else ["*.so"]))
     shutil.copytree(root / "shmpool", tmp_path / "shmpool", ignore=skip)
     shutil.copytree(root / "workers", tmp_path / "workers", ignore=skip)

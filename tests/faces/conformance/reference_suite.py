@@ -58,7 +58,7 @@ def patch(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     if text.count(old) != 1:
         raise AssertionError(f"{path.name}: expected exactly one {old!r}; the reference suite changed, "
-                             "update tests/conformance")
+                             "update tests/faces/conformance")
     path.write_text(text.replace(old, new))
 
 

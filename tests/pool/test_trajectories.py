@@ -2,41 +2,11 @@
 import gymnasium as gym
 import numpy as np
 import pytest
+from compare import actions_for, env_row, gather_async, tree_equal
 from envs import DictEnv
 from gymnasium.spaces import Dict, Tuple
 
 import shmpool
-
-
-def tree_equal(a, b, path="obs"):
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {list(a)} vs {list(b)}"
-        for k in a:
-            tree_equal(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, tuple):
-        assert isinstance(b, tuple) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            tree_equal(x, y, f"{path}[{i}]")
-    else:
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} vs {b.dtype}"
-        assert a.shape == b.shape, f"{path}: shape {a.shape} vs {b.shape}"
-        if a.dtype == object and a.ndim == 0:   # one object (None, a string, an env's own value)
-            assert a.item() == b.item(), f"{path}: {a.item()!r} vs {b.item()!r}"
-        elif a.dtype == object:
-            for i, (x, y) in enumerate(zip(a, b)):
-                if x is None or y is None or isinstance(x, str):
-                    assert x == y, f"{path}[{i}]: {x!r} vs {y!r}"
-                else:
-                    tree_equal(x, y, f"{path}[{i}]")
-        else:
-            np.testing.assert_array_equal(a, b, err_msg=path)
-
-
-def actions_for(space, n, steps, seed=123):
-    space = gym.vector.utils.batch_space(space, n)
-    space.seed(seed)
-    return [space.sample() for _ in range(steps)]
 
 
 def make_pair(env_fn, n, **pool_kw):
@@ -76,36 +46,6 @@ def test_sync_step_matches_sync_vector_env(name, env_fn, n, workers, no_leaks):
             dones += int(np.sum(r[2] | r[3]))
         assert dones > 0, "the trajectory must cross an autoreset to test it"
     ref.close()
-
-
-def gather_async(pool, n, actions, batch):
-    """send() every env, recv() in batches; returns per-env results and checks each id once."""
-    pool.send(actions)
-    seen = []
-    results = {}
-    for _ in range(n // batch):
-        obs, rew, term, trunc, infos = pool.recv()
-        ids = infos["env_id"]
-        assert ids.dtype == np.int32 and len(ids) == batch
-        for row, env_id in enumerate(ids):
-            results[int(env_id)] = (
-                env_row(obs, row), rew[row], term[row], trunc[row],
-                _info_row(infos, row))
-        seen.extend(ids.tolist())
-    assert sorted(seen) == list(range(n)), "every env must be received exactly once per send"
-    return results
-
-
-def _info_row(infos, i):
-    return {k: _info_row(v, i) if isinstance(v, dict) else v[i] for k, v in infos.items() if k != "env_id"}
-
-
-def env_row(obs, i):
-    if isinstance(obs, dict):
-        return {k: env_row(v, i) for k, v in obs.items()}
-    if isinstance(obs, tuple):
-        return tuple(env_row(v, i) for v in obs)
-    return obs[i]
 
 
 @pytest.mark.parametrize("name,env_fn", CASES, ids=[c[0] for c in CASES])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import suite_parts  # tests/ is on sys.path (conftest.py)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 SNIPPET = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 

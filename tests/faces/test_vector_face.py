@@ -13,12 +13,12 @@ import multiprocessing
 import gymnasium as gym
 import numpy as np
 import pytest
+from compare import tree_equal
 from envs import DictEnv, FaultyEnv
 from gymnasium import spaces
 from gymnasium.error import AlreadyPendingCallError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import batch_space
-from test_trajectories import tree_equal
 
 import shmpool
 import shmpool.vector
@@ -165,7 +165,7 @@ def test_attributes(build):
     assert envs.render_mode == "rgb_array"
     assert envs.spec is None
     assert envs.unwrapped is envs
-    # gymnasium's repr; shmpool's goes on with its pool's plan (" over Pool(...)", tests/test_faces_repr.py)
+    # gymnasium's repr; shmpool's goes on with its pool's plan (" over Pool(...)", tests/faces/test_faces_repr.py)
     want = f"{type(envs).__name__}(num_envs=3)"
     if isinstance(envs, gym.vector.SyncVectorEnv):
         assert repr(envs) == want
@@ -346,7 +346,7 @@ def test_wrappers_on_top(build, env, stack):
 
 
 # --- errors: AsyncVectorEnv's types and messages -------------------------------------------
-# Calls out of order (each async call pending, closed) are tests/test_face_call_order.py's, which
+# Calls out of order (each async call pending, closed) are tests/faces/test_face_call_order.py's, which
 # runs under gymnasium 0.29 too.
 
 

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.slow   # the examples train (torch PPO) end to end in subprocesses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_example(name: str, *args: str) -> str:

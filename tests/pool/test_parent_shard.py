@@ -7,9 +7,9 @@ import signal
 import gymnasium as gym
 import numpy as np
 import pytest
+from compare import actions_for, env_row, gather_async, tree_equal
 from conftest import our_children
 from envs import CounterEnv, DictEnv, FaultyEnv
-from test_trajectories import actions_for, env_row, gather_async, tree_equal
 
 import shmpool
 from shmpool import EnvError, PoolClosedError
@@ -289,7 +289,7 @@ def test_an_env_that_ends_its_process_ends_the_trainer_only_in_the_parent_shard_
     doc = " ".join(shmpool.Pool.__doc__.split())
     assert re.search(r"parent_shard : .*constructors and steps run in this process, so an env that ends its process "
                      r"\(``os\._exit``.*ends the trainer.*``parent_shard=False`` gives every shard a process", doc)
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "performance.md")) as f:
         section = " ".join(f.read().split("## The parent's own shard")[1].split("\n## ")[0].split())
     assert "constructors and steps run in the trainer" in section and "`os._exit`" in section
     assert "`parent_shard=False` gives every shard a process, the fix" in section

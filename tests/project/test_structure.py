@@ -9,7 +9,7 @@ import graphlib
 import pathlib
 import warnings
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # The reads of another object's underscored names that stay, and why.
 ALLOWED_REACH_INS = {

@@ -4,7 +4,7 @@ Every test runs one scenario on gymnasium's reference class (``AsyncVectorEnv``,
 ``SyncVectorEnv`` where a whole run is compared) and on ``shmpool.VectorEnv`` and asserts the two
 give the same: observations, rewards, flags and infos (their layout, dtypes and python/numpy types,
 autoreset's final keys included), what an env's ``reset`` receives and ``call``/``get_attr``/``set_attr``
-(the errors of calls out of order are tests/test_face_call_order.py's, under both versions too).
+(the errors of calls out of order are tests/faces/test_face_call_order.py's, under both versions too).
 Under gymnasium 0.29 the reference is 0.29's ``AsyncVectorEnv`` (one same-step autoreset,
 ``final_observation``/``final_info``, 0.29's info layout); under 1.x, 1.x's.  The literal checks
 beside the comparisons only pin down which of the two contracts the reference showed
@@ -284,7 +284,7 @@ def test_under_0_29_next_step_is_the_pools_next_step_in_0_29s_layout(no_leaks):
 
 @pytest.mark.skipif(not LEGACY, reason="the EnvPool face's autoreset under gymnasium 0.29")
 def test_under_0_29_the_envpool_face_autoresets_on_the_same_step_when_asked(no_leaks):
-    # Its default is EnvPool's next step (tests/test_porting_cleanrl.py); same_step is 0.29's.
+    # Its default is EnvPool's next step (tests/faces/test_porting_cleanrl.py); same_step is 0.29's.
     env = shmpool.make("CartPole-v1", num_envs=2, seed=0, max_episode_steps=5, autoreset_mode="same_step")
     try:
         env.reset()

@@ -20,7 +20,7 @@ from envs import CounterEnv, Gate
 import shmpool
 from shmpool.state import ConcurrentCallError
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/: envs.py
 
 
 def _run(script: str, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -4,8 +4,8 @@ import copy
 import gymnasium as gym
 import numpy as np
 import pytest
+from compare import tree_equal
 from gymnasium import spaces
-from test_trajectories import tree_equal
 
 import shmpool
 

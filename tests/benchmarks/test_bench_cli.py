@@ -87,7 +87,7 @@ def test_help_lists_every_command_with_what_it_measures():
 
 
 def test_docs_list_the_same_commands_as_the_cli():
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     documented = re.findall(r"^\| `python -m bench[ .](\S+?)[` ]", (root / "docs/benchmarks.md").read_text(), re.M)
     howto = re.findall(r"^\| `python -m bench[ .](\S+?)[` ]", (root / "bench/README.md").read_text(), re.M)
     cli_names = {name.replace("-", "_") for name in help_lines()}
@@ -102,7 +102,7 @@ def test_unknown_command_is_named(capsys):
 
 @pytest.mark.slow   # runs every quoted bench command's --help in a subprocess: ~40 s on 2 loaded cores
 def test_every_command_the_docs_quote_exists_with_its_options():
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     texts = [p.read_text() for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]]
     quoted = {m.strip() for t in texts for m in re.findall(r"python -m bench[ .][^`\"\n]*", t)}
     checked = 0

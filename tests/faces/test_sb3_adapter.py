@@ -33,7 +33,7 @@ sb3 = heavy_imports.names(make_vec_env="stable_baselines3.common.env_util",
                           ShmVecEnv="shmpool.sb3")
 
 KINDS = ["dummy", "shm"]
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # --- envs -----------------------------------------------------------------------

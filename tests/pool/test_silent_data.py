@@ -10,8 +10,10 @@ import threading
 import gymnasium as gym
 import numpy as np
 import pytest
+from compare import tree_equal
+from envs import ScriptEnv
+from fork_garbage import CollectingEnv, FinalizerMarker, garbage_at_next_fork
 from gymnasium import spaces
-from test_trajectories import tree_equal
 
 import shmpool
 from shmpool.errors import EnvError, PoolClosedError, WorkerDiedError
@@ -42,44 +44,6 @@ class NoPickle:
 
     def __reduce__(self):
         raise TypeError("NoPickle cannot be pickled")
-
-
-class ScriptEnv(gym.Env):
-    """Observation: steps since the last reset.  ``infos[t]`` (t = that count) is the info that
-    step returns (default ``{}``; a callable: what it returns); ``reset_info`` the reset's; ``raise_at[t]`` an exception
-    raised instead of returning; ``obs_none_at`` a step that returns ``None`` as its observation."""
-
-    observation_space = spaces.Box(0, 1e9, (1,), np.float64)
-    action_space = spaces.Discrete(2)
-
-    def __init__(self, infos=None, reset_info=None, raise_at=None, obs_none_at=-1, by_total=False):
-        self.infos = infos or {}
-        self.by_total = by_total   # ``infos`` keyed by steps over all episodes, not since the reset
-        self.total = 0
-        self.reset_info = reset_info or {}
-        self.raise_at = raise_at or {}
-        self.obs_none_at = obs_none_at
-        self.t = 0
-        self.resets = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        self.resets += 1
-        info = self.reset_info(self.resets) if callable(self.reset_info) else dict(self.reset_info)
-        return np.zeros(1), info
-
-    def step(self, action):
-        self.t += 1
-        self.total += 1
-        if self.t in self.raise_at:
-            raise self.raise_at[self.t]
-        obs = None if self.t == self.obs_none_at else np.array([float(self.t)])
-        info = self.infos.get(self.total if self.by_total else self.t, {})
-        return obs, 1.0, False, False, info() if callable(info) else info
-
-    def double(self, x):
-        return 2 * x
 
 
 # --- 1. every call gets its own answer ------------------------------------------------------
@@ -442,45 +406,6 @@ def test_a_forked_worker_holds_none_of_the_trainer_s_sockets(no_leaks):
     finally:
         listener.close()
         pool.close()
-
-
-class FinalizerMarker:
-    """A reference cycle whose finalizer writes down the process that ran it.  Ray's zero-copy arrays
-    are such objects: their release goes through the trainer's connection to its object store, and a
-    forked worker that collected one exited with code 1 and no words."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.me = self
-
-    def __del__(self):
-        import os
-        with open(self.path, "a") as f:
-            f.write(f"{os.getpid()}\n")
-
-
-class _HeldUntilFork:
-    held: list = []
-    hooked = False
-
-
-def garbage_at_next_fork(obj) -> None:
-    """Hold ``obj`` until the next fork of this process, then drop it there: a cycle is garbage at the
-    very moment the child is made, too young for any collection of the parent's to have run."""
-    if not _HeldUntilFork.hooked:   # once per process: a fork hook cannot be removed
-        import os
-        os.register_at_fork(before=_HeldUntilFork.held.clear)
-        _HeldUntilFork.hooked = True
-    _HeldUntilFork.held.append(obj)
-
-
-class CollectingEnv(ScriptEnv):
-    """An env whose constructor runs a full collection (as some do, to free a previous model's memory)."""
-
-    def __init__(self):
-        import gc
-        gc.collect()
-        super().__init__()
 
 
 def test_a_forked_worker_never_collects_the_trainer_s_garbage(tmp_path, no_leaks):

@@ -344,7 +344,7 @@ def test_errors_name_the_option():
 
 
 # Issue 69: options of the wrong type, as EnvPool 1.2.5's own checks take or refuse them (TypeError), beside it in
-# tests/test_envpool_parity.py.  A bool option given "no" was truthy, so it turned the option on.
+# tests/faces/test_envpool_parity.py.  A bool option given "no" was truthy, so it turned the option on.
 WRONG_TYPE = [
     ("zero_discount_on_life_loss", "no", "a bool"), ("episodic_life", "yes", "a bool"),
     ("reward_clip", [0], "a bool"), ("use_fire_reset", "no", "a bool"), ("full_action_space", "False", "a bool"),

@@ -32,7 +32,7 @@ def _say_the_seed(request):
     """The seed on the terminal before any case runs (outside output capture), so a run that hangs
     or is killed can be replayed too."""
     line = (f"fuzz: {CASES} cases from SHMPOOL_FUZZ_SEED={SEED} "
-            f"(again: SHMPOOL_FUZZ_SEED={SEED} SHMPOOL_FUZZ_CASES={CASES} pytest tests/test_fuzz.py)")
+            f"(again: SHMPOOL_FUZZ_SEED={SEED} SHMPOOL_FUZZ_CASES={CASES} pytest tests/project/test_fuzz.py)")
     with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
         print("\n" + line, flush=True)
 
@@ -50,5 +50,5 @@ def test_faces_agree_with_gymnasium(index):
             f"shmpool differs from its oracle on case {index} of SHMPOOL_FUZZ_SEED={SEED} (case seed {seed}):\n"
             f"{fuzz.describe_case(case)}\n\n{fuzz.summary(groups, show=4)}\n\n"
             f"replay it, every op printed: python -m tests.fuzz -v --seed {seed}\n"
-            f"this run's cases again: SHMPOOL_FUZZ_SEED={SEED} SHMPOOL_FUZZ_CASES={CASES} pytest tests/test_fuzz.py\n"
+            f"this run's cases again: SHMPOOL_FUZZ_SEED={SEED} SHMPOOL_FUZZ_CASES={CASES} pytest tests/project/test_fuzz.py\n"
             "fuzz further: python -m tests.fuzz --minutes 5")

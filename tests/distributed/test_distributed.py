@@ -134,7 +134,7 @@ def test_a_local_pool_forked_beside_ray_never_collects_the_driver_s_ray_objects(
     worker: collected in the worker, its release went out on the driver's store connection, and Ray
     ended the worker (code 1, no words; or, before the worker let go of the driver's sockets, wrote
     into the driver's own stream, which later crashed the driver's gRPC thread)."""
-    from test_silent_data import CollectingEnv, FinalizerMarker, garbage_at_next_fork
+    from fork_garbage import CollectingEnv, FinalizerMarker, garbage_at_next_fork
     held = FinalizerMarker(os.devnull)
     held.array = ray.get(ray.put(np.zeros(2**18)))   # 2 MiB: stored in shared memory, read without a copy
     assert not held.array.flags.writeable             # (the view of Ray's store, not a copy)
