@@ -1,51 +1,37 @@
 """The pool: worker processes pinned to cores, stepping envs in shared memory.
 
-``Pool`` is the public API; it delegates to rooms of one job each (see
-ARCHITECTURE.md): ``state.Lifecycle`` (the one state, checked at every entry, and the
-entry lock), ``region.Region`` (the shared memory), ``workerset.WorkerSet``
+``Pool`` is the public API: the calls every pool answers are :class:`~shmpool.surface.PoolSurface`'s (the
+one ``state.Lifecycle``, checked at every entry, and the entry lock); the work is
+:class:`~shmpool.local_backend.LocalBackend`'s, which delegates to rooms of one job each (see
+ARCHITECTURE.md): ``region.Region`` (the shared memory), ``workerset.WorkerSet``
 (processes, pipes, liveness), ``dispatch.Dispatch`` (what is in flight),
 ``supervisor.Supervisor`` (the waits and the side channels) and
 ``restarts.Restarts`` (only with ``on_worker_error="restart"``).  The rooms are
-handed their parts and a weak ``fatal`` callback; none holds the pool.
+handed their parts and a weak ``fatal`` callback; none holds the pool.  ``Pool`` itself resolves
+the arguments into a plan, builds the backend and adds what only a local pool has (its workers'
+pids and cores, its plan).
 """
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
-import os
-import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
-from . import _core, openmp
-from . import layout as L
-from . import protocol as P
-from .actions import ActionWriter
-from .arguments import check_seed, check_typos, env_constructors, env_id_list, keywords_of
-from .autoreset_modes import DISABLED, NEXT_STEP, SAME_STEP, parse_autoreset_mode
-from .batched import check_hosting
-from .dispatch import Dispatch
+from . import _core
+from .arguments import check_seed, check_typos, env_constructors, keywords_of
+from .autoreset_modes import NEXT_STEP, parse_autoreset_mode
 from .gym_compat import AutoresetMode
-from .infos import InfoReader
-from .memory import check_room
+from .local_backend import LocalBackend
 from .neighbours import pinned_neighbours
-from .pickled import LatestValues, PickledActionSender, PickledLeaves, warn_pickled
 from .plan import plan_pool
-from .region import Region
-from .reset_args import reset_request
-from .restarts import RestartRecord, Restarts
-from .state import Lifecycle, LifecycleFacts, public_entry
-from .supervisor import Supervisor
-from .workerset import SLICE_NS, WorkerSet
+from .surface import PoolSurface
 
-_LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()   # for the fork hook below
+COPY_REFUSED = ("a Pool cannot be pickled or copied: it owns worker processes and shared memory; "
+                "build a new Pool (with the same arguments) where you need one")
 
 
-class Pool(LifecycleFacts):
+class Pool(PoolSurface):
     """Many envs stepped by pinned worker processes through one shared-memory region.
 
     ``env`` is a gymnasium id (with ``**env_kwargs`` for ``gymnasium.make``), a
@@ -237,6 +223,8 @@ class Pool(LifecycleFacts):
         Restart counts: total, per worker, and the latest 1,000 events.
     """
 
+    _copy_refused = COPY_REFUSED
+
     def __init__(
         self,
         env: str | Callable[[], Any] | Sequence[Callable[[], Any]],
@@ -262,10 +250,7 @@ class Pool(LifecycleFacts):
         parent_shard: bool | str = "auto",
         **env_kwargs: Any,
     ) -> None:
-        self._life = Lifecycle()
-        self._life.close()           # until start-up succeeds, close() has nothing to do
-        self._workers: WorkerSet | None = None
-        self._region: Region | None = None
+        super().__init__()
         check_typos("Pool", env_kwargs, keywords_of(Pool.__init__))
         fns = env_constructors(env, num_envs, env_kwargs)
         self.plan = plan = plan_pool(
@@ -288,33 +273,23 @@ class Pool(LifecycleFacts):
         self.wait_policy, self.worker_wait_policy = self.wait_choice.parent, self.wait_choice.worker
         for note in plan.warnings:   # said once, here: a spinning wait on shared cores, another pool's cores
             warnings.warn(note, RuntimeWarning, stacklevel=2)
-        self._spin = openmp.NOT_HELD   # its share of openmp.QUIET once started: told of every step
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
-        self._copy = copy
         self.strict = bool(strict)
         if observation_mode not in ("same", "different"):
             raise ValueError(f"observation_mode must be 'same' or 'different', got {observation_mode!r}")
         self.observation_mode = observation_mode
         seed = check_seed(seed)
         seeds = [None] * n if seed is None else [seed + i for i in range(n)]
-        self._restart_record = RestartRecord(plan.num_workers)
-        self._replacing = plan.on_worker_error == "restart"
-        self._supervisor = self._restarts = None   # built by _start (the restart room in restart mode only)
-        self._startup_timeout = startup_timeout
-        self._owner = plan.owner
-        self._workers = WorkerSet(mp.get_context(start_method), plan.bounds, list(plan.worker_cpus),
-                                  plan.pinned, plan.parent_shard)
-        life = Lifecycle()   # open, NEEDS_RESET: the pool's once start-up succeeded
-        try:
-            self._start(fns, seeds, startup_timeout, life)
-        except BaseException:
-            self._workers.abort_startup()
-            self._workers.kill_now()
-            self._release()
-            raise
-        self._life = life
-        _LIVE_POOLS.add(self)
-        self._spin = openmp.hold(self.plan.openmp)
+        backend = LocalBackend(fns, plan, seeds=seeds, autoreset_mode=self.autoreset_mode, copy=copy,
+                               strict=self.strict, observation_mode=observation_mode, start_method=start_method,
+                               startup_timeout=startup_timeout, fatal=self._weakly(self._kill_workers_now))
+        self.observation_spaces = backend.observation_spaces
+        self.single_observation_space = backend.single_observation_space
+        self.single_action_space = backend.single_action_space
+        self.metadata = backend.metadata
+        self.render_mode = backend.render_mode
+        self.spec = backend.spec
+        self._open(backend)
         self._look_again_for_neighbours()
 
     def _look_again_for_neighbours(self) -> None:
@@ -323,7 +298,7 @@ class Pool(LifecycleFacts):
         plan = self.plan
         if not plan.pinned or plan.neighbours or not plan.process_cpus:
             return
-        found = pinned_neighbours(plan.process_cpus, exclude=self._workers.pids)
+        found = pinned_neighbours(plan.process_cpus, exclude=self._backend.workers.pids)
         if found:
             said = plan.warnings
             self.plan = dataclasses.replace(plan, neighbours=tuple(found))
@@ -331,335 +306,7 @@ class Pool(LifecycleFacts):
                 if note not in said:
                     warnings.warn(note, RuntimeWarning, stacklevel=3)
 
-    # --- start-up -----------------------------------------------------------------------
-
-    def _start(self, fns, seeds, startup_timeout: float | None, life: Lifecycle) -> None:
-        workers = self._workers
-        deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-        workers.spawn_all(fns, seeds, deadline)
-        workers.guard(self)
-        sizes = list(self.plan.shard_sizes)
-        layout: L.Layout | None = None
-
-        def lay_out_and_check(first: P.Spaces) -> None:
-            # A region too large is refused from worker 0's spaces alone, before the others are read.
-            nonlocal layout
-            layout = L.Layout.build(self.num_envs, sizes, first.observation_space, first.action_space,
-                                    final_obs=self.autoreset_mode == SAME_STEP)
-            check_room(layout.size)
-
-        described = workers.agreed_spaces(deadline, lay_out_and_check)
-        first = described[0]
-        obs_space, act_space = first.observation_space, first.action_space
-        check_hosting(first.hosting, self.num_envs, self.batch_size, self.autoreset_mode)  # batched envs only
-        self.observation_spaces = L.observation_spaces(self._workers.bounds, described, self.observation_mode)
-        self.single_observation_space = obs_space
-        self.single_action_space = act_space
-        self.metadata = first.metadata
-        self.render_mode = first.render_mode
-        self.spec = first.spec
-        # Leaves that cannot live in shared memory travel pickled (shmpool.pickled).
-        self._obs_pickled = PickledLeaves.of(obs_space)
-        warn_pickled(self._obs_pickled, PickledLeaves.of(act_space), stacklevel=4)
-        self._region = region = Region(layout, sizes, self.plan.use_semaphores)
-        self._map_msg = P.MapRegion(layout, self.worker_wait_policy, SLICE_NS, region.semaphore_names,
-                                    self.autoreset_mode, self.strict)
-        workers.map_region(list(range(self.num_workers)), self._map_msg, region, deadline)
-        region.started(keep_fd=self._replacing)
-
-        self._views = views = region.views()
-        self._actions = ActionWriter(act_space, layout, views, self.strict)
-        self._dispatch = dispatch = Dispatch(region.wire, self._owner, life, self.batch_size, self.max_lead)
-        store_pickled_obs = None
-        if self._obs_pickled is None:
-            self._obs_views = L.assemble(obs_space, views.obs)
-        else:
-            self._obs_views = None   # rebuilt per call around the latest pickled values
-            self._pickled_obs = LatestValues(self._obs_pickled, self.num_envs)
-            store_pickled_obs = self._pickled_obs.store
-        if self._actions.pickled is not None:
-            self._pickled_actions = PickledActionSender(views.act_version, self._owner, dispatch.all_ids)
-        fatal = _weak_method(self._kill_workers_now)   # the rooms must not keep the pool alive
-        self._supervisor = supervisor = Supervisor(
-            workers, dispatch, views.status, InfoReader(views, region.map, obs_space), life,
-            self.wait_policy, self.step_timeout, fatal, store_pickled_obs)
-        if self._replacing:
-            self._restarts = Restarts(self._restart_record, workers, region, dispatch, supervisor.status,
-                                      supervisor.early, self._map_msg, (obs_space, act_space),
-                                      self._startup_timeout, fatal)
-            supervisor.use_restarts(self._restarts)
-
-    # --- public API: sync ---------------------------------------------------------------
-
-    @public_entry
-    def reset(self, seed: int | Sequence[int | None] | None = None, options: dict | None = None):
-        """Reset every env; returns ``(obs, infos)``.
-
-        ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one per env.
-        ``options``: one dict for every env, or a list with one dict (or None) per env.
-        ``options["reset_mask"]`` (bool array, one per env) resets only those envs,
-        as gymnasium's vector envs do; the other envs keep their observations."""
-        life = self._life
-        life.check_open()
-        request = reset_request(seed, options, self.num_envs)   # checked and packed before anything is sent
-        life.check_idle()
-        self._supervisor.drain()
-        self._supervisor.reset(request)
-        life.ready()
-        infos = self._supervisor.collect(None, "reset")
-        return self._out_obs(), infos
-
-    @public_entry
-    def step(self, actions, env_ids=None):
-        """Step every env (or, with ``env_ids``, send to those envs and ``recv()``).
-
-        ``actions``: batched like ``action_space`` (``(num_envs, *shape)``).
-        Returns ``(obs, rewards, terminated, truncated, infos)`` in env order."""
-        if env_ids is not None:
-            self._send(actions, env_ids)
-            return self._recv()
-        self._step_async(actions)
-        return self._step_wait(None)
-
-    @public_entry
-    def step_async(self, actions) -> None:
-        """Start stepping every env with ``actions``; ``step_wait()`` returns the results."""
-        self._step_async(actions)
-
-    @public_entry
-    def step_wait(self, timeout: float | None = None):
-        """Results of the pending ``step_async()``, in env order.
-
-        ``timeout`` (seconds): raise ``TimeoutError`` if the step is not done by
-        then; the step stays pending and ``step_wait()`` can be called again."""
-        return self._step_wait(timeout)
-
-    def _step_async(self, actions) -> None:
-        self._life.check_step_async()
-        if self.autoreset_mode == DISABLED:
-            self._refuse_ended_envs()
-        pickled = self._actions.write(actions)
-        versions = None if pickled is None else self._pickled_actions.stamp(None)
-        self._dispatch.post_step(P.CMD_STEP)
-        self._life.step_posted()
-        self._spin.stepped()
-        if pickled is not None:
-            self._send_pickled_actions(None, versions, pickled)
-
-    def _step_wait(self, timeout: float | None):
-        life = self._life
-        life.check_step_wait()
-        self._workers.serve_hosted()
-        dispatch, policy = self._dispatch, self.wait_policy
-        wire = dispatch.wire
-        if not wire.wait_sync(dispatch.step_target, policy,
-                              SLICE_NS if timeout is None else min(SLICE_NS, int(timeout * 1e9))):
-            # A restart during the step re-targets it (Supervisor.wait): read the target each slice.
-            self._supervisor.wait("step", lambda slice_ns: wire.wait_sync(dispatch.step_target, policy, slice_ns),
-                                  timeout)
-        dispatch.step_done()
-        life.step_done()
-        infos = self._supervisor.collect(None, "step")
-        v = self._views
-        if self._copy:
-            return self._out_obs(), v.reward.copy(), v.terminated.copy(), v.truncated.copy(), infos
-        obs = self._obs_views if self._obs_pickled is None else self._out_obs()
-        return obs, v.reward, v.terminated, v.truncated, infos
-
-    # --- public API: async --------------------------------------------------------------
-
-    @public_entry
-    def async_reset(self) -> None:
-        """Reset every env without waiting; results arrive through ``recv()``."""
-        self._life.check_idle()
-        self._supervisor.drain()
-        self._life.ready()
-        dispatch = self._dispatch
-        dispatch.dispatch(dispatch.claim(None), reset=True)
-
-    @public_entry
-    def send(self, actions, env_ids=None) -> None:
-        """Start stepping ``env_ids`` (all envs when None) with ``actions``; returns at once.
-
-        ``actions`` is batched like ``action_space`` with ``len(env_ids)`` rows."""
-        self._send(actions, env_ids)
-
-    @public_entry
-    def recv(self):
-        """The first ``batch_size`` envs to finish, in completion order (except that none
-        runs more than ``max_lead`` steps ahead of the least-advanced env out).
-
-        Returns ``(obs, rewards, terminated, truncated, infos)`` with
-        ``infos["env_id"]`` (int32) naming the env of each row."""
-        return self._recv()
-
-    def _send(self, actions, env_ids) -> None:
-        self._life.check_send()
-        dispatch = self._dispatch
-        ids = dispatch.claim(env_ids)
-        try:
-            if self.autoreset_mode == DISABLED:
-                self._refuse_ended_envs(ids)
-            pickled = self._actions.write(actions, ids)
-        except BaseException:
-            dispatch.unclaim(ids)
-            raise
-        versions = None if pickled is None else self._pickled_actions.stamp(ids)
-        dispatch.dispatch(ids, reset=False)
-        self._spin.stepped()
-        if pickled is not None:
-            self._send_pickled_actions(ids, versions, pickled)
-
-    def _send_pickled_actions(self, ids, versions, values: list[tuple]) -> None:
-        """After the dispatch (a worker reads them when its step needs them, so a large
-        message never waits for a worker that is not reading): see ``shmpool.pickled``."""
-        for k, msg in self._pickled_actions.messages(ids, versions, values):
-            try:
-                P.send(self._workers.conns[k], msg)
-            except OSError:
-                # Dead: the wait that follows finds it.  A replacement's envs answer their
-                # next step with the restart result, which needs no action.
-                pass
-
-    def _recv(self):
-        life = self._life
-        b = self.batch_size
-        life.check_recv(b)
-        dispatch = self._dispatch
-        out = dispatch.batch_ids
-        got = dispatch.take_in_turn(out, b, self._supervisor.recv_take)
-        ids = out[:got].astype(np.int32)
-        dispatch.received(ids)
-        v = self._views
-        rewards, terminated, truncated = v.reward.take(ids), v.terminated.take(ids), v.truncated.take(ids)
-        infos = self._supervisor.collect(ids, "recv")
-        rows = [a.take(ids, axis=0) for a in v.obs]
-        if self._obs_pickled is None:
-            obs = L.assemble(self.single_observation_space, rows)
-        else:  # after collect: it brings the pickled leaves
-            obs = self._obs_pickled.assemble(rows, self._pickled_obs.batch(ids.tolist()))
-        infos["env_id"] = ids
-        return obs, rewards, terminated, truncated, infos
-
-    # --- messages: call / attributes ------------------------------------------------------
-
-    def call(self, name: str, *args, env_ids=None, **kwargs) -> tuple:
-        """Call ``env.name(*args, **kwargs)`` (or read the attribute if it is not
-        callable) in every env, or in ``env_ids`` only (the keyword is reserved);
-        results in env order, or in the order of ``env_ids``.  Names are looked up
-        through wrappers (``env.get_wrapper_attr``) as gymnasium's vector envs do."""
-        return self._per_env(P.CALL, name, env_ids, lambda n: [(args, kwargs)] * n)
-
-    def apply(self, fn: Callable[..., Any], *args, env_ids=None, **kwargs) -> tuple:
-        """``fn(env, *args, **kwargs)`` run inside the workers for every env (or ``env_ids``);
-        ``fn`` is cloudpickled, its results come back pickled, in env (or ``env_ids``) order."""
-        return self._per_env(P.APPLY, getattr(fn, "__name__", "fn"), env_ids,
-                             lambda n: [(fn, args, kwargs)] * n)
-
-    def get_attr(self, name: str, env_ids=None) -> tuple:
-        """``env.get_wrapper_attr(name)`` of every env or of ``env_ids`` (methods are returned, not called)."""
-        return self._per_env(P.GET_ATTR, name, env_ids, lambda n: [None] * n)
-
-    def set_attr(self, name: str, values, env_ids=None) -> None:
-        """Set ``name`` (``env.set_wrapper_attr``) on every env or on ``env_ids``: a list/tuple gives
-        one value per env, anything else is shared."""
-        def per_env(n):
-            if not isinstance(values, (list, tuple)):
-                return [values] * n
-            if len(values) != n:
-                raise ValueError(f"set_attr needs {n} values, got {len(values)}")
-            return list(values)
-        self._per_env(P.SET_ATTR, name, env_ids, per_env)
-
-    @public_entry
-    def _per_env(self, op: str, name: str, env_ids, payloads: Callable[[int], list]) -> tuple:
-        """Run a message op on chosen envs; only the workers that own them are asked."""
-        self._life.check_open()
-        ids = env_id_list(env_ids, self.num_envs)
-        items = payloads(len(ids))
-        self._life.check_idle()
-        return self._supervisor.ask_envs(op, name, ids, items)
-
-    # --- closing ----------------------------------------------------------------------------
-
-    def close(self, terminate: bool = False) -> None:
-        """Close every env and stop the workers. Idempotent.  From a signal handler or
-        another thread while a call is in progress, that call ends with
-        ``PoolClosedError`` and the pool is closed as it leaves (from another thread,
-        ``close()`` waits for that).
-
-        ``terminate``: kill the workers at once, without asking their envs to close or
-        waiting for the call they are in (``AsyncVectorEnv.close(terminate=True)``).  An env
-        the trainer's own process runs (the parent shard) cannot be killed: a call in it
-        still ends first."""
-        life = self._life
-        if not life.begin_close(kill=terminate):
-            return
-        try:
-            if terminate:
-                self._kill_workers_now()
-            else:
-                self._close_now()
-        finally:
-            life.end_close()
-
-    def _close_now(self) -> None:
-        """Close with no call inside the wire (the caller holds the entry lock)."""
-        self._life.close()
-        _LIVE_POOLS.discard(self)
-        self._spin.end()
-        failures = self._workers.stop(self._dispatch.wire)
-        self._release()
-        if failures:
-            k, failure = failures[0]
-            raise self._workers.env_error(k, failure, then="the pool is closed")
-
-    def _kill_workers_now(self) -> None:
-        """Fatal path (inside a call that is about to raise): the workers' state is
-        unknown, so stop them without asking and free the region."""
-        if self._life.closed:
-            return
-        self._life.close()
-        _LIVE_POOLS.discard(self)
-        self._spin.end()
-        self._workers.kill_now()
-        self._release()
-
-    def _release(self) -> None:
-        """Drop every view of the region the pool made, then the region itself: a closed
-        pool holds no memory unless the caller still holds arrays it returned."""
-        self._views = self._obs_views = self._actions = None
-        self._dispatch = self._supervisor = self._restarts = None
-        if self._region is not None:
-            self._region.release()
-            self._region = None
-
-    def __enter__(self) -> Pool:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if not self._life.closed:
-                self.close()
-        except Exception:
-            pass
-
-    def __reduce__(self):
-        raise TypeError("a Pool cannot be pickled or copied: it owns worker processes and shared memory; "
-                        "build a new Pool (with the same arguments) where you need one")
-
-    def __copy__(self, memo=None):
-        self.__reduce__()
-
-    __deepcopy__ = __copy__
-
     # --- properties ---------------------------------------------------------------------------
-
-    def __len__(self) -> int:
-        return self.num_envs
 
     def __repr__(self) -> str:
         return (f"Pool({self.num_envs} envs, {self.plan.describe_layout()}, batch_size={self.batch_size}, "
@@ -668,73 +315,27 @@ class Pool(LifecycleFacts):
 
     @property
     def worker_pids(self) -> list[int]:
-        return list(self._workers.pids)
+        return list(self._backend.workers.pids)
 
     @property
     def worker_cpus(self) -> list[int | None]:
         """The core each worker is pinned to (None for a ``parent_shard``)."""
-        return list(self._workers.cpus)
-
-    @property
-    def restarts(self) -> int:
-        """Workers replaced so far (``on_worker_error="restart"``)."""
-        return self._restart_record.count
-
-    @property
-    def worker_restarts(self) -> list[int]:
-        """Workers replaced so far, per worker."""
-        return list(self._restart_record.per_worker)
+        return list(self._backend.workers.cpus)
 
     @property
     def restart_log(self):
         """The latest 1,000 restarts, oldest first: dicts with worker, pid, exitcode, cause, op,
         new_pid, in_flight, seconds, time."""
-        return self._restart_record.log
+        return self._backend.restart_log
+
+    @property
+    def worker_restarts(self) -> list[int]:
+        """Workers replaced so far, per worker."""
+        return list(self._backend.restart_record.per_worker)
 
     def shard_of(self, worker: int) -> range:
         """Env ids owned by ``worker``."""
-        return range(*self._workers.bounds[worker])
+        return range(*self._backend.workers.bounds[worker])
 
-    def _out_obs(self):
-        if self._obs_pickled is not None:
-            arrays = [a.copy() for a in self._views.obs] if self._copy else self._views.obs
-            return self._obs_pickled.assemble(arrays, self._pickled_obs.batch(None))
-        if not self._copy:
-            return self._obs_views
-        return L.assemble(self.single_observation_space, [a.copy() for a in self._views.obs])
-
-    def _refuse_ended_envs(self, ids: np.ndarray | None = None) -> None:
-        """Without autoreset, stepping an env whose episode ended is a caller bug."""
-        v = self._views
-        done = v.terminated | v.truncated
-        ended = np.flatnonzero(done) if ids is None else ids[done[ids]]
-        if len(ended):
-            raise ValueError(
-                f"envs {ended.tolist()} ended their episodes and autoreset is disabled: reset them with "
-                "reset(options={'reset_mask': mask}) before stepping")
-
-
-def _weak_method(method: Callable[[], None]) -> Callable[[], None]:
-    """``method`` called through a weak reference to its object (a no-op once it is gone)."""
-    ref = weakref.WeakMethod(method)
-
-    def call() -> None:
-        bound = ref()
-        if bound is not None:
-            bound()
-    return call
-
-
-def _forked_child() -> None:
-    """In a forked child: every pool is its parent's.  Refuse its use, and make sure
-    nothing in the child (``__del__``, the finalizer) touches the parent's workers."""
-    for pool in list(_LIVE_POOLS):
-        pool._life.forked()
-        if pool._workers is not None:
-            pool._workers.disown()
-    _LIVE_POOLS.clear()
-
-
-os.register_at_fork(after_in_child=_forked_child)
 
 __all__ = ["Pool"]

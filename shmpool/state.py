@@ -376,22 +376,30 @@ ENTRY_NAMES = {"_per_env": "a per-env call"}   # how a refusal names an entry th
 
 
 def public_entry(method: Callable) -> Callable:
-    """A ``Pool``'s public method (the entry protocol above): one call at a time per pool (another
+    """A pool's public method (the entry protocol above): one call at a time per pool (another
     thread's call meanwhile is refused, as a signal handler re-entering is), and a ``close()`` that came meanwhile
     runs as the call leaves (raising ``PoolClosedError``).  The pool gives ``_life``,
-    ``_kill_workers_now()`` (the fatal path) and ``_close_now()``."""
+    ``_kill_workers_now()`` (the fatal path), ``_close_now()``, ``_entry_check`` (None, or a check its
+    backend runs first in every call: Ray's, that Ray was not shut down) and ``_interrupted`` (what a
+    Ctrl-C did, for the note the interrupt leaves with)."""
+    op = ENTRY_NAMES.get(method.__name__, method.__name__)
+
     @functools.wraps(method)
     def entry(self, *args, **kwargs):
         life = self._life
-        life.enter(ENTRY_NAMES.get(method.__name__, method.__name__))
+        life.enter(op)
         try:
+            check = self._entry_check
+            if check is not None:
+                check()
             return method(self, *args, **kwargs)
         except KeyboardInterrupt as exc:
             # Mid-call the workers' state is unknown, whichever slice of the wait was hit:
             # stop them, and say so on the way out.
             self._kill_workers_now()
-            if not any(INTERRUPTED in note for note in getattr(exc, "__notes__", ())):
-                add_note(exc, f"shmpool: {INTERRUPTED} ({method.__name__} was interrupted)")
+            done = self._interrupted
+            if not any(done in note for note in getattr(exc, "__notes__", ())):
+                add_note(exc, f"shmpool: {done} ({op} was interrupted)")
             raise
         finally:
             life.leave(self._close_now, self._kill_workers_now)

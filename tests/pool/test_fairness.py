@@ -123,7 +123,7 @@ def test_held_envs_get_their_own_side_infos(no_leaks):
             stepped = infos.get("_name", np.zeros(len(ids), dtype=bool))   # reset results carry no name
             if stepped.any():
                 assert infos["name"][stepped].tolist() == [f"env{e}" for e in ids[stepped]]
-            held += pool._dispatch.lead.n_held > 0
+            held += pool._backend.dispatch.lead.n_held > 0
             keep = rng.random(len(ids)) < 0.3
             back = np.concatenate([ids[~keep], kept])
             kept = ids[keep]
@@ -149,7 +149,7 @@ def test_held_envs_survive_a_worker_restart(no_leaks):
             assert len(set(ids.tolist())) == len(ids)
             counts[ids] += 1
             if cycle == 60:   # worker 0: the fast one, whose envs wait held
-                assert pool._dispatch.lead.n_held
+                assert pool._backend.dispatch.lead.n_held
                 os.kill(pool.worker_pids[0], signal.SIGKILL)
             pool.send(np.zeros(len(ids), dtype=np.int64), ids)
         while pool.in_flight:
@@ -178,10 +178,10 @@ def test_side_infos_of_held_envs_outlive_their_worker(no_leaks):
                 if held:
                     named_after_kill.update(ids[named].tolist())
             pool.send(np.zeros(len(ids), dtype=np.int64), ids)
-            if not held and pool._dispatch.lead.n_held == 4:
+            if not held and pool._backend.dispatch.lead.n_held == 4:
                 # All of worker 0's envs wait in recv, their messages in its pipe; it dies while
                 # the next recv waits for worker 1's envs, so it is replaced before they are handed out.
-                held = pool._dispatch.lead.held_envs()
+                held = pool._backend.dispatch.lead.held_envs()
                 threading.Timer(0.005, os.kill, (pool.worker_pids[0], signal.SIGKILL)).start()
         while pool.in_flight:
             pool.recv()

@@ -197,7 +197,7 @@ def test_steps_carry_the_sync_counter_across_2_32(monkeypatch, no_leaks):
     ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
     ref.reset(seed=3)
     with shmpool.Pool("CartPole-v1", 4, num_workers=2, seed=0, step_timeout=5.0) as pool:
-        assert pool._dispatch.wire.sync_count() == start
+        assert pool._backend.dispatch.wire.sync_count() == start
         pool.reset(seed=3)
         for t in range(6):   # two shards a step: 2**32-3, 2**32-1, then 1, 3, 5, 7
             actions = np.full(4, t % 2, dtype=np.int64)
@@ -205,7 +205,7 @@ def test_steps_carry_the_sync_counter_across_2_32(monkeypatch, no_leaks):
             got = pool.step(actions)
             for w, g in zip(want[:4], got[:4]):
                 np.testing.assert_array_equal(g, w)
-        assert pool._dispatch.wire.sync_count() == (start + 2 * 6) % 2**32 == 7
+        assert pool._backend.dispatch.wire.sync_count() == (start + 2 * 6) % 2**32 == 7
 
 
 def test_spinning_on_shared_cores_warns(no_leaks):
