@@ -8,7 +8,9 @@ the region, the dispatch room (in-flight marks, the pending step's target), the 
 bytes and the side messages held for later (``early``), and the ``fatal`` callback; it
 holds no reference to the pool nor to the supervisor, which calls it and acts on what
 ``replace`` returns (``AfterRestart``): the supervisor's one wait re-steps a sync step's
-replaced shards, so no wait is ever entered from inside another.  Each restart goes into
+replaced shards, so no wait is ever entered from inside another.  ``replace`` is called between
+two slices of that wait; the replacement's start-up handshake is waited for in the parent's one
+loop (``shmpool.waiting``), this room holding none of its own.  Each restart goes into
 the pool's ``RestartRecord`` (counts and a bounded log), which outlives the room.
 """
 from __future__ import annotations
@@ -25,7 +27,8 @@ from .dispatch import Dispatch
 from .errors import EnvError, PoolClosedError, WorkerDiedError, WorkerRestartedError, with_traceback
 from .layout import same_space
 from .region import Region
-from .workerset import SLICE_S, WorkerSet, death
+from .waiting import in_slices
+from .workerset import WorkerSet, death
 
 LOG_LIMIT = 1000      # restart_log keeps the latest entries; ``restarts`` counts them all
 
@@ -140,29 +143,34 @@ class Restarts:
         workers, region = self.workers, self.region
         workers.spawn(k)
         workers.guard()
-        proc, conn = workers.procs[k], workers.conns[k]
+        proc = workers.procs[k]
         a, b = workers.bounds[k]
         what = f"worker {k} (envs {a}..{b - 1}) {cause} during {op}; its replacement failed"
         deadline = None if self.startup_timeout is None else time.monotonic() + self.startup_timeout
+
+        def reset_done(slice_ns: int) -> bool:
+            """The replacement's answer to its ``Restart`` (its envs reset) has come."""
+            if not workers.poll(k, slice_ns / 1e9):
+                return False
+            msg = workers.receive(k)
+            if type(msg) is P.CallFailed:
+                raise workers.env_error(k, msg, then="the replacement could not reset its envs")
+            return type(msg) is P.Reply
+
+        def still_running() -> None:
+            if proc.exitcode is not None:
+                raise RuntimeError(f"the replacement {death(proc.exitcode)} while resetting its envs")
+
         try:
             d = workers.startup_message(k, P.Spaces, deadline)
             if not (same_space(d.observation_space, self.spaces[0]) and same_space(d.action_space, self.spaces[1])):
                 raise ValueError(f"the replacement's envs have spaces {d.observation_space}, {d.action_space}; "
                                  f"the pool has {self.spaces[0]}, {self.spaces[1]}")
             workers.map_region([k], self.map_msg, region, deadline)
-            P.send(conn, P.Restart(0))   # a new pipe: no earlier call's answer can be in it
+            workers.send(k, P.Restart(0))   # a new pipe: no earlier call's answer can be in it
             region.wire.post(k, P.CMD_MESSAGE)
-            while True:
-                if conn.poll(SLICE_S):
-                    msg = P.receive(conn)
-                    if type(msg) is P.Reply:
-                        break
-                    if type(msg) is P.CallFailed:
-                        raise workers.env_error(k, msg, then="the replacement could not reset its envs")
-                elif proc.exitcode is not None:
-                    raise RuntimeError(f"the replacement {death(proc.exitcode)} while resetting its envs")
-                elif deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError("the replacement did not reset its envs within startup_timeout")
+            if not in_slices(reset_done, still_running, deadline):
+                raise TimeoutError("the replacement did not reset its envs within startup_timeout")
         except (WorkerDiedError, PoolClosedError) as exc:
             raise WorkerDiedError(f"{what}: {exc}", worker=k, pid=proc.pid, exitcode=proc.exitcode) from exc
         except BaseException as exc:

@@ -1,7 +1,8 @@
 """Waiting on the workers, and what is read between and after the waits.
 
-Every wait of a pool is sliced (``SLICE_NS``); between two slices the supervisor
-checks, in this order: a ``close()`` requested meanwhile (the call ends with
+Every wait of a pool on its workers runs in the parent's one loop (``shmpool.waiting``,
+sliced by ``SLICE_NS``): a step, a take, a side message, an answer.  Between two slices the
+supervisor checks, in this order: a ``close()`` requested meanwhile (the call ends with
 ``PoolClosedError``), dead workers (raise and close, or replace them through the
 restart room), and the step timeout.  It also reads what a finished batch
 announces on the side channels (``collect``) and the answers to side messages
@@ -9,11 +10,13 @@ announces on the side channels (``collect``) and the answers to side messages
 parts it uses (as ``distributed.recovery`` is) and holds no reference to the pool: its
 fatal path is the ``fatal`` callback, its restart path the ``restarts`` room when the
 pool has one: the supervisor calls it, never the other way round, and acts on what a
-replacement needs next in its one wait (``AfterRestart``).  It never frees anything itself.
+replacement needs next in its one wait (``AfterRestart``).  Replacements happen only between
+two slices (or when a send finds a pipe broken), never from inside the worker set, which only
+polls and reads: a pipe found broken mid-read is noted (``broken``) and the worker is lost at
+the next look between slices.  It never frees anything itself.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -28,12 +31,10 @@ from .infos import InfoReader, add_info, collides, merge_in_env_order
 from .reset_args import ResetRequest
 from .restarts import AfterRestart, Restarts
 from .state import CLOSED_DURING_CALL, Lifecycle
-from .workerset import SLICE_NS, WorkerSet
+from .waiting import SLICE_NS, in_slices
+from .workerset import WorkerSet
 
 WATCH_S = 0.1         # restart mode: recv() looks at the processes at least this often
-
-
-
 
 class Supervisor:
     """The waits, liveness checks and side-channel reads of one pool.
@@ -62,6 +63,7 @@ class Supervisor:
         # order, and recv hands out an env it held back (max_lead) after envs that finished later.
         self.early: dict[int, P.Extra | P.Failure] = {}
         self.calls = itertools.count(1)   # message commands' numbers: an answer names the call it answers
+        self.broken: set[int] = set()     # workers whose pipe ended mid-read: lost at the next look between slices
 
     def collect(self, ids: np.ndarray | None, op: str) -> dict:
         """Infos of a finished batch, plus the side messages its status bytes announce."""
@@ -136,7 +138,7 @@ class Supervisor:
         any other is a broken protocol."""
         msg = self.early.pop(env_id, None)
         while msg is None:
-            msg = self.workers.side_message(k, functools.partial(self.between_slices, op), self.lost_in(op))
+            msg = self.next_side_message(k, op)
             if msg is None:   # its worker died and was replaced: the restart room salvaged what it sent
                 return self.early.pop(env_id, None)
             if msg.env_id == env_id:
@@ -148,6 +150,56 @@ class Supervisor:
             raise P.ProtocolError(f"side channel out of order: expected env {env_id}, got "
                                   f"{type(msg).__name__} of env {msg.env_id}")
         return msg
+
+    def next_side_message(self, k: int, op: str):
+        """Worker ``k``'s next side message, waited for in slices (liveness between them, no step
+        timeout); None if it died before sending it and was replaced."""
+        ws = self.workers
+        msg = ws.queued(k)
+        if msg is not None:
+            return msg
+        generation = ws.generation[k]
+        got = []
+
+        def ready(slice_ns: int) -> bool:
+            if ws.generation[k] != generation:   # replaced between two slices
+                return True
+            if not ws.poll(k, slice_ns / 1e9):
+                return False
+            try:
+                got.append(ws.receive(k))
+            except (EOFError, OSError):
+                self.broken.add(k)
+                return False
+            return True
+
+        self.wait(op, ready, timed=False, pump=False)
+        return got[0] if got else None
+
+    def answer(self, k: int, generation: int, call: int, op: str):
+        """Worker ``k``'s answer to message command ``call``: a ``Reply``, a ``CallFailed``, or None if
+        it was replaced since ``generation``.  Waited for in slices (liveness and step timeout between
+        them; no pump, which would move the awaited answer out of the pipe)."""
+        ws = self.workers
+        got = []
+
+        def ready(slice_ns: int) -> bool:
+            if ws.generation[k] != generation:   # replaced between two slices
+                return True
+            if not ws.poll(k, slice_ns / 1e9):
+                return False
+            try:
+                found = ws.answer(k, call)
+            except (EOFError, OSError):
+                self.broken.add(k)
+                return False
+            if found is None:
+                return False
+            got.append(found)
+            return True
+
+        self.wait(op, ready, pump=False)
+        return got[0] if got else None
 
     def use_restarts(self, restarts: Restarts) -> None:
         """``on_worker_error="restart"``: dead workers are replaced, and recv and drain take through
@@ -196,36 +248,40 @@ class Supervisor:
             self.wait(op, more)
         return got
 
-    def wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None) -> None:
-        """Repeat ``ready(slice_ns)`` waits, checking close requests, the workers and the
-        step timeout between slices.  ``timeout`` raises TimeoutError and leaves the
-        operation pending.  With ``on_worker_error="restart"``, a worker replaced while a sync
+    def wait(self, op: str, ready: Callable[[int], bool], timeout: float | None = None, *,
+             timed: bool = True, pump: bool = True) -> None:
+        """Repeat ``ready(slice_ns)`` waits in the parent's one loop (``shmpool.waiting``), checking
+        close requests, the workers and (``timed``) the step timeout between slices, after moving
+        piped side messages to their queues (``pump``).  ``timeout`` raises TimeoutError and leaves
+        the operation pending.  With ``on_worker_error="restart"``, a worker replaced while a sync
         step is pending steps its shard again (``AfterRestart.STEP_AGAIN``): this wait then
         waits until every worker is idle, re-targets the step at the counter (the dead
         worker's count may or may not be in it) and goes on with ``ready``."""
-        start = time.monotonic()
-        step_start = start
+        since = time.monotonic()
+        deadline = None if timeout is None else since + timeout
         settling = False   # replacements are stepping again: wait for all idle, then re-target
-        try:
-            while True:
-                slice_ns = SLICE_NS
-                if timeout is not None:
-                    left = timeout - (time.monotonic() - start)
-                    if left <= 0:
-                        raise TimeoutError(f"{op} did not finish within {timeout} s; it is still pending")
-                    slice_ns = min(slice_ns, int(left * 1e9))
-                if settling and self.all_done(slice_ns):
-                    settling = False
-                    self.dispatch.retarget()
-                if not settling and ready(slice_ns):
-                    return
+
+        def each_slice(slice_ns: int) -> bool:
+            nonlocal settling
+            if settling and self.all_done(slice_ns):
+                settling = False
+                self.dispatch.retarget()
+            return not settling and ready(slice_ns)
+
+        def between() -> None:
+            nonlocal since, settling
+            if pump:
                 self.workers.pump()
-                step_again = self.between_slices(op, step_start)
-                if step_again:
-                    step_start = time.monotonic()  # the replacements get a full step_timeout
-                    for k in step_again:
-                        self.wire.post(k, P.CMD_STEP)
-                    settling = True
+            step_again = self.between_slices(op, since if timed else None)
+            if step_again:
+                since = time.monotonic()  # the replacements get a full step_timeout
+                for k in step_again:
+                    self.wire.post(k, P.CMD_STEP)
+                settling = True
+
+        try:
+            if not in_slices(each_slice, between, deadline):
+                raise TimeoutError(f"{op} did not finish within {timeout} s; it is still pending")
         except KeyboardInterrupt:
             self.fatal()
             raise
@@ -243,9 +299,11 @@ class Supervisor:
         return restarted
 
     def check_alive(self, op: str) -> list[int]:
-        """Raise for a dead worker, or (``on_worker_error="restart"``) replace it;
-        returns the workers replaced that must step again."""
-        return [k for k in self.workers.dead() if self.worker_lost(k, op) is AfterRestart.STEP_AGAIN]
+        """Raise for a dead worker (or one whose pipe broke), or (``on_worker_error="restart"``)
+        replace it; returns the workers replaced that must step again."""
+        lost = sorted(set(self.workers.dead()) | self.broken)
+        self.broken.clear()
+        return [k for k in lost if self.worker_lost(k, op) is AfterRestart.STEP_AGAIN]
 
     def worker_lost(self, k: int, op: str, cause: str | None = None) -> AfterRestart:
         """Worker ``k`` died (or was killed): replace it (and say what the wait must do next), or
@@ -255,9 +313,6 @@ class Supervisor:
         err = self.workers.died(k, op)
         self.fatal()
         raise err
-
-    def lost_in(self, op: str) -> Callable[[int], None]:
-        return lambda k: self.worker_lost(k, op)
 
     def fail_timeout(self, op: str) -> list[int]:
         late = [k for k in range(len(self.workers)) if self.wire.done_seq(k) != self.wire.cmd_seq(k)]
@@ -287,7 +342,11 @@ class Supervisor:
 
     def message(self, k: int, msg: P.ToWorker, op: str) -> None:
         """Send a side message to worker ``k`` and post the command that makes it read it."""
-        self.workers.send(k, msg, self.lost_in(op))
+        try:
+            self.workers.send(k, msg)
+        except OSError:   # found dead: raise, or replace it and send to the replacement
+            self.worker_lost(k, op)
+            self.workers.send(k, msg)
         self.wire.post(k, P.CMD_MESSAGE)
 
     def drain(self) -> None:
@@ -359,21 +418,14 @@ class Supervisor:
         workers = list(range(len(self.workers))) if workers is None else workers
         ws = self.workers
         ws.serve_hosted()
-        lost = self.lost_in(op)
-
-        def between(since: float) -> bool:
-            """Liveness and step timeout (no pump: it would move the awaited replies
-            out of the pipes); True when a worker was replaced (a fresh start)."""
-            return bool(self.between_slices(op, since))
-
         generations = [ws.generation[k] for k in workers]
         answers = []
         try:
             for k, gen in zip(workers, generations):
-                answer = ws.reply(k, gen, call, between, lost)
+                answer = self.answer(k, gen, call, op)
                 if answer is None and retry is not None:
                     retry(k)
-                    answer = ws.reply(k, ws.generation[k], call, between, lost)
+                    answer = self.answer(k, ws.generation[k], call, op)
                 if answer is None:   # replaced while it owed the answer (restart mode only)
                     assert self.restarts is not None
                     answer = self.restarts.owed_error(k, op)

@@ -3,8 +3,11 @@ liveness and killing.
 
 This room owns the processes and their pipes and nothing else: it never touches
 the shared region except to post commands through the wire it is given, and it
-decides nothing about restarts — a dead worker is reported to the caller's
-``lost(k, op)`` (raise, or replace).
+decides nothing about restarts.  It offers process verbs (spawn, kill, reap, dead)
+and reads that never wait longer than the caller asks (``poll``, ``receive``,
+``answer``, ``queued``); the waiting is the caller's, in the parent's one loop
+(``shmpool.waiting``), and a broken pipe is reported (``EOFError``/``OSError``),
+never acted on here, so a worker is never replaced from inside this room.
 """
 from __future__ import annotations
 
@@ -28,14 +31,14 @@ from .errors import EnvError, PoolResourceError, WorkerDiedError
 from .layout import same_space
 from .pids import alive
 from .thread_limits import found_for_fork
+from .waiting import SLICE_NS, in_slices
 from .workers import loop
 from .workers.hosted import HostedWorker
 
 if TYPE_CHECKING:
     from threadpoolctl import ThreadpoolController
 
-SLICE_NS = 50_000_000        # longest uninterrupted wait: liveness is checked between slices
-SLICE_S = SLICE_NS / 1e9
+__all__ = ["SLICE_NS", "WorkerSet", "death", "kill_processes", "collection_paused"]   # SLICE_NS: pool, region
 CLOSE_GRACE_S = 5.0          # how long close() lets envs close before killing workers
 
 
@@ -229,26 +232,34 @@ class WorkerSet:
         return 0 if self.hosted is None else self.procs[self.hosted].serve_some(limit)
 
     def startup_message(self, k: int, expected: type, deadline: float | None):
-        """Worker ``k``'s next start-up message, which must be of type ``expected``."""
-        conn = self.conns[k]
-        while True:
-            if conn.poll(SLICE_S):
-                try:
-                    msg = P.receive(conn, self.spaces_decoder)
-                except EOFError:
-                    raise self.died(k, "starting") from None
-                if type(msg) is expected:
-                    return msg
-                if isinstance(msg, P.Failure):
-                    raise self.startup_failure(k, msg)
-                raise P.ProtocolError(f"worker {k} sent {type(msg).__name__} while starting, "
-                                      f"expected {expected.__name__}")
+        """Worker ``k``'s next start-up message, which must be of type ``expected`` (waited for in the
+        parent's one loop, ``shmpool.waiting``; a worker that exits meanwhile is ``WorkerDiedError``)."""
+        got = []
+
+        def ready(slice_ns: int) -> bool:
+            if not self.poll(k, slice_ns / 1e9):
+                return False
+            try:
+                got.append(self.receive(k))
+            except EOFError:
+                raise self.died(k, "starting") from None
+            return True
+
+        def between() -> None:
             if self.procs[k].exitcode is not None:
                 raise self.died(k, "starting")
-            if deadline is not None and time.monotonic() > deadline:
-                a, b = self.bounds[k]
-                raise TimeoutError(
-                    f"worker {k} (envs {a}..{b - 1}) did not finish building its envs within startup_timeout")
+
+        if not in_slices(ready, between, deadline):
+            a, b = self.bounds[k]
+            raise TimeoutError(
+                f"worker {k} (envs {a}..{b - 1}) did not finish building its envs within startup_timeout")
+        msg = got[0]
+        if type(msg) is expected:
+            return msg
+        if isinstance(msg, P.Failure):
+            raise self.startup_failure(k, msg)
+        raise P.ProtocolError(f"worker {k} sent {type(msg).__name__} while starting, "
+                              f"expected {expected.__name__}")
 
     def agreed_spaces(self, deadline: float | None,
                       judge_first: Callable[[P.Spaces], None] = lambda first: None) -> list[P.Spaces]:
@@ -300,57 +311,39 @@ class WorkerSet:
             except (EOFError, OSError):
                 pass  # a dead worker is reported by the liveness check
 
-    def send(self, k: int, msg: P.ToWorker, lost: Callable[[int], None]) -> None:
-        """Send a message to worker ``k``.  One found dead already goes to ``lost(k)``
-        (which raises, or replaces it and the message goes to the replacement)."""
-        try:
-            P.send(self.conns[k], msg)
-        except OSError:
-            lost(k)
-            P.send(self.conns[k], msg)
+    def send(self, k: int, msg: P.ToWorker) -> None:
+        """Send a message to worker ``k``.  ``OSError``: its pipe is broken (the worker is dead; the
+        caller decides what that means)."""
+        P.send(self.conns[k], msg)
 
-    def reply(self, k: int, generation: int, call: int, between: Callable[[float], None],
-              lost: Callable[[int], None]):
-        """Worker ``k``'s answer to message command ``call``: a ``Reply``, a ``CallFailed``, or
-        None if it was replaced since ``generation``.  Side messages met on the way are queued;
-        an answer to another (abandoned) call is dropped; ``between(start)`` runs between
-        slices (liveness, timeouts)."""
-        start = time.monotonic()
-        while True:
-            if self.generation[k] != generation:
-                return None
-            conn = self.conns[k]
-            if conn.poll(SLICE_S):
-                try:
-                    msg = P.receive(conn)
-                except (EOFError, OSError):  # OSError: reset, our unread message in its socket
-                    lost(k)
-                    continue
-                if type(msg) is P.Reply or type(msg) is P.CallFailed:
-                    if msg.call == call:
-                        return msg
-                    continue
-                self.side[k].append(msg)
-                continue
-            if between(start):
-                start = time.monotonic()
+    def poll(self, k: int, timeout: float = 0.0) -> bool:
+        """Whether worker ``k``'s pipe has something to read (or has ended), waiting at most ``timeout``
+        seconds (one slice of the caller's wait; a hosted shard's pipe never waits)."""
+        return self.conns[k].poll(timeout)
 
-    def side_message(self, k: int, between: Callable[[], None], lost: Callable[[int], None]):
-        """The next side message of worker ``k``; None if it died before sending it
-        (and was replaced)."""
-        if self.side[k]:
-            return self.side[k].popleft()
-        generation = self.generation[k]
+    def receive(self, k: int):
+        """Worker ``k``'s next message from its pipe (call after ``poll``).  ``EOFError``/``OSError``:
+        the pipe ended or broke (the worker died, maybe with our unread message in its socket)."""
+        return P.receive(self.conns[k])
+
+    def queued(self, k: int):
+        """Worker ``k``'s oldest side message read ahead of its turn, or None."""
+        return self.side[k].popleft() if self.side[k] else None
+
+    def answer(self, k: int, call: int):
+        """What is already in worker ``k``'s pipe, read up to its answer to message command ``call``
+        (a ``Reply`` or ``CallFailed``), which is returned; None if it has not come yet.  Side
+        messages met on the way are queued, an answer to another (abandoned) call is dropped.
+        ``EOFError``/``OSError``: the pipe ended or broke."""
         conn = self.conns[k]
-        while not conn.poll(SLICE_S):
-            between()
-            if self.generation[k] != generation:
-                return None
-        try:
-            return P.receive(conn)
-        except (EOFError, OSError):
-            lost(k)
-            return None
+        while conn.poll(0):
+            msg = P.receive(conn)
+            if type(msg) is P.Reply or type(msg) is P.CallFailed:
+                if msg.call == call:
+                    return msg
+                continue
+            self.side[k].append(msg)
+        return None
 
     def salvage(self, k: int) -> list:
         """A dead worker's queued and still-piped side messages; its pipe is closed."""
@@ -415,24 +408,31 @@ class WorkerSet:
             if self.hosted is not None:
                 self.procs[self.hosted].exit(CLOSE_GRACE_S)
             deadline = time.monotonic() + CLOSE_GRACE_S
-            for k, conn in enumerate(self.conns):
-                # Read until the worker's Closed: a worker that has already exited may have
-                # left it in the pipe, so exiting is no reason to stop reading, only an
-                # empty pipe after the exit is.
-                while time.monotonic() < deadline:
-                    try:
-                        if conn.poll(0.05):
-                            msg = P.receive(conn)
-                            if type(msg) is P.Closed:
-                                failures += [(k, f) for f in msg.failures]
-                                break
-                            continue
-                    except (EOFError, OSError):
-                        break
-                    if self.procs[k].exitcode is not None and not conn.poll(0):
-                        break
+            for k in range(len(self.conns)):
+                failures += [(k, f) for f in self.closing_words(k, deadline)]
         self.reap()
         return failures
+
+    def closing_words(self, k: int, deadline: float) -> list[P.Failure]:
+        """Worker ``k``'s close failures from its ``Closed``, read until ``deadline`` (in the parent's one
+        loop).  A worker that has already exited may have left its ``Closed`` in the pipe, so exiting is no
+        reason to stop reading, only an empty pipe after the exit is."""
+        conn, proc, words = self.conns[k], self.procs[k], []
+
+        def ready(slice_ns: int) -> bool:
+            try:
+                if conn.poll(slice_ns / 1e9):
+                    msg = P.receive(conn)
+                    if type(msg) is P.Closed:
+                        words.extend(msg.failures)
+                        return True
+                    return False
+            except (EOFError, OSError):
+                return True
+            return proc.exitcode is not None and not conn.poll(0)
+
+        in_slices(ready, lambda: None, deadline)
+        return words
 
     def kill_now(self) -> None:
         """Fatal path: the workers' state is unknown, so stop them without asking."""
