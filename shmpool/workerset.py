@@ -28,12 +28,12 @@ import psutil
 from . import protocol as P
 from .constructors import ShardConstructors
 from .errors import EnvError, PoolResourceError, WorkerDiedError
+from .hosted_shard import HostedWorker
 from .layout import same_space
 from .pids import alive
 from .thread_limits import found_for_fork
 from .waiting import SLICE_NS, in_slices
 from .workers import loop
-from .workers.hosted import HostedWorker
 
 if TYPE_CHECKING:
     from threadpoolctl import ThreadpoolController
@@ -120,7 +120,7 @@ class WorkerSet:
     wherever the scheduler puts it among the process's allowed cores (not ``pinned``).
 
     Worker ``hosted`` (if given) is no process: the pool's own process builds and steps
-    that shard (``shmpool.workers.hosted``); its cpu is None and its pid the pool's."""
+    that shard (``shmpool.hosted_shard``); its cpu is None and its pid the pool's."""
 
     def __init__(self, ctx, bounds: list[tuple[int, int]], cpus: list[int | None], pinned: bool = True,
                  hosted: int | None = None) -> None:

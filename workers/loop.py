@@ -362,7 +362,7 @@ class Server:
 
     def serve_posted(self) -> None:
         """Serve the command posted since the last one served, if any, without waiting
-        (a shard the pool's own process steps: ``shmpool.workers.hosted``)."""
+        (a shard the pool's own process steps: ``shmpool.hosted_shard``)."""
         if self.wire.cmd_seq(self.index) != self.seen:
             self.handle()
 

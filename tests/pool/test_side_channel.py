@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from envs import CounterEnv
 from shmpool.workers import loop
-from shmpool.workers.hosted import local_pipe
 
 import shmpool
 from shmpool import protocol as P
+from shmpool.hosted_shard import local_pipe
 
 
 def _pool(num_workers: int, **kwargs) -> shmpool.Pool:

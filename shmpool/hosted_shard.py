@@ -1,4 +1,5 @@
-"""A shard the pool's own process steps (``Pool(parent_shard=...)``).
+"""A shard the pool's own process steps (``Pool(parent_shard=...)``): it runs in the trainer, so it
+lives in ``shmpool/`` beside the worker set that holds it, not among the worker process's modules.
 
 When the workers and the trainer's threads outnumber the cores, one more process
 hop costs more than it saves: the parent would post a step, sleep, and be woken
@@ -27,9 +28,8 @@ import time
 
 import numpy as np
 
-from shmpool import protocol as P
-
-from .loop import BuiltEnvs, Server, bind_server, build_envs, close_quietly
+from . import protocol as P
+from .workers.loop import BuiltEnvs, Server, bind_server, build_envs, close_quietly
 
 
 class LocalEnd:
