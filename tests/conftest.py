@@ -218,6 +218,7 @@ def pytest_pycollect_makemodule(module_path, parent):
 @pytest.hookimpl(tryfirst=True)   # before -m, -k and --deselect take items away: each part is counted whole
 def pytest_collection_modifyitems(config, items):
     _count_the_parts(config, items)
+    _leave_out_the_slow_part(config, items)
     heavy_imports.run_last(items)
     from shmpool.gym_compat import LEGACY
     if not LEGACY:
@@ -258,21 +259,64 @@ def _count_the_parts(config, items) -> None:
         suite_parts.write(found, os.environ[suite_parts.WRITE_COLLECTION_TO])
 
 
+# --- the fast part by default (issue 70) ------------------------------------------------------
+# `python -m pytest` runs the fast part (~2 minutes); `--all` runs the whole suite.  An option rather than
+# `addopts = -m "not slow"`: with that, the whole suite would be `-m "slow or not slow"` (no one types it),
+# and a slow test named by its node id would be deselected without a word.  Any `-m` given chooses by
+# itself (`-m slow`, `-m distributed`, `-m "not slow"`), and a test named by its node id always runs.
+WHOLE_SUITE = "whole_suite"
+_SLOW_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", dest=WHOLE_SUITE,
+                     help="run the whole suite, slow tests too (without it and without -m, the fast part runs)")
+
+
+def _named_by_node_id(config) -> list[str]:
+    """The node ids (``file::test...``) named on the command line, relative to the rootdir like an item's."""
+    named = []
+    for arg in config.args:
+        path, sep, rest = arg.partition("::")
+        if sep:
+            where = os.path.join(str(config.invocation_params.dir), path)
+            named.append(os.path.relpath(where, config.rootpath).replace(os.sep, "/") + "::" + rest)
+    return named
+
+
+def _leave_out_the_slow_part(config, items) -> None:
+    if config.getoption(WHOLE_SUITE) or config.getoption("markexpr", "").strip():
+        return
+    named = _named_by_node_id(config)
+    keep, slow = [], []
+    for item in items:
+        asked = any(item.nodeid == n or item.nodeid.startswith((n + "[", n + "::")) for n in named)
+        (slow if item.get_closest_marker("slow") is not None and not asked else keep).append(item)
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = keep
+        config.stash[_SLOW_LEFT_OUT] = len(slow)
+
+
 def pytest_sessionstart(session):
     session.config.stash[suite_parts.STARTED] = (time.monotonic(), os.getloadavg()[0])
 
 
 def _readme_command(config) -> str | None:
-    """The mark expression of README.md's test command this run is (``""``: the whole suite), if it is one."""
-    markexpr = config.getoption("markexpr", "").strip()
-    if (markexpr in suite_parts.COMMANDS and _collects_every_file(config) and not config.getoption("keyword", "")
+    """The part of the suite (``suite_parts.COMMANDS``) this run is README.md's command for, if it is one."""
+    part = suite_parts.part_run(config.getoption("markexpr", "").strip(), config.getoption(WHOLE_SUITE))
+    if (part is not None and _collects_every_file(config) and not config.getoption("keyword", "")
             and not config.getoption("deselect", None) and not config.getoption("stepwise", False)
             and not config.getoption("collectonly", False)):
-        return markexpr
+        return part
     return None
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left_out = config.stash.get(_SLOW_LEFT_OUT, 0)
+    if left_out:
+        terminalreporter.write_line(f"{left_out} slow tests left out (the fast part is pytest's default): "
+                                    f"--all runs the whole suite, -m slow the slow part")
     markexpr = _readme_command(config)
     if markexpr is None or hasattr(config, "workerinput") or suite_parts.STARTED not in config.stash:
         return

@@ -1906,8 +1906,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=5.0, help="how long to fuzz (default 5)")
     ap.add_argument("--cases", type=int, default=None, help="stop after this many cases")
     ap.add_argument("--seed", type=int, default=None, help="run this one case (printed per op with -v)")
-    ap.add_argument("--case", default=None, help="run this case: the Case(...) text a failure of tests/project/test_fuzz.py "
-                                                 "prints")
+    ap.add_argument("--case", default=None,
+                    help="run this case: the Case(...) text a failure of tests/project/test_fuzz.py prints")
     ap.add_argument("--base-seed", type=int, default=None, help="first case seed (default: from the clock)")
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("--show", type=int, default=3, help="examples printed per distinct finding (default 3)")

@@ -50,5 +50,6 @@ def test_faces_agree_with_gymnasium(index):
             f"shmpool differs from its oracle on case {index} of SHMPOOL_FUZZ_SEED={SEED} (case seed {seed}):\n"
             f"{fuzz.describe_case(case)}\n\n{fuzz.summary(groups, show=4)}\n\n"
             f"replay it, every op printed: python -m tests.fuzz -v --seed {seed}\n"
-            f"this run's cases again: SHMPOOL_FUZZ_SEED={SEED} SHMPOOL_FUZZ_CASES={CASES} pytest tests/project/test_fuzz.py\n"
+            f"this run's cases again: SHMPOOL_FUZZ_SEED={SEED} SHMPOOL_FUZZ_CASES={CASES} "
+            "pytest tests/project/test_fuzz.py\n"
             "fuzz further: python -m tests.fuzz --minutes 5")
