@@ -2,11 +2,14 @@
 same suite run unchanged: every case ``AsyncVectorEnv`` passes must pass for shmpool too, but for the
 few listed below with their reasons.
 
-gymnasium's sdists ship no ``tests/vector`` (0.29.1's holds two test files, 1.x's none), so the suite is
-taken from a Gymnasium git repository named by ``SHMPOOL_GYMNASIUM_SOURCE`` (its ``tests/`` at the tag
-of the installed version, ``git archive v<version> tests``), or from a folder holding that ``tests/``.
-Without one the module skips, saying so; CI reaches only the package registry, so the figures of the
-last local run are in docs/porting/asyncvectorenv.md."""
+No package CI can reach carries the suite (issue 70, checked 2026-11-29): every gymnasium sdist on PyPI from
+0.28.1 to 1.4.0 ships only ``tests/test_core.py`` and ``tests/testing_env.py`` (``pip download gymnasium==X
+--no-binary :all: --no-deps``, then ``tar tzf``), the wheels ship no ``tests/``, and Debian (bookworm) has no
+gymnasium package (``apt-cache search gymnasium`` finds nothing).  gymnasium's code is not ours to commit.  So
+the suite is taken from a Gymnasium git repository named by ``SHMPOOL_GYMNASIUM_SOURCE`` (its ``tests/`` at
+the tag of the installed version, ``git archive v<version> tests``), or from a folder holding that ``tests/``.
+Without one the module skips, saying so; the figures of the last local run are in
+docs/porting/asyncvectorenv.md."""
 from __future__ import annotations
 
 import io
@@ -62,7 +65,8 @@ def _suite(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     if SOURCE is None:
-        pytest.skip("gymnasium's sdist ships no tests/vector: set SHMPOOL_GYMNASIUM_SOURCE to a Gymnasium git "
+        pytest.skip(f"gymnasium {VERSION}'s tests/vector is in no package on PyPI or Debian (its sdist's tests/ "
+                    "holds test_core.py and testing_env.py only): set SHMPOOL_GYMNASIUM_SOURCE to a Gymnasium git "
                     "repository (or a folder holding its tests/ at the installed version)")
     if VERSION not in EXPECTED_DIFFERENCES:
         pytest.skip(f"no recorded differences for gymnasium {VERSION} (recorded: {sorted(EXPECTED_DIFFERENCES)})")
