@@ -10,14 +10,22 @@ the ones found to one thread (~1 ms).  The trainer's own thread counts are read,
 
 A worker started by ``spawn`` or ``forkserver`` has its own libraries: it walks them itself.  Libraries an
 env loads later (its ``make``) read ``OMP_NUM_THREADS`` and friends, which each worker sets to "1" in its own
-environment first thing (``workers.loop``).  The trainer's environment is never changed, not even for the
+environment first thing (``one_thread_each``).  The trainer's environment is never changed, not even for the
 moment a worker starts: another thread starting a process then inherited the "1" (issue 69).  So a spawned
 worker's libraries loaded before its first line (its start-up imports the trainer's ``__main__``) start with
 their default thread counts, and are limited here like any other.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 from threadpoolctl import ThreadpoolController, threadpool_limits
+
+# What libraries an env loads later read for their thread count (OpenCV's own variable included).
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                   "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS",
+                   "OPENCV_FOR_THREADS_NUM")
 
 
 def found_for_fork(start_method: str) -> ThreadpoolController | None:
@@ -41,3 +49,16 @@ def limit_to_one_thread(found: ThreadpoolController | None) -> None:
             found.limit(limits=1)
     except Exception:  # pragma: no cover - a BLAS that refuses is not worth a worker's death
         pass
+
+
+def one_thread_each(found: ThreadpoolController | None) -> None:
+    """In a worker: its own environment says one thread to every library loaded from now on, the libraries
+    ``found`` in the trainer (or, without it, found here) run one thread, and so does OpenCV's thread pool
+    (Atari resizes): a forked worker inherits the trainer's, sized for every core, and two workers' pools
+    then fight over them."""
+    for var in THREAD_ENV_VARS:
+        os.environ[var] = "1"
+    limit_to_one_thread(found)
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None:
+        cv2.setNumThreads(1)

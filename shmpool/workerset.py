@@ -12,8 +12,6 @@ never acted on here, so a worker is never replaced from inside this room.
 from __future__ import annotations
 
 import collections
-import contextlib
-import gc
 import multiprocessing.process as mp_process
 import os
 import signal
@@ -34,6 +32,7 @@ from .pids import alive
 from .thread_limits import found_for_fork
 from .waiting import SLICE_NS, in_slices
 from .workers import loop
+from .workers.inherited import collection_paused
 
 if TYPE_CHECKING:
     from threadpoolctl import ThreadpoolController
@@ -74,32 +73,6 @@ def kill_processes(procs: list, owner_pid: int) -> None:
                 proc.join(timeout=2.0)
         except Exception:
             pass
-
-
-_COLLECTION_SWITCH = threading.Lock()
-
-
-def _fresh_switch() -> None:   # a child forked while another thread held the switch starts with it free
-    global _COLLECTION_SWITCH
-    _COLLECTION_SWITCH = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_switch)
-
-
-@contextlib.contextmanager
-def collection_paused():
-    """Garbage collection off in this process for the block, as it was after.  Around a fork, so the
-    child starts with it off: nothing of the trainer's is collected there before ``loop.main`` sets
-    the trainer's objects aside.  Locked, so pools started from two threads at once cannot leave it off."""
-    with _COLLECTION_SWITCH:
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            yield
-        finally:
-            if collecting:
-                gc.enable()
 
 
 def refuse_in_daemonic_process() -> None:
@@ -240,7 +213,7 @@ class WorkerSet:
             if not self.poll(k, slice_ns / 1e9):
                 return False
             try:
-                got.append(self.receive(k))
+                got.append(P.receive(self.conns[k], self.spaces_decoder))   # equal Spaces decode to one object
             except EOFError:
                 raise self.died(k, "starting") from None
             return True

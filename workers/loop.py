@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 import psutil
 
@@ -20,18 +19,13 @@ from shmpool.batched import BatchedEnvs, hosting_info
 from shmpool.constructors import ShardConstructors
 from shmpool.errors import PoolResourceError
 from shmpool.gym_compat import own_info, same_step_info
-from shmpool.memory import drop_inherited_regions, receive_region
+from shmpool.memory import receive_region
 from shmpool.neighbours import name_this_worker
-from shmpool.thread_limits import limit_to_one_thread
 
 from . import forks
 from .inbox import PickledActionInbox
-from .inherited import set_aside_trainer_objects, shed_sockets
+from .inherited import let_go_of_the_trainer
 from .shard import BatchShard, Shard
-
-THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                   "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS",
-                   "OPENCV_FOR_THREADS_NUM")
 
 
 class ParentWatch:
@@ -67,22 +61,14 @@ class ParentWatch:
             return False
 
 
-def _setup_process(cpu: int | None, parent_pid: int, parent_started: float, main_thread: bool,
-                   libraries) -> ParentWatch:
+def _setup_process(cpu: int | None, parent_pid: int, parent_started: float, main_thread: bool) -> ParentWatch:
+    """The worker's own set-up under any start method (what a fork copied is let go of before:
+    ``workers.inherited``)."""
     watch = ParentWatch(parent_pid, parent_started, main_thread)
-    drop_inherited_regions()   # other pools' regions a fork copied: never this worker's to hold
     # Ctrl-C reaches the whole process group; the parent decides what to do.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-    for var in THREAD_ENV_VARS:
-        os.environ[var] = "1"
-    limit_to_one_thread(libraries)
-    # OpenCV (Atari resizes) keeps its own thread pool: a forked worker inherits the
-    # parent's, sized for every core, and two workers' pools then fight over them.
-    cv2 = sys.modules.get("cv2")
-    if cv2 is not None:
-        cv2.setNumThreads(1)
     return watch
 
 
@@ -117,14 +103,14 @@ def main(conn, index: int, cpu: int | None, parent: tuple[int, float, bool], con
     ``parent`` is the pool process's (pid, psutil create_time, built on its main thread); ``libraries``
     the BLAS and OpenMP libraries it found just before forking this worker (``shmpool.thread_limits``;
     None: this worker finds its own)."""
-    set_aside_trainer_objects()   # first: before anything here can trigger a collection
     try:
         # Inside the try: a failure setting the process up reaches the parent's error with its traceback
-        # (the worker's stderr may be a progress display's, or nobody's).
-        watch = _setup_process(cpu, *parent, libraries)
+        # (the worker's stderr may be a progress display's, or nobody's).  First of all (its first step
+        # before anything here can trigger a collection): what the fork copied from the trainer.
+        let_go_of_the_trainer({conn.fileno()}, libraries)
+        watch = _setup_process(cpu, *parent)
         name_this_worker(index)   # what another pool on these cores finds (shmpool.neighbours)
         forks.watch_forks()       # a process an env forks never acts as this worker
-        shed_sockets({conn.fileno()})   # the trainer's ports and connections are never a worker's
         _run(conn, index, watch, constructors, start, seeds)
     except Exception as exc:
         # A bug outside env code: leave the traceback for the parent's error.

@@ -220,11 +220,11 @@ def test_a_worker_that_fails_setting_itself_up_says_why(monkeypatch, no_leaks):
     """A worker's set-up (pinning, dropping the trainer's sockets) ran outside the loop's error report: its
     traceback went only to the worker's stderr (under a progress display, nowhere) and the pool said
     "exited with code 1 during starting".  Forked workers inherit the patch."""
-    import shmpool.workers.loop as loop
+    import shmpool.workers.inherited as inherited
 
     def boom(keep, fd_dir="/proc/self/fd"):
         raise RuntimeError("boom while shedding sockets")
 
-    monkeypatch.setattr(loop, "shed_sockets", boom)
+    monkeypatch.setattr(inherited, "shed_sockets", boom)
     with pytest.raises(EnvError, match="worker 0 raised in worker loop: RuntimeError: boom while shedding sockets"):
         shmpool.Pool("CartPole-v1", 2, num_workers=1, parent_shard=False, start_method="fork")
