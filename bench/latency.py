@@ -34,7 +34,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from . import cli, envs, netem, report, subjects
+from . import cli, envs, netem, netns, report, subjects
 from ._timing import Case, Record, percentiles_of, run_interleaved
 
 DEFAULT_TASK = "CartPole-v1"
@@ -99,15 +99,15 @@ def open_cell(task: str, mode: str, n: int, batch: int, wait_policy: str | None,
 @contextlib.contextmanager
 def routed(route: str | None) -> Iterator[None]:
     """While a RayPool is built: its connections over ``route`` (None: the node's own address), read by its fleet."""
-    from shmpool.distributed.netns import ENV
+    from shmpool.distributed.fleet import ROUTE
     if route is None:
         yield
         return
-    os.environ[ENV] = route
+    token = ROUTE.set(netns.route(route))
     try:
         yield
     finally:
-        del os.environ[ENV]
+        ROUTE.reset(token)
 
 
 def cell_json(task: str, mode: str, system: str, n: int, b: int, records: list[Record]) -> dict[str, Any]:
@@ -172,7 +172,7 @@ class RayCluster:
         import ray
         from ray import cloudpickle as ray_cloudpickle
         from ray.cluster_utils import Cluster
-        for module in (sys.modules[__name__], envs):
+        for module in (sys.modules[__name__], envs, netns):
             cloudpickle.register_pickle_by_value(module)
             ray_cloudpickle.register_pickle_by_value(module)
         t0, config = time.monotonic(), {"num_cpus": 1, "object_store_memory": store_mb * 2**20}

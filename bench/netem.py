@@ -9,7 +9,7 @@ trip crosses it twice; on a kernel without the netem qdisc, two TAP devices join
 process of the run's that hands each frame across after the delay (its own cost is in the link's measured round
 trip).  ``0`` is the veth pair without delay.  Ray itself stays on loopback: only the RayPool's direct connections
 cross the link (each actor's listening socket is made in the actors' namespace, the driver's socket in the driver's:
-shmpool.distributed.netns), so this measures the data plane over a link, not Ray's control plane.  The namespaces
+bench.netns), so this measures the data plane over a link, not Ray's control plane.  The namespaces
 (and with them the veth pairs) are deleted and the relays stopped when the run ends, on Ctrl-C and on SIGTERM; a
 relay ends with its run however the run ends (it reads the run's end of a pipe), and namespaces left by a killed
 run are deleted by the next run before it creates its own.
@@ -62,7 +62,7 @@ class Link:
 
     @property
     def route(self) -> str:
-        """The value of ``shmpool.distributed.netns.ENV`` that sends a RayPool's connections over this link."""
+        """The route (``bench.netns.route``'s argument) that sends a RayPool's connections over this link."""
         return f"{self.worker_host},{self.worker_netns},{self.driver_netns}"
 
 
@@ -180,7 +180,7 @@ def _relayed(link: Link) -> Link:
 def round_trip_us(link: Link, calls: int = 300, payload: int = 64) -> dict[str, float]:
     """p50/p95 µs of a TCP ping-pong of ``payload`` bytes across ``link`` (from its driver end to its worker end):
     the floor any call over it pays."""
-    from shmpool.distributed.netns import socket_maker
+    from .netns import socket_maker
 
     listener = socket_maker(link.worker_netns)(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((link.worker_host, 0))

@@ -24,7 +24,7 @@ import struct
 import sys
 import time
 
-from shmpool.distributed.netns import enter
+from bench.netns import enter
 
 TUN = "/dev/net/tun"
 TUNSETIFF = 0x400454CA

@@ -63,13 +63,13 @@ unbounded: waits run in slices, checking between slices that the nodes with
 outstanding work are alive (``ray.nodes()``), and ``step_timeout`` bounds each
 call.
 
-Rooms (one job each): :mod:`.api` (the public class, one :class:`~shmpool.state.Lifecycle` checked at
-every entry), :mod:`.actor` (the Ray actor hosting a local Pool per node), :mod:`.batches` (batch
+Rooms (one job each): :mod:`.api` (the public class: the pool surface, one :class:`~shmpool.state.Lifecycle`
+checked at every entry, over :mod:`.ray_backend`, the backend verbs over the actors), :mod:`.actor` (the Ray actor hosting a local Pool per node), :mod:`.batches` (batch
 assembly, pure numpy), :mod:`.ledger` (async bookkeeping, pure numpy), :mod:`.placement` (nodes,
 pools per node, env ranges, cores), :mod:`.fleet` (starting, rebuilding and stopping the actors),
 :mod:`.channel` (the direct connection to an actor, Ray-free), :mod:`.faults` (bounded waits and how a
 pool's answer is classified), :mod:`.wire` (the connection's one frame format, send path and read path),
-:mod:`.netns` (the connection across two network namespaces, for the bench), :mod:`.action_check`.
+:mod:`.action_check`.
 :mod:`.batches`, :mod:`.ledger` and :mod:`.placement` import without Ray.
 """
 from __future__ import annotations

@@ -21,8 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ..errors import ShmpoolError, SpacesDifferError
 from ..pool import Pool
 from .batches import Rows
-from .channel import ChannelServer
-from .netns import Route, socket_maker
+from .channel import ChannelServer, Route
 from .placement import numa_cpu_groups, slot_cpus
 
 # What the driver's direct connection may call: every call that touches the pool (describe stays a Ray call,
@@ -106,7 +105,7 @@ class PoolActor:
     """Runs one local :class:`Pool` on its node; every method answers with plain numpy data.
 
     ``token``: when given, the actor also serves :data:`CHANNEL_CALLS` to the driver that presents it on a
-    direct connection (:mod:`.channel`), on its node's address or where ``route`` says (:mod:`.netns`)."""
+    direct connection (:mod:`.channel`), on its node's address or where ``route`` says."""
 
     def __init__(self, fns_blob: bytes, seed: int | None, batch_size: int, slot: int, per_node: int | str,
                  pool_kwargs: dict, token: bytes | None = None, route: Route | None = None) -> None:
@@ -138,8 +137,8 @@ class PoolActor:
             self.server = None
         elif route is None:   # the node's own address, the one Ray uses
             self.server = ChannelServer(ray.util.get_node_ip_address(), token, handlers)
-        else:                 # the bench's link between two network namespaces
-            self.server = ChannelServer(route.host, token, handlers, socket_maker(route.server_netns))
+        else:                 # a harness's link (the bench's, between two network namespaces)
+            self.server = ChannelServer(route.host, token, handlers, route.listen_socket)
 
     def describe(self) -> ActorInfo | SpacesRefused:
         if self.refused is not None:

@@ -37,7 +37,7 @@ from typing import Any
 from .wire import ChannelClosedError, ChannelProtocolError, Frame, FrameReader, encode, send_parts
 
 __all__ = ["AUTH_S", "Answer", "Channel", "ChannelClosedError", "ChannelProtocolError", "ChannelServer", "Reply",
-           "Request", "TOKEN_BYTES", "wait"]
+           "Request", "Route", "TOKEN_BYTES", "wait"]
 
 TOKEN_BYTES = 16
 STALL_S = 60.0        # a frame (or a send) that stops half-way for this long: the connection is treated as lost
@@ -62,11 +62,26 @@ def tuned_socket(host: str, port: int, make: Callable[..., socket.socket] = sock
 
 
 @dataclass(frozen=True)
+class Route:
+    """Where a RayPool's direct connections run when not on each node's own address with plain sockets (a harness's
+    link: the bench runs them across two network namespaces).  Each actor listens on ``host`` with a socket made by
+    ``listen_socket``, the driver connects with one made by ``connect_socket`` (both ``socket.socket``'s signature,
+    and picklable: the actor's travels to it with its constructor's arguments)."""
+
+    host: str
+    listen_socket: Callable[..., socket.socket] = socket.socket
+    connect_socket: Callable[..., socket.socket] = socket.socket
+
+
+@dataclass(frozen=True)
 class Request:
     """Driver to actor: call ``method(*args)`` on the actor's pool."""
 
     method: str
     args: tuple
+
+    def __reduce__(self) -> tuple:   # rebuilt by one call, not pickle's generic object path (the driver's every call)
+        return Request, (self.method, self.args)
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,9 @@ class Answer:
 
     value: Any = None
     error: BaseException | None = None
+
+    def __reduce__(self) -> tuple:   # as Request's
+        return Answer, (self.value, self.error)
 
     @property
     def failed(self) -> bool:
@@ -119,7 +137,7 @@ class ChannelServer:
     """The actor's end: listens on ``host`` (port chosen by the OS), accepts the driver that presents
     ``token`` and answers its :class:`Request` frames in one thread: ``handlers[method](*args)``.  A method
     ``handlers`` lacks is answered with a ValueError.  ``make_socket(family, type, proto)``: where its listening
-    socket is made (another network namespace's: :mod:`.netns`).
+    socket is made (:class:`Route`).
 
     Callers are let in one poll for all: each has AUTH_S for its whole token, and a silent or trickling one
     never delays another (read one after the other, two silent local peers queued before the driver held its
@@ -333,14 +351,15 @@ class Channel:
     def read_available(self) -> None:
         """Read what has arrived (the caller saw the socket readable); each whole answer settles the oldest
         pending reply, in order; an answer that does not decode (a node-only class) is that call's error."""
-        frames, ended = self.reader.read(self.fd, [r.target for r in self.pending])
+        pending = self.pending
+        frames, ended = self.reader.read(self.fd, [r.target for r in pending], len(pending) or None)
         for frame in frames:
             try:
                 answer = frame.decode()
             except Exception as exc:   # the frame was read whole: the stream is fine
                 answer = Answer(error=exc)
-            if self.pending:
-                self.pending.popleft().settle(answer=answer)
+            if pending:
+                pending.popleft().settle(answer)
         if ended is not None:
             self._lose(ended)
 
@@ -366,16 +385,25 @@ def wait(replies: list[Reply], num_returns: int, timeout: float) -> list[Reply]:
     """The replies of ``replies`` that are done, once ``num_returns`` of them are or ``timeout`` s passed
     (``timeout=0``: those done now, after reading what has already arrived).  A signal's handler runs at once
     (Ctrl-C raises here, not at the timeout)."""
-    deadline = time.monotonic() + timeout
+    deadline = None
     while True:
-        done = [r for r in replies if r.done]
+        by_fd = {}
+        done = []
+        for r in replies:
+            if r.done:
+                done.append(r)
+            else:
+                by_fd[r.channel.fd] = r.channel
         if len(done) >= num_returns:
             return done
-        by_fd = {r.channel.fd: r.channel for r in replies if not r.done}
+        if deadline is None:
+            deadline = time.monotonic() + timeout
+            left_ms = math.ceil(timeout * 1000)
+        else:
+            left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
         ready = select.poll()
         for fd in by_fd:
             ready.register(fd, select.POLLIN)
-        left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
         events = ready.poll(left_ms)
         for fd, _ in events:
             by_fd[fd].read_available()

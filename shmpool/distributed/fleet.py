@@ -3,9 +3,9 @@ a dead one, rebuilding one (``on_worker_error="restart"``), and stopping them al
 from __future__ import annotations
 
 import collections
+import contextvars
 import re
 import secrets
-import socket
 import warnings
 from typing import Any
 
@@ -14,13 +14,15 @@ import ray
 
 from .. import layout
 from .actor import ActorInfo, Resets, SpacesRefused, start_actor
-from .channel import TOKEN_BYTES, Channel
+from .channel import TOKEN_BYTES, Channel, Route
 from .faults import Outcome, RemotePoolDiedError, Watch, gather, wait_done
-from .netns import Route, socket_maker
 from .placement import Placement, describe_range
 
 REBUILD_TRIES = 3   # nodes tried for one rebuild before the RayPool gives up and closes
 CONNECT_TIMEOUT_S = 30.0
+# Where the direct connections of the RayPools built in this context run (None: each node's own address): a seam for a
+# harness, set around a build (``ROUTE.set(route)`` ... ``ROUTE.reset(token)``); the bench's --netem link uses it.
+ROUTE: contextvars.ContextVar[Route | None] = contextvars.ContextVar("shmpool_route", default=None)
 
 
 def agreed_spaces(infos: list[ActorInfo | SpacesRefused], place: Placement, mode: str) -> tuple:
@@ -59,7 +61,7 @@ class Fleet:
                       for r in map(placement.env_range, range(placement.num_pools))]
         self.actors: list = []
         self.token = secrets.token_bytes(TOKEN_BYTES) if direct else None
-        self.route = Route.from_environment() if direct else None   # another namespace's link (the bench's)
+        self.route = ROUTE.get() if direct else None   # a harness's link (the bench's)
         self.channels: list[Channel | None] = [None for _ in range(placement.num_pools)]
         self.infos: list[ActorInfo | None] = [None for _ in range(placement.num_pools)]
         self.observation_spaces: tuple = ()   # each env's, once started
@@ -84,9 +86,9 @@ class Fleet:
         address = self.infos[k].channel
         if address is None:
             return
-        make = socket.socket if self.route is None else socket_maker(self.route.client_netns)
         try:
-            self.channels[k] = Channel.connect(address, self.token, CONNECT_TIMEOUT_S, make)
+            self.channels[k] = Channel.connect(address, self.token, CONNECT_TIMEOUT_S,
+                                               *(() if self.route is None else (self.route.connect_socket,)))
         except OSError as exc:
             warnings.warn(f"pool {k}: its actor's direct connection ({address[0]}:{address[1]}) could not be "
                           f"opened ({exc}); its calls go through Ray, which is several times slower",

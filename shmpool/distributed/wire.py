@@ -15,12 +15,12 @@ too.
 from __future__ import annotations
 
 import copyreg
+import functools
 import io
 import os
 import pickle
 import socket
 import struct
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,40 +86,48 @@ def encode(message: Any) -> list:
     except Exception:   # what plain pickle refuses (a local class, a lambda), cloudpickle takes, as Ray would
         buffers = []
         meta = cloudpickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-    views = [b.raw() for b in buffers]
-    body = len(views) * SIZE.size + len(meta)
-    parts: list = []
-    for view in views:
-        pad = _padded(body)
+    count = len(buffers)
+    body = count * SIZE.size + len(meta)
+    parts: list = [None]
+    sizes = []
+    for buffer in buffers:
+        view = buffer.raw()
+        pad = -body % ALIGN
         if pad:
-            parts.append(bytes(pad))
+            parts.append(ZEROS[:pad])
         parts.append(view)
+        sizes.append(view.nbytes)
         body += pad + view.nbytes
     if body > MAX_BODY:
         raise ValueError(f"a message of {body} bytes is more than one frame carries ({MAX_BODY} bytes)")
-    sizes = [v.nbytes for v in views]
-    head = HEADER.pack(len(meta), len(views), body, sizes[0] if sizes else 0) + struct.pack(f"<{len(sizes)}Q", *sizes)
-    return [head + meta, *parts]
+    parts[0] = b"".join((HEADER.pack(len(meta), count, body, sizes[0] if count else 0),
+                         struct.pack(f"<{count}Q", *sizes), meta))
+    return parts
 
 
-def send_parts(sock: socket.socket, parts: Iterable[Any]) -> None:
+ZEROS = bytes(ALIGN)
+
+
+def send_parts(sock: socket.socket, parts: list) -> None:
     """Send every byte of ``parts`` (flat byte buffers: bytes, or byte memoryviews as :func:`encode` makes them) in
     order, waiting as ``sock``'s timeout says (a stalled peer: ``TimeoutError``)."""
+    sent = 0
+    if len(parts) <= IOV_MAX:   # the common case: one call
+        sent = sock.sendmsg(parts)
+        if sent == sum(map(len, parts)):
+            return
     left = list(parts)
-    while left:
-        batch = left[:IOV_MAX]
-        sent = sock.sendmsg(batch)
-        done = len(batch)
-        if sent != sum(map(len, batch)):   # a partial send: the part it stopped in is cut, the rest follows
-            done = 0
-            while sent >= len(batch[done]):
-                sent -= len(batch[done])
-                done += 1
-            left[done] = memoryview(left[done]).cast("B")[sent:]
-        del left[:done]
+    while True:   # a partial send: the parts sent are dropped, the one it stopped in is cut, the rest follows
+        while left and sent >= len(left[0]):
+            sent -= len(left.pop(0))
+        if not left:
+            return
+        if sent:
+            left[0] = memoryview(left[0]).cast("B")[sent:]
+        sent = sock.sendmsg(left[:IOV_MAX])
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Frame:
     """One whole frame read: its pickle and its out-of-band buffers (views of the frame's own memory, or, for the
     first, the target it was read into)."""
@@ -157,12 +165,13 @@ class FrameReader:
 
     def __init__(self) -> None:
         self.header = bytearray(HEADER.size)
+        self.whole_header = [memoryview(self.header)]
         self._start()
 
     def _start(self) -> None:
-        self.todo: list[memoryview] = [memoryview(self.header)]
+        self.todo: list[memoryview] = self.whole_header.copy()
         self.body: np.ndarray | None = None   # once the header is read
-        self.meta_len = self.count = self.first_len = 0
+        self.count = self.meta_len = self.first_len = 0
         self.target: memoryview | None = None
 
     @property
@@ -170,10 +179,13 @@ class FrameReader:
         """Whether a frame has started and is not whole yet."""
         return self.body is not None or self.todo[0].nbytes != HEADER.size
 
-    def read(self, fd: int, targets: list | None = None) -> tuple[list[Frame], BaseException | None]:
+    def read(self, fd: int, targets: list | None = None, want: int | None = None
+             ) -> tuple[list[Frame], BaseException | None]:
         """The frames completed by what ``fd`` (non-blocking) holds now, and how the connection ended if it did
         (after those frames: a last answer still counts).  ``targets[j]``: where the ``j``-th frame completed by
-        this read may put its first buffer (a writable byte memoryview, or None)."""
+        this read may put its first buffer (a writable byte memoryview, or None).  ``want``: the frames the caller
+        awaits; once that many are read, the read ends without asking the connection for more (one system call
+        fewer per answer)."""
         frames: list[Frame] = []
         while True:
             todo = self.todo
@@ -192,28 +204,32 @@ class FrameReader:
                 return frames, None
             try:
                 if self.body is None:
-                    frame = self._open(targets[len(frames)] if targets and len(frames) < len(targets) else None)
+                    n = len(frames)
+                    frame = self._open(targets[n] if targets is not None and n < len(targets) else None)
                 else:
                     frame = self._finish()
             except ChannelProtocolError as exc:
                 return frames, exc
             if frame is not None:
                 frames.append(frame)
+                if len(frames) == want:
+                    return frames, None
 
     def _open(self, target: memoryview | None) -> Frame | None:
         """The header is whole: the body's reads (into ``target`` when the first buffer is its size), or the frame
         when the body is empty."""
         self.meta_len, self.count, body_len, self.first_len = HEADER.unpack(self.header)
         check_header(self.meta_len, self.count, body_len, self.first_len)
-        self.body = np.empty(body_len, np.uint8)
-        body = memoryview(self.body)
+        self.body = body = np.empty(body_len, np.uint8)
         if target is not None and self.count and self.first_len == target.nbytes:
-            head = SIZE.size * self.count + self.meta_len
-            first = head + _padded(head)
+            first = SIZE.size * self.count + self.meta_len
+            first += -first % ALIGN
             self.target = target
-            self.todo = [v for v in (body[:first], target, body[first + self.first_len:]) if v.nbytes]
+            view = memoryview(body)
+            self.todo = [view[:first], target] if first + self.first_len == body_len else \
+                [view[:first], target, view[first + self.first_len:]]
         elif body_len:
-            self.todo = [body]
+            self.todo = [memoryview(body)]
         else:
             return self._finish()
         return None
@@ -221,20 +237,27 @@ class FrameReader:
     def _finish(self) -> Frame:
         """The body is whole: the frame (:class:`ChannelProtocolError` when its buffers do not add up to it)."""
         body = memoryview(self.body)
-        at = SIZE.size * self.count
+        count = self.count
+        at = SIZE.size * count
         meta = body[at:at + self.meta_len]
         at += self.meta_len
         buffers = []
-        for n in struct.unpack_from(f"<{self.count}Q", body):
+        for n in sizes_of(count).unpack_from(body):
             at += -at % ALIGN
             buffers.append(body[at:at + n])
             at += n
         if at != len(body):
             raise malformed(f"a frame of {len(body)} bytes whose buffers end at byte {at}")
-        if buffers and len(buffers[0]) != self.first_len:
+        if count and len(buffers[0]) != self.first_len:
             raise malformed(f"a first array of {len(buffers[0])} bytes announced as {self.first_len} bytes")
         if self.target is not None:
             buffers[0] = self.target
         frame = Frame(meta, buffers)
         self._start()
         return frame
+
+
+@functools.lru_cache(maxsize=64)
+def sizes_of(count: int) -> struct.Struct:
+    """The layout of a frame's ``count`` buffer sizes."""
+    return struct.Struct(f"<{count}Q")

@@ -371,23 +371,22 @@ def test_a_pool_its_driver_cannot_reach_directly_is_driven_through_ray(cluster, 
         assert rp.call("spec")[0].id == TASK
 
 
-def test_the_direct_connections_cross_a_veth_link_between_two_network_namespaces(cluster, monkeypatch):
+def test_the_direct_connections_cross_a_veth_link_between_two_network_namespaces(cluster):
     """The bench's link setting (bench/netem.py, root only): each actor listens inside one namespace, the driver
     connects from the other, over the veth pair between them (Ray stays on loopback); the rows are a local Pool's,
     and the namespaces are gone afterwards."""
     import subprocess
 
-    from bench import netem
-    from shmpool.distributed.netns import ENV
+    from bench import latency, netem
     if netem.refusal() is not None:
         pytest.skip(netem.refusal())
     n = 6
     with netem.links([("0", 0.0)]) as (made, measured):
         link = made[0]
         assert measured["0"]["round_trip_us"]["p50"] > 0
-        monkeypatch.setenv(ENV, link.route)
-        with (distributed.RayPool(TASK, n, seed=3, num_workers=1) as rp,
-              shmpool.Pool(TASK, n, seed=3, num_workers=1) as lp):
+        with latency.routed(link.route):   # the route is read while the pool is built
+            rp = distributed.RayPool(TASK, n, seed=3, num_workers=1)
+        with rp, shmpool.Pool(TASK, n, seed=3, num_workers=1) as lp:
             assert [(d["transport"], d["channel"][0]) for d in rp.nodes] == [("direct", link.worker_host)] * 3
             np.testing.assert_array_equal(rp.reset()[0], lp.reset()[0])
             for t in range(20):

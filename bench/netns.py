@@ -4,8 +4,9 @@ describe, restarts, kills) stays where Ray put it.
 
 A socket belongs to the network namespace of the thread that made it, and keeps it: a short-lived thread enters the
 namespace (``setns(2)``, which needs root), makes the socket and ends, so no other thread ever leaves its own
-namespace.  The route comes from :data:`ENV` in the driver's environment (the bench sets it around a run; nothing
-else does) and travels to each actor as a constructor argument.
+namespace.  :func:`route` gives the library's neutral seam (:class:`shmpool.distributed.channel.Route`, set around a
+RayPool's build through ``shmpool.distributed.fleet.ROUTE``) the socket makers of both namespaces; the actor's
+travels to it as a constructor argument (this module goes to the nodes by value: :class:`bench.latency.RayCluster`).
 """
 from __future__ import annotations
 
@@ -14,32 +15,22 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
-ENV = "SHMPOOL_LINK_NETNS"   # "host,server_netns,client_netns"
+from shmpool.distributed.channel import Route
+
 NETNS_DIR = "/var/run/netns"   # where `ip netns add` names its namespaces
 CLONE_NEWNET = 0x40000000
 
 
-@dataclass(frozen=True)
-class Route:
-    """Each actor listens on ``host`` inside namespace ``server_netns``; the driver connects from inside
-    ``client_netns`` (names as ``ip netns`` gives them)."""
-
-    host: str
-    server_netns: str
-    client_netns: str
-
-    @classmethod
-    def from_environment(cls) -> Route | None:
-        """The route :data:`ENV` names, or None when it is unset (the usual case: the node's own address)."""
-        value = os.environ.get(ENV)
-        if not value:
-            return None
-        parts = value.split(",")
-        if len(parts) != 3 or not all(parts):
-            raise ValueError(f"{ENV} must be 'host,server_netns,client_netns', got {value!r}")
-        return cls(*parts)
+def route(value: str) -> Route:
+    """The route ``"host,server_netns,client_netns"`` names (:attr:`bench.netem.Link.route`): each actor listens on
+    ``host`` inside namespace ``server_netns``; the driver connects from inside ``client_netns`` (names as ``ip
+    netns`` gives them)."""
+    parts = value.split(",")
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"a route is 'host,server_netns,client_netns', got {value!r}")
+    host, server, client = parts
+    return Route(host, socket_maker(server), socket_maker(client))
 
 
 def enter(netns: str) -> None:
