@@ -14,6 +14,7 @@ from compare import tree_equal
 from envs import ScriptEnv
 from fork_garbage import CollectingEnv, FinalizerMarker, garbage_at_next_fork
 from gymnasium import spaces
+from slices import looks_within, record_waits
 
 import shmpool
 from shmpool.errors import EnvError, PoolClosedError, WorkerDiedError
@@ -457,16 +458,26 @@ class HangEnv(ScriptEnv):
 
 
 @pytest.mark.parametrize("parent_shard", PLACEMENTS)
-def test_a_constructor_that_hangs_is_a_timeout_error_within_startup_timeout(parent_shard, no_leaks):
+def test_a_constructor_that_hangs_is_a_timeout_error_within_startup_timeout(parent_shard, no_leaks, monkeypatch):
     import time
+
+    import shmpool.workerset
+    waits = record_waits(monkeypatch, shmpool.workerset)
     fns = [HangEnv] * 3 + [functools.partial(HangEnv, "make")]
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"worker 1 \(envs 2\.\.3.*did not finish building its envs within "
                                            r"startup_timeout"):
         shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard, startup_timeout=0.5)
-    # The constructor sleeps 60 s: the TimeoutError shows startup_timeout fired; the bound, that it fired near
-    # its 0.5 s (then the kill and the other worker's start-up: ~1 s idle, 5x for a loaded CI).
-    assert time.monotonic() - start < 5
+    # The constructor sleeps 60 s: the TimeoutError shows startup_timeout fired.  In a worker process, the
+    # count says it fired at its 0.5 s: the wait for the worker's first message ended at its deadline, after no
+    # more looks than 0.5 s of slices holds.  In this process a SIGALRM timer interrupts the constructor (no
+    # slices to count): that it fired near its 0.5 s is a bound in seconds (then the kill and the other
+    # worker's start-up: ~1 s idle, 5x for a loaded CI).
+    if parent_shard:
+        assert time.monotonic() - start < 5
+    else:
+        ended = [w for w in waits if w.met is False]
+        assert len(ended) == 1 and 1 <= ended[0].looks <= looks_within(0.5), waits
 
 
 @pytest.mark.parametrize("parent_shard", PLACEMENTS)
@@ -480,15 +491,20 @@ def test_an_env_close_that_hangs_lets_close_return(parent_shard, no_leaks, monke
     fns = [HangEnv] * 3 + [functools.partial(HangEnv, "close")]
     pool = shmpool.Pool(fns, num_workers=2, parent_shard=parent_shard)
     pool.reset()
+    waits = record_waits(monkeypatch, shmpool.workerset)
     start = time.monotonic()
     try:
         pool.close()
     except EnvError as exc:   # the parent's shard can say which env hung; a killed worker cannot
         assert exc.env_id == 3 and "close() did not return within" in str(exc)
-    # The env's close sleeps 60 s; close() waits CLOSE_GRACE_S (1 s here) for the envs and 2 s more for the
-    # worker to exit, then kills it (~3 s idle): 4 s above that for a loaded CI, and a close that waited the env
-    # out fails.
-    assert time.monotonic() - start < 1.0 + 2.0 + 4.0
+    # The env's close sleeps 60 s.  In a worker process: close() read the hung worker's words until
+    # CLOSE_GRACE_S (1 s here) and no slice longer, the other worker's at once, then killed it.  In this
+    # process a SIGALRM timer interrupts the env's close (no slices to count): CLOSE_GRACE_S and 2 s more for
+    # the worker to exit (~3 s idle), 4 s above that for a loaded CI; a close that waited the env out fails.
+    if parent_shard:
+        assert time.monotonic() - start < 1.0 + 2.0 + 4.0
+    else:
+        assert [w.met for w in waits] == [True, False] and waits[1].looks <= looks_within(1.0), waits
     assert pool.closed
 
 
