@@ -6,7 +6,6 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -173,14 +172,6 @@ def shard_sizes(num_envs: int, num_workers: int) -> list[int]:
     """Contiguous shards as even as possible: the first ``num_envs % num_workers`` get one more."""
     base, extra = divmod(num_envs, num_workers)
     return [base + (1 if w < extra else 0) for w in range(num_workers)]
-
-
-def is_ray_pool(obj: Any) -> bool:
-    """A :class:`shmpool.distributed.RayPool`, checked without importing ray: if the module that
-    defines it was never imported (or imported where ray is missing), nothing can be one."""
-    mod = sys.modules.get("shmpool.distributed.api")
-    cls = None if mod is None else vars(mod).get("RayPool")
-    return cls is not None and isinstance(obj, cls)
 
 
 # --- options every face takes ---------------------------------------------------------------

@@ -26,11 +26,10 @@ import numpy as np
 from gymnasium.spaces import Discrete, MultiDiscrete
 
 from ._elapsed import ElapsedSteps
-from .arguments import is_ray_pool
 from .autoreset_modes import NEXT_STEP, SAME_STEP
 from .gym_compat import AutoresetMode
 from .gymnasium_face import VectorEnv
-from .pool import Pool
+from .surface import PoolSurface
 
 __all__ = ["ENV_TYPES", "EnvPoolEnv", "EnvPoolSpec", "base_config"]
 
@@ -115,7 +114,7 @@ class EnvPoolEnv(VectorEnv, gymnasium.Env):
                  render_mode: str | None = None,
                  render_env_id: int = 0, autoreset_mode: str | AutoresetMode | None = None,
                  **pool_kwargs: Any) -> None:
-        if autoreset_mode is None and not (isinstance(env_fns, Pool) or is_ray_pool(env_fns)):
+        if autoreset_mode is None and not (isinstance(env_fns, PoolSurface)):
             # The VectorEnv's own default is gymnasium 0.29's same-step autoreset under 0.29.
             autoreset_mode = NEXT_STEP
         super().__init__(env_fns, num_envs, autoreset_mode=autoreset_mode, **pool_kwargs)

@@ -18,7 +18,7 @@ import copy as _copy
 import functools
 import multiprocessing
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -27,7 +27,7 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoA
 from gymnasium.spaces import Dict, Tuple
 from gymnasium.vector.utils import batch_space
 
-from .arguments import POOL_KEYWORDS, check_typos, is_ray_pool, keywords_of
+from .arguments import POOL_KEYWORDS, check_typos, keywords_of
 from .autoreset_modes import as_gymnasium, parse_autoreset_mode
 from .background import BackgroundCall
 from .errors import EnvError, PoolClosedError, SpacesDifferError, rebuild_error
@@ -44,9 +44,7 @@ from .gym_compat import (
 from .pool import Pool
 from .reset_args import check_reset_mask, seed_list
 from .state import CallOrderError, CallPendingError, Lifecycle, NoCallPendingError, Pending, PoolState
-
-if TYPE_CHECKING:
-    from .distributed import RayPool
+from .surface import PoolSurface
 
 __all__ = ["POOL_PARAMETERS", "VECTOR_PARAMETERS", "VectorEnv", "WaitTimeoutError"]
 
@@ -150,7 +148,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
 
     def __init__(
         self,
-        env_fns: str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]] | Pool | RayPool,
+        env_fns: str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]] | PoolSurface,
         num_envs: int | None = None,
         *,
         copy: bool = True,
@@ -163,7 +161,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         worker: Callable | None = None,
         **pool_kwargs: Any,
     ) -> None:
-        self._pool: Pool | RayPool | None = None
+        self._pool: PoolSurface | None = None
         self.closed = True  # until the pool exists: __del__ and close() have nothing to do
         check_observation_mode(observation_mode)
         check_async_keywords(daemon, worker)
@@ -172,7 +170,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
                 raise ValueError(f"context={context!r} and start_method={pool_kwargs['start_method']!r} "
                                  "disagree: both name the multiprocessing start method, give one")
             pool_kwargs["start_method"] = context
-        if isinstance(env_fns, Pool) or is_ray_pool(env_fns):
+        if isinstance(env_fns, PoolSurface):
             pool = env_fns
             if pool_kwargs:
                 raise TypeError(f"pool options {sorted(pool_kwargs)} cannot be given with an already built Pool")
@@ -254,7 +252,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     # --- properties gymnasium's vector envs have --------------------------
 
     @property
-    def pool(self) -> Pool | RayPool:
+    def pool(self) -> PoolSurface:
         """The :class:`shmpool.Pool` (or ``RayPool``) doing the work."""
         return self._pool
 

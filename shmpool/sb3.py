@@ -34,7 +34,7 @@ import functools
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -53,15 +53,13 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
     raise ImportError("shmpool.sb3 needs stable-baselines3: pip install 'shmpool[sb3]' "
                       "(or 'stable-baselines3>=2.3')") from _exc
 
-from .arguments import POOL_KEYWORDS, check_typos, env_constructors, is_ray_pool, keywords_of, refuse_env_instances
+from .arguments import POOL_KEYWORDS, check_typos, env_constructors, keywords_of, refuse_env_instances
 from .autoreset_modes import SAME_STEP, parse_autoreset_mode
 from .errors import EnvError
 from .info_rows import unbatch_info
 from .pool import Pool
 from .state import Pending
-
-if TYPE_CHECKING:
-    from .distributed import RayPool
+from .surface import PoolSurface
 
 __all__ = ["ShmVecEnv"]
 
@@ -151,7 +149,7 @@ class ShmVecEnv(VecEnv):
 
     def __init__(
         self,
-        env_fns: Sequence[Callable[[], gym.Env]] | Callable[[], gym.Env] | str | Pool | RayPool,
+        env_fns: Sequence[Callable[[], gym.Env]] | Callable[[], gym.Env] | str | PoolSurface,
         start_method: str | None = None,
         *,
         num_envs: int | None = None,
@@ -165,8 +163,8 @@ class ShmVecEnv(VecEnv):
         self.metadata = dict(self._pool.metadata)
 
     @staticmethod
-    def _build_pool(env_fns, start_method, num_envs, pool_kwargs) -> Pool | RayPool:
-        if isinstance(env_fns, Pool) or is_ray_pool(env_fns):
+    def _build_pool(env_fns, start_method, num_envs, pool_kwargs) -> PoolSurface:
+        if isinstance(env_fns, PoolSurface):
             if start_method is not None or num_envs is not None or pool_kwargs:
                 raise TypeError("ShmVecEnv(pool) takes no other arguments: the pool is already built")
             if env_fns.autoreset_mode != SAME_STEP:
@@ -200,7 +198,7 @@ class ShmVecEnv(VecEnv):
                     autoreset_mode=SAME_STEP, **pool_kwargs)
 
     @property
-    def pool(self) -> Pool | RayPool:
+    def pool(self) -> PoolSurface:
         """The underlying ``shmpool.Pool`` (or ``RayPool``)."""
         return self._pool
 

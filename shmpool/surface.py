@@ -233,7 +233,7 @@ class PoolSurface(LifecycleFacts):
     def __del__(self) -> None:
         try:
             if not self._life.closed and self._backend.forgotten():
-                self.close()
+                PoolSurface.close(self)   # the surface's own: a subclass's close() may reset what forgotten() set
         except Exception:
             pass
 

@@ -64,7 +64,8 @@ outstanding work are alive (``ray.nodes()``), and ``step_timeout`` bounds each
 call.
 
 Rooms (one job each): :mod:`.api` (the public class: the pool surface, one :class:`~shmpool.state.Lifecycle`
-checked at every entry, over :mod:`.ray_backend`, the backend verbs over the actors), :mod:`.actor` (the Ray actor hosting a local Pool per node), :mod:`.batches` (batch
+checked at every entry, over :mod:`.ray_backend`, the backend verbs over the actors), :mod:`.actor` (the Ray
+actor hosting a local Pool per node), :mod:`.batches` (batch
 assembly, pure numpy), :mod:`.ledger` (async bookkeeping, pure numpy), :mod:`.placement` (nodes,
 pools per node, env ranges, cores), :mod:`.fleet` (starting, rebuilding and stopping the actors),
 :mod:`.channel` (the direct connection to an actor, Ray-free), :mod:`.faults` (bounded waits and how a

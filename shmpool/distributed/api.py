@@ -1,98 +1,36 @@
-"""``RayPool``'s public API: every entry checks the one pool state (:class:`~shmpool.state.Lifecycle`),
-then drives the actors (:mod:`.fleet`), the bookkeeping (:mod:`.ledger`) and the waits (:mod:`.faults`)."""
+"""``RayPool``: the pool surface (:class:`shmpool.surface.PoolSurface`, every entry checking the one
+:class:`~shmpool.state.Lifecycle`) over the Ray backend (:mod:`.ray_backend`: the actors, :mod:`.fleet`; the
+bookkeeping, :mod:`.ledger`; the waits, :mod:`.faults`).  This module resolves the arguments and the nodes, builds
+the backend and adds what only a RayPool has (its nodes, pools and their env ranges)."""
 from __future__ import annotations
 
-import functools
-import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import cloudpickle
-import numpy as np
 import ray
 
 from ..arguments import (
     POOL_KEYWORDS,
     check_count,
     check_on_worker_error,
-    check_options_list,
     check_seed,
     check_step_timeout,
     check_typos,
     env_constructors,
-    env_id_array,
-    env_id_list,
     keywords_of,
 )
-from ..autoreset_modes import NEXT_STEP
-from ..errors import PoolClosedError
-from ..reset_args import check_reset_mask, seed_list
-from ..state import Lifecycle, LifecycleFacts, add_note
-from .action_check import ActionCheck
-from .actor import Resets, pools_on_nodes
-from .batches import Rows, StepOutput, batch_len, concat, merge_infos, take_rows
-from .channel import Reply
-from .faults import (
-    SLICE_S,
-    Outcome,
-    Watch,
-    gather,
-    node_gone,
-    outcome_of,
-    wait_done,
-)
+from ..surface import PoolSurface
+from .actor import pools_on_nodes
 from .fleet import Fleet
-from .ledger import Ledger
 from .placement import Placement, Slot
-from .recovery import Recovery
-
-# Ray's own worker object, read before ``ray.is_initialized()``: a connected driver's common case then costs ~8 µs of
-# the step's head (with the pool's closed check) where the public call (its client-mode hook) cost ~21 µs, cold beside
-# busy workers (issue 34).  Anything else (Ray shut down, Ray Client, a Ray without that object) asks the public call.
-_RAY_WORKER = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
-
-
-def _entry(method: Callable) -> Callable:
-    """A public call: one at a time per pool; a ``close()`` that came during it runs when it ends; Ctrl-C
-    (KeyboardInterrupt) during it closes the pool, as it closes a local Pool."""
-    op = ENTRY_OPS.get(method.__name__, method.__name__)
-
-    @functools.wraps(method)
-    def wrapper(self: RayPool, *args: Any, **kwargs: Any) -> Any:
-        life = self._life
-        life.enter(op)
-        try:
-            if not life.closed and not (getattr(_RAY_WORKER, "connected", False) or ray.is_initialized()):
-                # The user's ray.shutdown() took the actors; a Ray call now would start a new,
-                # empty local Ray instead of failing.
-                life.close()
-                raise PoolClosedError(RAY_GONE)
-            return method(self, *args, **kwargs)
-        except KeyboardInterrupt as exc:
-            # Mid-call the pools' state is unknown (a step half-sent, answers unread): their actors are killed at
-            # once, as a local Pool kills its workers, not asked to close (a pool still stepping would hold the
-            # interrupt for the close grace).
-            if not life.closed:
-                self._abort()
-            if not any(INTERRUPTED in n for n in getattr(exc, "__notes__", ())):
-                add_note(exc, f"shmpool: {INTERRUPTED} ({op} was interrupted)")
-            raise
-        finally:
-            life.leave(self._shut_down, self._abort)
-    return wrapper
-
-
-INTERRUPTED = "the RayPool was closed and its actors killed"
-ENTRY_OPS = {"_sync_step": "step", "_per_env": "a per-env call"}   # how a note names an entry's call
-
+from .ray_backend import RayBackend
 
 TRANSPORTS = ("direct", "ray")
-RAY_GONE = ("Ray was shut down (ray.shutdown()) while this RayPool was open: its actors went with it and the "
-            "pool is closed; close a RayPool before ray.shutdown(), or build a new one after ray.init()")
+COPY_REFUSED = ("a RayPool cannot be copied or pickled: its actors belong to the process that created it; "
+                "pass its arguments and build a new one")
 
 
-class RayPool(LifecycleFacts):
+class RayPool(PoolSurface):
     """Many envs in shmpool pools on several Ray nodes, with the API of :class:`shmpool.Pool`.
 
     ``env``: a gymnasium id (``**env_kwargs`` go to ``gymnasium.make``), one callable or a
@@ -133,7 +71,16 @@ class RayPool(LifecycleFacts):
     ``(n,)`` float64, terminated/truncated ``(n,)`` bool, infos in gymnasium's vector
     layout; ``recv`` adds ``infos["env_id"]`` (``(batch_size,)`` int32, global ids).
     Every array returned is fresh.
+
+    The calls are the surface's (:class:`shmpool.surface.PoolSurface`, as for a local Pool); what they do here
+    beyond it: ``reset(options={"reset_mask": m})`` resets no pool with none of the envs in ``m`` (its actor answers
+    its current observations); ``send`` checks everything about the call (ids, actions, envs already in flight)
+    before anything is sent; ``recv`` counts in whole sub-batches (a pool answers with its own ``batch_size``
+    rows).  ``restarts`` counts the pools rebuilt (``on_worker_error="restart"``), ``restart_log`` has one entry
+    per rebuild: ``pool``, ``old_pid``/``old_node``, ``new_pid``/``new_node``, ``op``, ``cause``.
     """
+
+    _copy_refused = COPY_REFUSED
 
     def __init__(
         self,
@@ -155,8 +102,7 @@ class RayPool(LifecycleFacts):
         transport: str = "direct",
         **kwargs: Any,
     ) -> None:
-        self._life = Lifecycle()
-        self._life.close()              # until start-up succeeds there is nothing to close
+        super().__init__()
         check_typos("RayPool", kwargs, POOL_KEYWORDS | keywords_of(RayPool.__init__))
         pool_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in POOL_KEYWORDS}
         if "copy" in pool_kwargs:
@@ -191,29 +137,25 @@ class RayPool(LifecycleFacts):
         self.batch_size = place.batch_size
         self.sub_batch_sizes = place.sub_batch_sizes
         each = [{**pool_kwargs, **(per_pool_kwargs[k] if per_pool_kwargs else {})} for k in range(place.num_pools)]
-        self._fleet = Fleet(place, fns, seed, each, {"num_cpus": 0, "max_restarts": 0, **(actor_options or {})},
-                            startup_timeout, direct=transport == "direct")
+        fleet = Fleet(place, fns, seed, each, {"num_cpus": 0, "max_restarts": 0, **(actor_options or {})},
+                      startup_timeout, direct=transport == "direct")
         self.observation_mode = "different" if all(k.get("observation_mode") == "different" for k in each) else "same"
-        infos = self._fleet.start(self.observation_mode)
-        self.observation_spaces = self._fleet.observation_spaces
-        first = infos[0]
+        # Actions are checked as the pools check (a local Pool(strict=False) takes what strict refuses), and strictly
+        # when any pool is: a batch one pool refuses must be refused before any other pool steps
+        backend = RayBackend(self.num_envs, place, fleet, observation_mode=self.observation_mode,
+                             strict=any(k.get("strict", True) for k in each), on_worker_error=self.on_worker_error,
+                             step_timeout=self.step_timeout, shut_down=self._weakly(self._close_now),
+                             abort=self._weakly(self._kill_workers_now))
+        self._fleet = fleet
+        self.observation_spaces = backend.observation_spaces
+        first = backend.first
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         self.metadata = first.metadata
         self.render_mode = first.render_mode
         self.spec = first.spec
         self.autoreset_mode = first.autoreset_mode
-        # Checked as the pools check (a local Pool(strict=False) takes what strict refuses), and strictly when any pool
-        # is: a batch one pool refuses must be refused before any other pool steps
-        self._actions = ActionCheck(self.single_action_space, self.num_envs, any(k.get("strict", True) for k in each))
-        self._ledger = Ledger(place, next_step=self.autoreset_mode == NEXT_STEP)
-        shut_down = weakref.WeakMethod(self._shut_down)   # no cycle: a forgotten RayPool is freed (and closed) at once
-        self._recovery = Recovery(self._fleet, self._ledger, self.on_worker_error, lambda: shut_down()())
-        self._pool_rows = [slice(r.start, r.stop) for r in map(place.env_range, range(place.num_pools))]
-        self._output = StepOutput(self._pool_rows)
-        self._step_refs: list | None = None   # the pending step_async(): one future per pool (None: answered here)
-        self._close_timeout = 10.0             # seconds the local pools get to close before their actors are killed
-        self._life = Lifecycle()               # NEEDS_RESET
+        self._open(backend)
 
     # --- properties ------------------------------------------------------------------------------
 
@@ -236,324 +178,18 @@ class RayPool(LifecycleFacts):
                  "cpus": d.cpus, "cores": d.cores, "envs": self.env_range(k), "transport": self._fleet.transport(k),
                  "channel": d.channel} for k, d in enumerate(self._fleet.infos)]
 
-    @property
-    def restarts(self) -> int:
-        """Pools rebuilt so far (``on_worker_error="restart"``)."""
-        return self._fleet.restarts
-
-    @property
-    def restart_log(self) -> list[dict]:
-        """One entry per rebuild: ``pool``, ``old_pid``/``old_node``, ``new_pid``/``new_node``, ``op``, ``cause``."""
-        return self._fleet.restart_log
-
-    def __len__(self) -> int:
-        return self.num_envs
-
     def __repr__(self) -> str:
         nodes = len({s.node_id for s in self._placement.slots})
         return (f"RayPool({self.num_envs} envs in {self.num_pools} pools on {nodes} nodes, batch_size="
                 f"{self.batch_size}, sub-batches {self.sub_batch_sizes}, {self._life.state.value})")
 
-    # --- sync ------------------------------------------------------------------------------------
-
-    @_entry
-    def reset(self, seed: int | Sequence[int | None] | None = None, options: dict | Sequence | None = None):
-        """Reset every env; returns ``(obs, infos)`` in env order, obs ``(num_envs, *obs_shape)``.
-
-        ``seed``: an int gives env ``i`` the seed ``seed + i`` (on whichever node it runs),
-        a list one per env.  ``options``: a dict for every env, a list with one per env, or a
-        dict with ``"reset_mask"`` (bool ``(num_envs,)``) to reset only those envs: the others keep their
-        observations, as in gymnasium's vector envs (a pool with no env in the mask is not reset at all)."""
-        self._life.check_idle()
-        seeds = seed_list(seed, self.num_envs)
-        ranges = [self.env_range(k) for k in range(self.num_pools)]
-        per_pool: list[Any] = [options for _ in ranges]
-        left_out: set[int] = set()   # pools with no env in the mask: not reset, their envs keep their observations
-        if isinstance(options, (list, tuple)):
-            options = check_options_list(options, self.num_envs)
-            per_pool = [options[r.start:r.stop] for r in ranges]
-        elif options is not None and "reset_mask" in options:
-            mask = check_reset_mask(options["reset_mask"], self.num_envs)
-            left_out = {k for k, r in enumerate(ranges) if not mask[r.start:r.stop].any()}
-            # a pool left out and rebuilt meanwhile resets all its envs (Recovery.restart_sync drops the mask)
-            per_pool = [{**options, "reset_mask": mask[r.start:r.stop]} for r in ranges]
-        self._forget_async()
-        self._ledger.sync_autoreset.clear()
-        refs = [self._fleet.call(k, "observations") if k in left_out else
-                self._fleet.call(k, "reset", seeds[r.start:r.stop], per_pool[k]) for k, r in enumerate(ranges)]
-        outcomes = self._wait(refs, list(range(self.num_pools)), "reset")
-        answers: list[Resets] = self._recovery.settle(outcomes, "reset", restart=True, seeds=seeds, options=per_pool)
-        self._life.ready()
-        return concat([a.obs for a in answers]), merge_infos([a.infos for a in answers], self._placement.sizes)
-
-    def step(self, actions: Any, env_ids: Any = None):
-        """Step every env (or, with ``env_ids``, ``send`` then ``recv``).
-
-        ``actions``: ``(num_envs, *act_shape)``.  Returns ``(obs, rewards, terminated,
-        truncated, infos)`` in env order: obs ``(num_envs, *obs_shape)``, rewards float64
-        ``(num_envs,)``, flags bool ``(num_envs,)``."""
-        if env_ids is not None:
-            self.send(actions, env_ids)
-            return self.recv()
-        return self._sync_step(actions)
-
-    @_entry
-    def _sync_step(self, actions: Any):
-        # step_async and step_wait under one entry: beside busy workers every Python call of the driver is paid
-        # cold, and a sync step is the call RayPool makes most (issue 34)
-        self._post_step(actions)
-        return self._collect_step(None)
-
-    @_entry
-    def step_async(self, actions: Any) -> None:
-        """Send every pool its slice of ``actions``; ``step_wait()`` returns the results."""
-        self._post_step(actions)
-
-    def _post_step(self, actions: Any) -> None:
-        self._life.check_step_async()
-        if batch_len(actions) != self.num_envs:
-            raise ValueError(f"actions have {batch_len(actions)} rows, the pool has {self.num_envs} envs")
-        self._actions.check(actions)
-        self._forget_async()
-        auto, call = self._ledger.sync_autoreset, self._fleet.call
-        refs = [None if k in auto else call(k, "step", take_rows(actions, rows))
-                for k, rows in enumerate(self._pool_rows)]
-        # aimed once every request is out: the last pool starts its step no later for it
-        self._output.aim([ref if isinstance(ref, Reply) else None for ref in refs])
-        self._step_refs = refs
-        self._life.step_posted()
-
-    @_entry
-    def step_wait(self, timeout: float | None = None):
-        """Results of the pending ``step_async()``, in env order (see :meth:`step`).
-
-        ``timeout``: seconds to wait; on TimeoutError the step stays pending."""
-        return self._collect_step(timeout)
-
-    def _collect_step(self, timeout: float | None):
-        self._life.check_step_wait()
-        refs = self._step_refs
-        start = time.monotonic()
-        pools = [k for k, ref in enumerate(refs) if ref is not None]
-        outcomes = self._wait([refs[k] for k in pools], pools, "step", timeout=timeout, start=start)
-        self._step_refs = None
-        self._life.step_done()
-        failed = [o.pool for o in outcomes if o.error is not None]
-        if failed:   # refused from now on, as a local Pool refuses: no healthy pool steps again before a reset
-            self._life.needs_reset(f"pool {failed[0]} raised in step; call reset() before stepping again")
-        answers = dict(zip(pools, self._recovery.settle(outcomes, "step", restart=True)))
-        parts = [answers[k] if k in answers else   # the autoreset step after a restart: nothing ran
-                 Rows.autoreset(np.arange(self._placement.sizes[k]), self._ledger.sync_autoreset.pop(k))
-                 for k in range(self.num_pools)]
-        return self._output.join(parts).as_step()
-
-    # --- async -----------------------------------------------------------------------------------
-
-    @_entry
-    def async_reset(self) -> None:
-        """Reset every env without waiting; the results arrive through ``recv()``."""
-        self._life.check_idle()
-        self._check_sends()
-        self._ledger.all_sent()
-        for k in range(self.num_pools):
-            self._ledger.sends[self._fleet.call(k, "async_reset")] = k
-        self._life.ready()
-        self._life.in_flight = self.num_envs
-
-    @_entry
-    def send(self, actions: Any, env_ids: Any = None) -> None:
-        """Start stepping ``env_ids`` (global ids; all envs when None) with ``actions``
-        (``(len(env_ids), *act_shape)``); returns at once.  Everything about the call (ids,
-        actions, envs already in flight) is checked here, before anything is sent."""
-        self._life.check_send()
-        ids = np.arange(self.num_envs) if env_ids is None else env_id_array(env_ids)
-        ledger = self._ledger
-        ledger.claim(ids)
-        try:
-            if batch_len(actions) != len(ids):
-                raise ValueError(f"actions have {batch_len(actions)} rows for {len(ids)} env ids")
-            self._actions.check(actions, ids)
-        except BaseException:
-            ledger.unclaim(ids)
-            raise
-        for d in ledger.plan_send(ids):
-            part = take_rows(actions, d.positions)
-            if d.with_recv:
-                ledger.requests[self._fleet.call(d.pool, "send_recv", part, d.local_ids)] = d.pool
-            else:
-                ledger.sends[self._fleet.call(d.pool, "send", part, d.local_ids)] = d.pool
-        self._life.in_flight += len(ids)
-
-    @_entry
-    def recv(self):
-        """The first ``batch_size`` envs to finish, counted in whole sub-batches (see the module doc).
-
-        Returns ``(obs, rewards, terminated, truncated, infos)``, ``batch_size`` rows in
-        completion order, with ``infos["env_id"]`` (int32, global ids)."""
-        B = self.batch_size
-        self._life.check_recv(B)
-        ledger = self._ledger
-        watch = self._watch("recv")
-        while ledger.ready.count < B:
-            self._check_sends()
-            for k in ledger.to_request():
-                ledger.requests[self._fleet.call(k, "recv")] = k
-            if not ledger.requests:
-                raise RuntimeError(
-                    f"recv() cannot finish: {ledger.ready.count} rows are ready and no pool has a whole sub-batch "
-                    f"in flight (in flight per pool {ledger.available}, sub-batches {self.sub_batch_sizes}); send "
-                    "the envs recv() returned back, or choose sub_batch_sizes that divide what you send")
-            refs = list(ledger.requests)
-            done = wait_done(refs, 1, SLICE_S)
-            if done and len(refs) > 1:
-                done = wait_done(refs, len(refs), 0)
-            for ref in done:
-                self._take(ref)
-            if not done:
-                for k in watch.after_slice(list(ledger.requests.values())):
-                    self._recovery.async_death(node_gone(k), "recv")
-        rows = ledger.take(B)
-        self._life.in_flight -= B
-        return rows.as_recv()
-
-    def _take(self, ref: Any) -> None:
-        o = outcome_of(ref, self._ledger.requests.pop(ref))
-        if o.death is None and o.error is None:
-            self._ledger.received(o.pool, o.value)
-        else:
-            self._settle_async([o], "recv")
-
-    def _check_sends(self) -> None:
-        """Handle the finished fire-and-forget calls (see :meth:`_settle_async`)."""
-        sends = self._ledger.sends
-        if not sends:
-            return
-        done = wait_done(list(sends), len(sends), 0)
-        self._settle_async([outcome_of(ref, sends.pop(ref)) for ref in done], "send")
-
-    def _settle_async(self, outcomes: list[Outcome], op: str) -> None:
-        """Rebuild (or fail on) the dead pools of async calls' ``outcomes``, then raise the first error one of the
-        others raised (the pool then needs a reset)."""
-        dead = {o.pool: o for o in outcomes if o.death is not None}
-        for o in dead.values():
-            self._recovery.async_death(o, op)
-        failed = [o for o in outcomes if o.error is not None and o.pool not in dead]
-        if failed:
-            self._life.needs_reset(f"pool {failed[0].pool} raised in {op}; call reset() or async_reset()")
-            raise self._recovery.global_error(failed[0].pool, failed[0].error)
-
-    def _forget_async(self) -> None:
-        """Before a sync call: surface what earlier sends raised, then drop the async state."""
-        if self._ledger.idle and not self._life.in_flight:
-            return
-        self._check_sends()
-        self._ledger.forget()
-        self._life.in_flight = 0
-
-    # --- per-env messages ------------------------------------------------------------------------
-
-    def call(self, name: str, *args: Any, env_ids: Any = None, **kwargs: Any) -> tuple:
-        """``env.name(*args, **kwargs)`` (or the attribute) in every env or ``env_ids``; results in that order."""
-        return self._per_env("call", name, env_ids, args, kwargs)
-
-    def get_attr(self, name: str, env_ids: Any = None) -> tuple:
-        """``env.get_wrapper_attr(name)`` of every env or of ``env_ids``."""
-        return self._per_env("get_attr", name, env_ids, (), {})
-
-    def set_attr(self, name: str, values: Any, env_ids: Any = None) -> None:
-        """Set ``name`` on every env or on ``env_ids``: a list/tuple gives one value per env."""
-        ids = env_id_list(env_ids, self.num_envs)
-        if isinstance(values, (list, tuple)):
-            if len(values) != len(ids):
-                raise ValueError(f"set_attr needs {len(ids)} values, got {len(values)}")
-            for i, v in zip(ids, values):
-                self._per_env("set_attr", name, [i], (v,), {})
-            return
-        self._per_env("set_attr", name, ids, (values,), {})
-
-    def apply(self, fn: Callable[..., Any], *args: Any, env_ids: Any = None, **kwargs: Any) -> tuple:
-        """``fn(env, *args, **kwargs)`` in every env (or ``env_ids``), results in that order."""
-        return self._per_env("apply", getattr(fn, "__name__", "fn"), env_ids, (cloudpickle.dumps(fn), args), kwargs)
-
-    @_entry
-    def _per_env(self, op: str, name: str, env_ids: Any, args: tuple, kwargs: dict) -> tuple:
-        self._life.check_idle()
-        ids = env_id_list(env_ids, self.num_envs)
-        by_pool: dict[int, list[int]] = {}
-        for pos, i in enumerate(ids):
-            by_pool.setdefault(int(self._placement.owner[i]), []).append(pos)
-        pools = list(by_pool)
-        starts = self._placement.starts
-        refs = [self._fleet.call(k, "per_env", op, name, [ids[p] - int(starts[k]) for p in by_pool[k]], args, kwargs)
-                for k in pools]
-        answers = self._recovery.settle(self._wait(refs, pools, op), op, restart=False)
-        out: list = [None] * len(ids)
-        for k, answer in zip(pools, answers):
-            for pos, value in zip(by_pool[k], answer or ()):
-                out[pos] = value
-        return tuple(out)
-
-    # --- waiting and faults ----------------------------------------------------------------------
-
-    def _watch(self, op: str, timeout: float | None = None, start: float | None = None) -> Watch:
-        life = self._life
-        # a passed step_timeout kills the actors before the error leaves the wait
-        return Watch(op, timeout, self.step_timeout, self._fleet.node_of, self._fleet.describe_pools,
-                     cancelled=lambda: life.close_requested, start=start, on_step_timeout=self._abort)
-
-    def _wait(self, refs: list, pools: list[int], op: str, timeout: float | None = None,
-              start: float | None = None) -> list[Outcome]:
-        """Every answer of one call (``pools[i]`` for ``refs[i]``), waited for in watched slices (its limits counted
-        from ``start``, monotonic seconds, when the wait began before)."""
-        return gather(refs, pools, self._watch(op, timeout, start))
-
     # --- closing ---------------------------------------------------------------------------------
 
     def close(self, timeout: float = 10.0, terminate: bool = False) -> None:
         """Close every local pool and stop the actors. Idempotent; from a signal handler or another
-        thread during a call, the call closes the pool when it ends.  ``terminate``: kill the actors
-        (and with them their workers) at once, without asking their pools to close."""
-        self._close_timeout = timeout   # also for a call that performs a close requested during it
-        if not self._life.begin_close(kill=terminate):
-            return
-        try:
-            self._shut_down(kill=terminate)
-        finally:
-            self._life.end_close()
-
-    def _abort(self) -> None:
-        """The fatal path (``step_timeout`` passed, Ctrl-C): a pool that overran is not asked to close, its
-        actors are killed at once (their workers die with them), so the error comes at the bound,
-        not after the close grace."""
-        self._shut_down(kill=True)
-
-    def _shut_down(self, kill: bool = False) -> None:
-        """Stop the actors (``kill``: at once, else after asking their pools to close) and mark the pool closed (the
-        caller holds the pool's entry)."""
-        self._life.close()
-        self._step_refs = None
-        self._ledger.forget()
-        if not ray.is_initialized():
-            self._fleet.forget()
-        elif kill:
-            self._fleet.kill_all()
-            self._fleet.forget()
-        else:
-            self._fleet.close(self._close_timeout)
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        # Its actors and futures belong to this driver: a copy (copy, deepcopy, pickle, a Ray task's
-        # argument) could only close them under the original or fail later, so copying is refused.
-        raise TypeError("a RayPool cannot be copied or pickled: its actors belong to the process that created it; "
-                        "pass its arguments and build a new one")
-
-    def __enter__(self) -> RayPool:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        life = getattr(self, "_life", None)
-        if life is not None and not life.closed and ray.is_initialized():
-            self.close(timeout=2.0)
+        thread during a call, the call closes the pool when it ends.  ``timeout``: seconds the local pools
+        get to close before their actors are killed.  ``terminate``: kill the actors (and with them their
+        workers) at once, without asking their pools to close."""
+        if self._backend is not None:
+            self._backend.close_timeout = timeout   # also for a call that performs a close requested during it
+        super().close(terminate)

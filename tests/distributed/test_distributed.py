@@ -1205,10 +1205,10 @@ def test_ray_up_by_its_public_call_alone_is_up(cluster, monkeypatch, worker):
     Ray without it, Ray Client), ``ray.is_initialized()`` decides, and a Ray that is up is not refused."""
     from types import SimpleNamespace
 
-    from shmpool.distributed import api
+    from shmpool.distributed import ray_backend
     with distributed.RayPool(TASK, 4, seed=0, num_workers=1) as rp:
         rp.reset(seed=1)
-        monkeypatch.setattr(api, "_RAY_WORKER", None if worker is None else SimpleNamespace(connected=False))
+        monkeypatch.setattr(ray_backend, "_RAY_WORKER", None if worker is None else SimpleNamespace(connected=False))
         obs = rp.step(np.zeros(4, dtype=np.int64))[0]
         assert obs.shape == (4, 4) and not rp.closed
 
