@@ -19,9 +19,12 @@ RESTARTED = "worker_restarted"   # the info key that flags a row answered by a r
 def joined(arrays: list) -> np.ndarray:
     """``np.concatenate(arrays)``, in the dtype they share when they share one: numpy 2 makes a byte-swapped dtype
     native (two pools' Box of ``'>f4'`` joined as float32), where a local Pool keeps the space's dtype."""
+    out = np.concatenate(arrays)
+    first = getattr(arrays[0], "dtype", None)
+    if first is None or out.dtype == first:   # the common case: nothing was changed
+        return out
     dtypes = {getattr(a, "dtype", None) for a in arrays}
-    shared = dtypes.pop() if len(dtypes) == 1 else None
-    return np.concatenate(arrays, dtype=shared)
+    return out.astype(first) if len(dtypes) == 1 else out
 
 
 def concat(parts: list) -> Any:
