@@ -181,7 +181,7 @@ class Pool(PoolSurface):
     parent_shard : bool | "auto", default "auto"
         True: this process steps the last shard itself, where it would otherwise sleep
         waiting for a worker, and only the other shards get worker processes (its
-        side messages and commands are the workers'; ``shmpool.workers.hosted``).  It
+        side messages and commands are the workers'; ``shmpool.hosted_shard``).  It
         saves a process hop and a wake-up per step, and a core, at the price of
         isolation: that shard's constructors and steps run in this process, so an env that
         ends its process (``os._exit``, a fatal signal, a segfault in native code) ends the

@@ -130,7 +130,9 @@ class PoolSurface(LifecycleFacts):
 
     @public_entry
     def recv(self) -> StepResult:
-        """The first ``batch_size`` envs to finish, in completion order.
+        """The first ``batch_size`` envs to finish, in completion order (a local pool: except that
+        none runs more than ``max_lead`` steps ahead of the least-advanced env out; a RayPool counts
+        in whole sub-batches).
 
         Returns ``(obs, rewards, terminated, truncated, infos)`` with
         ``infos["env_id"]`` (int32) naming the env of each row."""
