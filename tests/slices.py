@@ -67,11 +67,12 @@ def record_waits(monkeypatch: pytest.MonkeyPatch, module) -> list[Wait]:
 @dataclass
 class Looks:
     """The supervisor's looks between two slices over the test (``Supervisor.between_slices``): how many,
-    the look at which each replacement was made, and for each pid in ``watch`` the first look that began
-    with that process already exited."""
+    the look at which each replacement was made, the looks that raised (a death, a timeout, a close), and
+    for each pid in ``watch`` the first look that began with that process already exited."""
 
     count: int = 0
     replaced_at: list[int] = field(default_factory=list)
+    raised_at: list[int] = field(default_factory=list)
     watch: set[int] = field(default_factory=set)
     found_exited_at: dict[int, int] = field(default_factory=dict)
 
@@ -85,7 +86,11 @@ def count_looks(monkeypatch: pytest.MonkeyPatch) -> Looks:
         for pid in looks.watch - set(looks.found_exited_at):
             if exited(pid):
                 looks.found_exited_at[pid] = looks.count
-        return between(self, *args, **kwargs)
+        try:
+            return between(self, *args, **kwargs)
+        except BaseException:
+            looks.raised_at.append(looks.count)
+            raise
 
     def replaced(self, *args, **kwargs):
         looks.replaced_at.append(looks.count)
