@@ -176,11 +176,11 @@ class Rows:
                     self.trunc[index], take_rows(self.infos, index))
 
     @staticmethod
-    def join(parts: list[Rows], obs: Any = None) -> Rows:
-        """Blocks of rows one after the other, as one block; ``obs``: the blocks' observations already joined."""
-        if len(parts) == 1 and obs is None:
+    def join(parts: list[Rows]) -> Rows:
+        """Blocks of rows one after the other, as one block."""
+        if len(parts) == 1:
             return parts[0]
-        return Rows(np.concatenate([p.ids for p in parts]), concat([p.obs for p in parts]) if obs is None else obs,
+        return Rows(np.concatenate([p.ids for p in parts]), concat([p.obs for p in parts]),
                     np.concatenate([p.rew for p in parts]), np.concatenate([p.term for p in parts]),
                     np.concatenate([p.trunc for p in parts]), merge_infos([p.infos for p in parts],
                                                                           [len(p) for p in parts]))
@@ -203,47 +203,139 @@ def rows_from_obs_first(obs: Any, ids: np.ndarray, rew: np.ndarray, term: np.nda
 
 
 class StepOutput:
-    """A sync step's observations read straight into the step's output.  After a step whose pools all answered
-    with plain arrays of one dtype and row shape, the next step's output ``(num_envs, *row_shape)`` is made before
-    its answers come, and each pool's rows of it are handed to that pool's reply as the target of its first buffer
-    (:class:`~.wire.FrameReader`); when every answer's observations landed there, the output is the step's
-    observations and nothing is copied.  Otherwise (a pool answered through Ray, its layout changed, an error)
-    the answers are joined by copying, as :meth:`Rows.join` joins them.  ``rows[k]``: pool ``k``'s rows."""
+    """A sync step's answers read straight into the step's output.  After a step whose pools all answered directly
+    with rows of one layout (the same keys, each leaf a whole array of one dtype and row shape in every pool, as
+    :meth:`Rows.join` would concatenate them), the next step's output is made, leaf by leaf, before its answers
+    come, and each pool's reply is aimed (:meth:`~.channel.Reply.aim`) with the layout of its last answer's frame and
+    its rows of each leaf as the places of that frame's buffers.  When every answer landed there, the output is the
+    step's rows: nothing was unpickled, nothing is joined.  Otherwise (a pool answered through Ray or was rebuilt,
+    its layout changed: an info key came or went, a dtype or shape changed; an error) the answers were decoded and
+    are joined by copying, and the layout is learnt again from them.  ``rows[k]``: pool ``k``'s rows.  Every
+    output is made fresh for its step: no later step writes one already returned."""
 
     def __init__(self, rows: list[slice]) -> None:
         self.rows = rows
-        self.layout: tuple[np.dtype, tuple] | None = None   # the last step's observations' dtype and row shape
-        self.out: np.ndarray | None = None
+        self.plan: Plan | None = None   # learnt from the last step that was joined by copying
+        self.replies: list | None = None
+        self.out: Rows | None = None     # the aimed step's output
 
     def aim(self, replies: list) -> None:
-        """Give each reply (a :class:`~.channel.Reply`; None for a pool answered otherwise) its rows of a new output
-        as its target."""
+        """Aim each reply (a :class:`~.channel.Reply`; None for a pool answered otherwise) at its rows of a new
+        output."""
+        self.replies = replies
         self.out = None
-        if self.layout is None:
+        plan = self.plan
+        if plan is None or None in replies:
             return
-        dtype, shape = self.layout
-        self.out = np.empty((self.rows[-1].stop, *shape), dtype)
-        for reply, rows in zip(replies, self.rows):
-            if reply is not None:
-                reply.target = memoryview(self.out[rows]).cast("B")
+        leaves = [np.empty(shape, dtype) for shape, dtype in plan.leaves]
+        flat = [memoryview(leaf).cast("B") for leaf in leaves]
+        self.out = plan.build(leaves)
+        for reply, rows, shape, cuts in zip(replies, self.rows, plan.shapes, plan.cuts):
+            reply.aim(shape, [flat[i][a:b] for i, a, b in cuts], plan.build([leaf[rows] for leaf in leaves]))
 
     def join(self, parts: list[Rows]) -> Rows:
-        """The step's rows from every pool's (pool order), its observations the output when all were read into it."""
+        """The step's rows from every pool's (pool order): the output when every answer landed in it."""
         out, self.out = self.out, None
-        obs = [p.obs for p in parts]
-        self.layout = None
-        if all(type(o) is np.ndarray for o in obs) and len({(o.dtype, o.shape[1:]) for o in obs}) == 1:
-            self.layout = obs[0].dtype, obs[0].shape[1:]
-        if out is None or not all(_is_rows_of(o, out, rows) for o, rows in zip(obs, self.rows)):
-            return Rows.join(parts)
-        return Rows.join(parts, obs=out)
+        replies, self.replies = self.replies, None
+        if out is not None and all(r.landed() is p for r, p in zip(replies, parts)):
+            return out
+        joined = Rows.join(parts)
+        self.plan = Plan.learn(parts, joined, replies, self.rows)
+        return joined
 
 
-def _is_rows_of(obs: Any, out: np.ndarray, rows: slice) -> bool:
-    """Whether ``obs`` is exactly ``out[rows]``'s memory, dtype and shape."""
-    want = out[rows]
-    return (type(obs) is np.ndarray and obs.dtype == want.dtype and obs.shape == want.shape
-            and obs.__array_interface__["data"][0] == want.__array_interface__["data"][0])
+def _spec(x: Any, leaves: list) -> Any:
+    """The structure of a batched value (``None`` for an array leaf, appended to ``leaves``; a key tuple for a
+    dict, a length for a tuple), or ``False`` when a leaf is no array."""
+    if type(x) is np.ndarray:
+        leaves.append(x)
+        return None
+    if type(x) is dict:
+        specs = tuple(_spec(v, leaves) for v in x.values())
+        return False if False in specs else (tuple(x), specs)
+    if type(x) is tuple:
+        specs = tuple(_spec(v, leaves) for v in x)
+        return False if False in specs else (len(x), specs)
+    return False
+
+
+def _built(spec: Any, leaves: Any) -> Any:
+    """The value of structure ``spec`` over the next leaves of the iterator ``leaves``."""
+    if spec is None:
+        return next(leaves)
+    size, specs = spec
+    if isinstance(size, int):
+        return tuple(_built(s, leaves) for s in specs)
+    return {key: _built(s, leaves) for key, s in zip(size, specs)}
+
+
+class Plan:
+    """What a step's output is made of: its leaves' ``(shape, dtype)`` in :meth:`build`'s order, and for each pool
+    the layout of its answers' frames (``shapes[k]``) and where each of that frame's buffers goes (``cuts[k][j]``:
+    a leaf's index and the pool's bytes of it)."""
+
+    def __init__(self, spec: tuple, leaves: list, shapes: list, cuts: list) -> None:
+        self.spec, self.leaves, self.shapes, self.cuts = spec, leaves, shapes, cuts
+        obs, infos = spec
+        # the common case built without walking the structure: one observation array, flat infos
+        self.flat_infos = infos[0] if obs is None and not any(infos[1]) else None
+
+    def build(self, leaves: list) -> Rows:
+        """Rows over ``leaves`` (one per leaf, in order: observations', then ids, rewards, flags, infos')."""
+        if self.flat_infos is not None:
+            return Rows(leaves[1], leaves[0], leaves[2], leaves[3], leaves[4], dict(zip(self.flat_infos, leaves[5:])))
+        it = iter(leaves)
+        obs = _built(self.spec[0], it)
+        ids, rew, term, trunc = next(it), next(it), next(it), next(it)
+        return Rows(ids, obs, rew, term, trunc, _built(self.spec[1], it))
+
+    @staticmethod
+    def _leaves(rows: Rows) -> tuple[Any, list]:
+        leaves: list = []
+        obs = _spec(rows.obs, leaves)
+        leaves += [rows.ids, rows.rew, rows.term, rows.trunc]
+        infos = _spec(rows.infos, leaves)
+        return (False if obs is False or infos is False else (obs, infos)), leaves
+
+    @classmethod
+    def learn(cls, parts: list[Rows], joined: Rows, replies: list | None, rows: list[slice]) -> Plan | None:
+        """The plan of a step joined by copying, or None when its answers cannot land: a pool's answer came
+        otherwise than decoded from a direct frame, or its layout is not ``joined``'s in rows (a leaf not a
+        whole non-empty array of one of its frame's buffers, a dtype or row shape ``joined`` does not keep)."""
+        if replies is None or len(replies) != len(parts):
+            return None
+        spec, out = cls._leaves(joined)
+        # numeric leaves only: a memoryview cannot take a datetime's bytes
+        if spec is False or any(type(x) is not np.ndarray or x.ndim == 0 or x.dtype.kind not in "biufc" for x in out):
+            return None
+        shapes, cuts = [], []
+        for reply, part, r in zip(replies, parts, rows):
+            answer = None if reply is None else reply.answer
+            if answer is None or answer.failed or answer.value is not part or reply.frame is None:
+                return None
+            part_spec, leaves = cls._leaves(part)
+            frame = reply.frame
+            if part_spec != spec or len(leaves) != len(frame.buffers):
+                return None
+            where = {}
+            for j, buffer in enumerate(frame.buffers):
+                if buffer.nbytes:
+                    where[np.frombuffer(buffer, np.uint8).__array_interface__["data"][0], buffer.nbytes] = j
+            order = [None] * len(leaves)
+            for i, (leaf, whole) in enumerate(zip(leaves, out)):
+                if (type(leaf) is not np.ndarray or not leaf.flags.c_contiguous or leaf.ndim == 0
+                        or len(leaf) != r.stop - r.start or leaf.dtype != whole.dtype
+                        or leaf.shape[1:] != whole.shape[1:]):
+                    return None
+                j = where.pop((leaf.__array_interface__["data"][0], leaf.nbytes), None)
+                if j is None:
+                    return None
+                order[j] = i
+            if where:
+                return None
+            shapes.append(frame.shape())
+            cuts.append([(i, r.start * out[i][0].nbytes, r.stop * out[i][0].nbytes) for i in order])
+        return cls(spec, [(x.shape, x.dtype) for x in out], shapes, cuts)
 
 
 class ReadyRows:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .wire import ChannelClosedError, ChannelProtocolError, Frame, FrameReader, encode, send_parts
+from .wire import ChannelClosedError, ChannelProtocolError, Frame, FrameReader, FrameShape, Landing, encode, send_parts
 
 __all__ = ["AUTH_S", "Answer", "Channel", "ChannelClosedError", "ChannelProtocolError", "ChannelServer", "Reply",
            "Request", "Route", "TOKEN_BYTES", "wait"]
@@ -288,22 +288,33 @@ class ChannelServer:
 
 
 class Reply:
-    """A call's answer to come: ``done`` once it is read; then ``answer`` (an :class:`Answer`) or, when
-    the connection ended first, ``lost`` (a :class:`ChannelClosedError`).  Settled once, by its channel.
-    ``target``: where the answer's first out-of-band buffer may be read (:class:`~.wire.FrameReader`); it may be
-    set until the answer is read."""
+    """A call's answer to come: ``done`` once it is read; then ``answer`` (an :class:`Answer`) and the ``frame`` it
+    came in or, when the connection ended first, ``lost`` (a :class:`ChannelClosedError`).  Settled once, by its
+    channel.  ``target``: where its frame may land (:meth:`aim`; :class:`~.wire.Landing`)."""
 
-    __slots__ = ("channel", "target", "answer", "lost", "done")
+    __slots__ = ("channel", "target", "answer", "frame", "lost", "done")
 
     def __init__(self, channel: Channel | None) -> None:
         self.channel = channel
-        self.target: memoryview | None = None
+        self.target: Landing | None = None
         self.answer: Answer | None = None
+        self.frame: Frame | None = None
         self.lost: ChannelClosedError | None = None
         self.done = False
 
-    def settle(self, answer: Answer | None = None, lost: ChannelClosedError | None = None) -> None:
-        self.answer, self.lost, self.done = answer, lost, True
+    def aim(self, shape: FrameShape, buffers: list, value: Any) -> None:
+        """Let the answer land (until it is read): when its frame has ``shape``'s layout, its buffers are read into
+        ``buffers`` (writable byte memoryviews) and its answer is ``value``, which the caller built over them."""
+        self.target = Landing(shape, buffers, Answer(value))
+
+    def landed(self) -> Any:
+        """The value the answer was read into (:meth:`aim`), or None when it was not."""
+        frame = self.frame
+        return None if frame is None or frame.landing is None else frame.landing.message.value
+
+    def settle(self, answer: Answer | None = None, lost: ChannelClosedError | None = None,
+               frame: Frame | None = None) -> None:
+        self.answer, self.lost, self.frame, self.done = answer, lost, frame, True
 
 
 class Channel:
@@ -359,7 +370,7 @@ class Channel:
             except Exception as exc:   # the frame was read whole: the stream is fine
                 answer = Answer(error=exc)
             if pending:
-                pending.popleft().settle(answer)
+                pending.popleft().settle(answer, frame=frame)
         if ended is not None:
             self._lose(ended)
 

@@ -6,17 +6,22 @@ out-of-band buffer's size (``<u8``), the message's pickle (protocol 5), then the
 :data:`ALIGN` in the body (zero bytes between).  A message is pickled with ``buffer_callback``, so numpy arrays (and
 anything else that gives a ``PickleBuffer``) leave their bytes out of the pickle: they are sent from where they lie
 (an actor's shared region) by one ``sendmsg``, and received into one fresh block per frame whose views the unpickled
-arrays become (writable, aligned, owned by nobody else).  A reader may be handed a target for a frame's first buffer:
-when that buffer is exactly the target's size (the header says so) its bytes are read straight into the target (a
-step answer's observations into the driver's batch: :class:`~.batches.StepOutput`), in the same read as the rest of
-the body.  Whatever plain pickle refuses (a lambda in an info dict) is pickled by cloudpickle, which Ray would use
-too.
+arrays become (writable, aligned, owned by nobody else).
+
+A reader may be handed a :class:`Landing` for a frame: the layout of a frame read before (:class:`FrameShape`: its
+header, buffer sizes and pickle) and a place for each of its buffers (a step answer's rows in the driver's next
+batch: :class:`~.batches.StepOutput`).  When the header is that frame's, the body is read in one read with each
+buffer straight into its place; when the buffer sizes and pickle are that frame's too (a byte comparison) the
+message is known without unpickling (the landing's ``message``, built over those places); otherwise the body is put
+back together from the pieces read and decoded as any other.  Whatever plain pickle refuses (a lambda in an info
+dict) is pickled by cloudpickle, which Ray would use too.
 """
 from __future__ import annotations
 
 import copyreg
 import functools
 import io
+import itertools
 import os
 import pickle
 import socket
@@ -129,15 +134,64 @@ def send_parts(sock: socket.socket, parts: list) -> None:
 
 @dataclass(slots=True)
 class Frame:
-    """One whole frame read: its pickle and its out-of-band buffers (views of the frame's own memory, or, for the
-    first, the target it was read into)."""
+    """One whole frame read: its pickle and its out-of-band buffers (views of the frame's own memory, or the places
+    its :class:`Landing` gave them), its header and its head (buffer sizes and pickle; None when it landed)."""
 
-    meta: memoryview
+    meta: memoryview | None
     buffers: list
+    header: bytes = b""
+    head: memoryview | None = None
+    landing: Landing | None = None
 
     def decode(self) -> Any:
         """The message; an error here (a class this process cannot import) concerns this frame alone."""
+        if self.landing is not None:   # the same layout as the frame it was aimed by: nothing to unpickle
+            return self.landing.message
         return pickle.loads(self.meta, buffers=self.buffers)
+
+    def shape(self) -> FrameShape:
+        """This frame's layout, to aim a later frame by."""
+        return self.landing.shape if self.landing is not None else FrameShape(self.header, bytes(self.head))
+
+
+class FrameShape:
+    """The layout of a frame read: its header and head (buffer sizes and pickle) bytes, where each buffer lies in its
+    body, and scratch places for the head and the pads of a later frame read by it (:class:`Landing`)."""
+
+    __slots__ = ("header", "head", "sizes", "offsets", "body_len", "scratch", "lead", "gaps")
+
+    def __init__(self, header: bytes, head: bytes) -> None:
+        _, count, self.body_len, _ = HEADER.unpack(header)
+        self.header, self.head = header, head
+        self.sizes = sizes_of(count).unpack_from(head)
+        self.offsets = []
+        ends = [len(head)]
+        for n in self.sizes:
+            self.offsets.append(ends[-1] + -ends[-1] % ALIGN)
+            ends.append(self.offsets[-1] + n)
+        self.scratch = bytearray(len(head))
+        # The pads (zero bytes) before each buffer and after the last are read to bytes of their own (never looked at
+        # unless a frame of another layout is put back together from what was read)
+        gaps = [start - end for start, end in zip(self.offsets + [self.body_len], ends)]
+        pads = memoryview(bytearray(sum(gaps)))
+        cut = list(itertools.accumulate(gaps, initial=0))
+        views = [pads[a:b] for a, b in zip(cut, cut[1:])]
+        self.lead = [memoryview(self.scratch), views[0]]   # the head, the pad before the first buffer
+        self.gaps = views[1:]                              # the pad after each buffer (most empty)
+
+
+class Landing:
+    """Where a frame of ``shape``'s layout is read: its ``j``-th buffer into ``buffers[j]`` (writable byte
+    memoryviews of those sizes); ``message``: what the frame is then (its caller built it over those places)."""
+
+    __slots__ = ("shape", "buffers", "message", "pieces")
+
+    def __init__(self, shape: FrameShape, buffers: list, message: Any) -> None:
+        self.shape, self.buffers, self.message = shape, buffers, message
+        pieces: list = [None] * (2 * len(buffers))
+        pieces[0::2] = buffers
+        pieces[1::2] = shape.gaps
+        self.pieces = shape.lead + pieces   # in body order (empty pads among them: readv skips them)
 
 
 def malformed(detail: str) -> ChannelProtocolError:
@@ -160,8 +214,9 @@ class FrameReader:
     """Frames put together from whatever a connection holds, never waiting for more: a peer that stops half-way
     through a frame cannot hold the reader (its caller bounds the wait).  Both ends read with it.
 
-    A frame is read in two reads, its header and then its whole body (around the target when the first buffer fits
-    it); a read that comes up short ends the call, the rest is read when the connection is readable again."""
+    A frame is read in two reads, its header and then its whole body (straight into its places when its
+    :class:`Landing`'s layout has its header); a read that comes up short ends the call, the rest is read when the
+    connection is readable again."""
 
     def __init__(self) -> None:
         self.header = bytearray(HEADER.size)
@@ -170,22 +225,21 @@ class FrameReader:
 
     def _start(self) -> None:
         self.todo: list[memoryview] = self.whole_header.copy()
-        self.body: np.ndarray | None = None   # once the header is read
+        self.body: np.ndarray | None = None   # once the header is read (and the frame does not land)
+        self.landing: Landing | None = None   # once the header is read and the frame lands
         self.count = self.meta_len = self.first_len = 0
-        self.target: memoryview | None = None
 
     @property
     def partial(self) -> bool:
         """Whether a frame has started and is not whole yet."""
-        return self.body is not None or self.todo[0].nbytes != HEADER.size
+        return self.body is not None or self.landing is not None or self.todo[0].nbytes != HEADER.size
 
-    def read(self, fd: int, targets: list | None = None, want: int | None = None
+    def read(self, fd: int, landings: list | None = None, want: int | None = None
              ) -> tuple[list[Frame], BaseException | None]:
         """The frames completed by what ``fd`` (non-blocking) holds now, and how the connection ended if it did
-        (after those frames: a last answer still counts).  ``targets[j]``: where the ``j``-th frame completed by
-        this read may put its first buffer (a writable byte memoryview, or None).  ``want``: the frames the caller
-        awaits; once that many are read, the read ends without asking the connection for more (one system call
-        fewer per answer)."""
+        (after those frames: a last answer still counts).  ``landings[j]``: where the ``j``-th frame completed by
+        this read may land (a :class:`Landing`, or None).  ``want``: the frames the caller awaits; once that many
+        are read, the read ends without asking the connection for more (one system call fewer per answer)."""
         frames: list[Frame] = []
         while True:
             todo = self.todo
@@ -203,9 +257,11 @@ class FrameReader:
                 todo[0] = todo[0][got:]
                 return frames, None
             try:
-                if self.body is None:
+                if self.landing is not None:
+                    frame = self._land()
+                elif self.body is None:
                     n = len(frames)
-                    frame = self._open(targets[n] if targets is not None and n < len(targets) else None)
+                    frame = self._open(landings[n] if landings is not None and n < len(landings) else None)
                 else:
                     frame = self._finish()
             except ChannelProtocolError as exc:
@@ -215,24 +271,38 @@ class FrameReader:
                 if len(frames) == want:
                     return frames, None
 
-    def _open(self, target: memoryview | None) -> Frame | None:
-        """The header is whole: the body's reads (into ``target`` when the first buffer is its size), or the frame
-        when the body is empty."""
+    def _open(self, landing: Landing | None) -> Frame | None:
+        """The header is whole: the body's reads (into ``landing``'s places when its layout has this header), or
+        the frame when the body is empty."""
         self.meta_len, self.count, body_len, self.first_len = HEADER.unpack(self.header)
         check_header(self.meta_len, self.count, body_len, self.first_len)
+        if landing is not None and self.header == landing.shape.header:
+            self.landing = landing
+            self.todo = landing.pieces.copy()
+            return None
         self.body = body = np.empty(body_len, np.uint8)
-        if target is not None and self.count and self.first_len == target.nbytes:
-            first = SIZE.size * self.count + self.meta_len
-            first += -first % ALIGN
-            self.target = target
-            view = memoryview(body)
-            self.todo = [view[:first], target] if first + self.first_len == body_len else \
-                [view[:first], target, view[first + self.first_len:]]
-        elif body_len:
-            self.todo = [memoryview(body)]
-        else:
+        if not body_len:
             return self._finish()
+        self.todo = [memoryview(body)]
         return None
+
+    def _land(self) -> Frame:
+        """The body of a landing frame is whole: the landed frame when its head is the layout's, else the body put
+        back together from the pieces read, as any frame."""
+        landing = self.landing
+        shape = landing.shape
+        if shape.scratch == shape.head:
+            frame = Frame(None, landing.buffers, shape.header, None, landing)
+            self._start()
+            return frame
+        self.landing = None
+        self.body = body = np.empty(shape.body_len, np.uint8)
+        whole = memoryview(body)
+        at = 0
+        for piece in landing.pieces:
+            whole[at:at + piece.nbytes] = piece
+            at += piece.nbytes
+        return self._finish()
 
     def _finish(self) -> Frame:
         """The body is whole: the frame (:class:`ChannelProtocolError` when its buffers do not add up to it)."""
@@ -240,6 +310,7 @@ class FrameReader:
         count = self.count
         at = SIZE.size * count
         meta = body[at:at + self.meta_len]
+        head = body[:at + self.meta_len]
         at += self.meta_len
         buffers = []
         for n in sizes_of(count).unpack_from(body):
@@ -250,9 +321,7 @@ class FrameReader:
             raise malformed(f"a frame of {len(body)} bytes whose buffers end at byte {at}")
         if count and len(buffers[0]) != self.first_len:
             raise malformed(f"a first array of {len(buffers[0])} bytes announced as {self.first_len} bytes")
-        if self.target is not None:
-            buffers[0] = self.target
-        frame = Frame(meta, buffers)
+        frame = Frame(meta, buffers, bytes(self.header), head)
         self._start()
         return frame
 

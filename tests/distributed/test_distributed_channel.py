@@ -37,9 +37,9 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return got
 
 
-def recv_message(sock: socket.socket, timeout: float = 5.0, target: memoryview | None = None):
-    """One whole message off ``sock``, read as both ends read (``wire.FrameReader``), waiting up to ``timeout``;
-    ``target``: where its first buffer may go."""
+def read_frame(sock: socket.socket, timeout: float = 5.0, landing: wire.Landing | None = None) -> wire.Frame:
+    """One whole frame off ``sock``, read as both ends read (``wire.FrameReader``), waiting up to ``timeout``;
+    ``landing``: where it may land."""
     sock.settimeout(timeout)   # non-blocking underneath, as the channel's sockets are
     reader = wire.FrameReader()
     ready = select.poll()
@@ -47,22 +47,31 @@ def recv_message(sock: socket.socket, timeout: float = 5.0, target: memoryview |
     while True:
         if not ready.poll(timeout * 1000):
             raise TimeoutError("no whole frame")
-        frames, ended = reader.read(sock.fileno(), [target])
+        frames, ended = reader.read(sock.fileno(), [landing])
         if frames:
-            return frames[0].decode()
+            return frames[0]
         if ended is not None:
             raise ended
+
+
+def recv_message(sock: socket.socket, timeout: float = 5.0, landing: wire.Landing | None = None):
+    """One whole message off ``sock`` (:func:`read_frame`)."""
+    return read_frame(sock, timeout, landing).decode()
 
 
 def frame_bytes(message) -> bytes:
     return b"".join(bytes(p) for p in wire.encode(message))
 
 
-def roundtrip(message, target: memoryview | None = None):
+def roundtrip_frame(message, landing: wire.Landing | None = None) -> wire.Frame:
     a, b = socket.socketpair()
     with a, b:
         wire.send_parts(a, wire.encode(message))
-        return recv_message(b, target=target)
+        return read_frame(b, landing=landing)
+
+
+def roundtrip(message, landing: wire.Landing | None = None):
+    return roundtrip_frame(message, landing).decode()
 
 
 def _same(x, y):
@@ -116,24 +125,41 @@ def test_arrays_leave_the_pickle_and_are_sent_from_their_own_memory():
     assert count == 1 and body == sum(len(p) for p in parts) - wire.HEADER.size and first == big.nbytes
 
 
-@pytest.mark.parametrize("case", ["fits", "other size", "no arrays"])
-def test_a_frame_s_first_buffer_is_read_into_the_target_when_it_fits_it(case):
-    """The reader puts a frame's first out-of-band buffer (a step answer's observations: Rows pickles them first)
-    straight into the target it was given when the sizes agree; otherwise into the frame's own memory, the target
-    untouched.  Either way the message is the one sent."""
+def _step_rows(obs, lives) -> Rows:
+    return Rows(np.arange(4), obs, np.ones(4), np.zeros(4, bool), np.zeros(4, bool), {"lives": lives})
+
+
+def _places(shape: wire.FrameShape) -> list:
+    return [memoryview(np.full(n, 99, np.uint8)) for n in shape.sizes]
+
+
+@pytest.mark.parametrize("case", ["same layout", "same header, other pickle", "other header"])
+def test_a_frame_lands_in_its_places_only_when_its_layout_is_the_aimed_one(case):
+    """A frame read by a landing whose layout (a frame read before) has its header is read with each buffer into
+    its place; when its buffer sizes and pickle are that frame's too, its message is the landing's, nothing
+    unpickled.  Otherwise it is decoded from what was read (put back together) or read as any frame, the message
+    the one sent."""
     obs = np.arange(4 * 6, dtype=np.uint8).reshape(4, 6)
-    sent = Rows(np.arange(4), obs if case != "no arrays" else [[1, 2]] * 4, np.ones(4), np.zeros(4, bool),
-                np.zeros(4, bool), {"k": np.arange(4)})
-    output = np.full((4 if case != "other size" else 5, 6), 99, np.uint8)
-    got = roundtrip(ch.Answer(value=sent), target=memoryview(output).cast("B")).value
-    assert got.obs == sent.obs if case == "no arrays" else np.array_equal(got.obs, obs)
-    np.testing.assert_array_equal(got.ids, np.arange(4))
-    np.testing.assert_array_equal(got.infos["k"], np.arange(4))
-    if case == "fits":
-        assert np.shares_memory(got.obs, output)
-        np.testing.assert_array_equal(output, obs)
-    else:
-        assert (output == 99).all()
+    shape = roundtrip_frame(ch.Answer(value=_step_rows(obs, np.arange(4)))).shape()
+    assert shape.sizes == (24, 32, 32, 4, 4, 32)   # obs first, then ids, rewards, flags, infos
+    sent = _step_rows(obs + 1, {"same layout": np.arange(4) + 5, "same header, other pickle": np.arange(4.0),
+                                "other header": np.arange(5)}[case])
+    places = _places(shape)
+    landed = object()
+    frame = roundtrip_frame(ch.Answer(value=sent), wire.Landing(shape, places, landed))
+    if case == "same layout":
+        assert frame.landing is not None and frame.decode() is landed
+        leaves = [sent.obs, sent.ids, sent.rew, sent.term, sent.trunc, sent.infos["lives"]]
+        assert [bytes(p) for p in places] == [x.tobytes() for x in leaves]
+        return
+    assert frame.landing is None
+    got = frame.decode().value
+    np.testing.assert_array_equal(got.obs, obs + 1)
+    assert got.infos["lives"].dtype == sent.infos["lives"].dtype
+    np.testing.assert_array_equal(got.infos["lives"], sent.infos["lives"])
+    assert not any(np.shares_memory(got.obs, np.asarray(p)) for p in places)
+    if case == "other header":
+        assert all((np.asarray(p) == 99).all() for p in places)
 
 
 def serve(handle):
@@ -634,8 +660,8 @@ def _fake_actor(first_answer: bytes) -> tuple[socket.socket, threading.Thread, l
 def test_a_malformed_answer_header_loses_the_connection_as_an_ended_one_does(header, path):
     """The driver's wait raised ValueError/MemoryError; now the call is lost, worded as any ended connection
     (RayPool then names the pool and its node), and the actor is hung up on.  An answer before the header still
-    counts; a reply whose observations were to be read into the step's output (``target``) is lost alike, its
-    target untouched."""
+    counts; a reply aimed at the step's output (``Reply.aim``) is lost alike, its
+    places untouched."""
     before = frame_bytes(ch.Answer(value=7)) if path == "wait" else b""
     listener, thread, seen = _fake_actor(before + header)
     channel = ch.Channel.connect(listener.getsockname(), TOKEN, 5)
@@ -645,11 +671,12 @@ def test_a_malformed_answer_header_loses_the_connection_as_an_ended_one_does(hea
             assert ch.wait([first, lost], 2, 5.0) == [first, lost]
             assert first.answer.value == 7
         else:
+            shape = roundtrip_frame(ch.Answer(value=np.zeros(2))).shape()
             output = np.full(16, 7, np.uint8)
             lost = channel.call("step", np.zeros(2))
-            lost.target = memoryview(output)
+            lost.aim(shape, [memoryview(output)], np.zeros(2))
             assert ch.wait([lost], 1, 5.0) == [lost]
-            assert (output == 7).all()
+            assert (output == 7).all() and lost.landed() is None
         thread.join(5)
         host, port = listener.getsockname()
         assert type(lost.lost) is ch.ChannelClosedError
@@ -712,15 +739,18 @@ def test_a_frame_whose_buffers_do_not_add_up_to_its_length_is_no_frame():
 ], ids=["without arrays", "past the body", "not the first size"])
 @pytest.mark.parametrize("aimed", [False, True], ids=["plain", "aimed"])
 def test_a_header_whose_first_array_is_not_the_body_s_is_no_frame(header, message, aimed):
-    """The header names the first buffer's size so that a step answer's observations are read into their target
-    with the rest of the body; a size no body of it has cannot be read on, with or without a target."""
-    target = memoryview(np.full(9, 7, np.uint8)) if aimed else None
+    """The header names the first buffer's size; a size no body of it has cannot be read on, with or without a
+    landing of that very header."""
+    landing = None
+    if aimed:   # a layout of that very header: the header's checks come first
+        shape = wire.FrameShape(header[:wire.HEADER.size], bytes(8 * wire.HEADER.unpack_from(header)[1]))
+        landing = wire.Landing(shape, [memoryview(np.full(n, 7, np.uint8)) for n in shape.sizes], None)
     a, b = socket.socketpair()
     with a, b:
         a.sendall(header)
         with pytest.raises(ch.ChannelProtocolError, match=f"^what came is no frame: {re.escape(message)}; the "
                                                           "connection was dropped$"):
-            recv_message(b, target=target)
+            recv_message(b, landing=landing)
 
 
 def test_an_array_of_an_unpickled_dtype_leaves_the_pickle():

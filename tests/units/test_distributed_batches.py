@@ -401,57 +401,6 @@ def test_the_driver_checks_a_whole_batch_of_actions_as_a_local_pool_does(actions
         check.check(actions)
 
 
-class Aimed:
-    """A reply's stand-in: what StepOutput sets on it."""
-
-    target = None
-
-
-def _answer_into(target, obs):
-    """A pool's answer whose observations were read into ``target`` (as the reader puts them), or fresh when None."""
-    if target is not None:
-        landed = np.frombuffer(target, obs.dtype).reshape(obs.shape)
-        landed[...] = obs
-        obs = landed
-    n = len(obs)
-    return Rows(np.arange(n), obs, np.ones(n), np.zeros(n, bool), np.zeros(n, bool), {"k": np.arange(n)})
-
-
-@pytest.mark.parametrize("miss", [None, "a pool answered through Ray", "a pool's answer not read into its target"])
-def test_a_step_s_observations_read_into_its_output_are_its_output_and_anything_else_is_copied(miss):
-    """StepOutput: once a step showed the pools' layout, each next step's observations are aimed at their rows of
-    one fresh output; when every pool's landed there the output is the step's observations (no copy, and no later
-    step writes it), otherwise the answers are joined by copying, to the same values."""
-    from shmpool.distributed.batches import StepOutput
-    rows = [slice(0, 3), slice(3, 5)]
-    out = StepOutput(rows)
-    rng = np.random.default_rng(0)
-    first = [rng.integers(0, 255, (n, 2, 4), dtype=np.uint8) for n in (3, 2)]
-    replies = [Aimed(), Aimed()]
-    out.aim(replies)
-    assert [r.target for r in replies] == [None, None]   # nothing learnt yet
-    np.testing.assert_array_equal(out.join([_answer_into(None, o) for o in first]).obs, np.concatenate(first))
-    kept = []
-    for _ in range(3):
-        obs = [rng.integers(0, 255, (n, 2, 4), dtype=np.uint8) for n in (3, 2)]
-        replies = [Aimed(), None if miss == "a pool answered through Ray" else Aimed()]
-        out.aim(replies)
-        assert replies[0].target.nbytes == 3 * 8
-        landed = [None if r is None else r.target for r in replies]
-        if miss == "a pool's answer not read into its target":
-            landed[1] = None
-        parts = [_answer_into(t, o) for t, o in zip(landed, obs)]
-        joined = out.join(parts)
-        want = np.concatenate(obs)
-        np.testing.assert_array_equal(joined.obs, want)
-        assert np.shares_memory(joined.obs, parts[0].obs) == (miss is None)
-        np.testing.assert_array_equal(joined.ids, [0, 1, 2, 0, 1])
-        np.testing.assert_array_equal(joined.infos["k"], [0, 1, 2, 0, 1])
-        kept.append((joined.obs, want))
-    for got, want in kept:   # no later step wrote an earlier step's output
-        np.testing.assert_array_equal(got, want)
-
-
 BIG_ENDIAN = {"box": ">f4", "dict": {"a": ">f4", "b": ">i4", "c": ">f8"}}
 
 
