@@ -98,3 +98,41 @@ def count_looks(monkeypatch: pytest.MonkeyPatch) -> Looks:
     monkeypatch.setattr(Supervisor, "between_slices", counted)
     monkeypatch.setattr(Restarts, "replace", replaced)
     return looks
+
+
+def count_watch_looks(monkeypatch: pytest.MonkeyPatch) -> Looks:
+    """A RayPool's looks between two slices (``Watch.after_slice`` of shmpool/distributed/faults.py, every wait of
+    a RayPool call) from now on: how many, and which raised (a limit, a close, a death).  Ray is imported here,
+    not with this module (tests/heavy_imports.py)."""
+    from shmpool.distributed import faults
+    looks = Looks()
+    real = faults.Watch.after_slice
+
+    def counted(self, waiting_on):
+        looks.count += 1
+        try:
+            return real(self, waiting_on)
+        except BaseException:
+            looks.raised_at.append(looks.count)
+            raise
+    monkeypatch.setattr(faults.Watch, "after_slice", counted)
+    return looks
+
+
+def record_stops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """How a RayPool's actors are stopped from now on: "close" (its pools asked to close, waited for up to the
+    close's grace, then killed: "close", "kill") or "kill" alone (at once, no grace waited)."""
+    from shmpool.distributed.fleet import Fleet
+    stops: list[str] = []
+    close, kill_all = Fleet.close, Fleet.kill_all
+
+    def closing(self, *args, **kwargs):
+        stops.append("close")
+        return close(self, *args, **kwargs)
+
+    def killing(self, *args, **kwargs):
+        stops.append("kill")
+        return kill_all(self, *args, **kwargs)
+    monkeypatch.setattr(Fleet, "close", closing)
+    monkeypatch.setattr(Fleet, "kill_all", killing)
+    return stops

@@ -6,6 +6,7 @@ runs one worker per node, so the whole file fits two cores.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ import heavy_imports
 import numpy as np
 import psutil
 import pytest
+from slices import count_watch_looks, record_stops
 
 import shmpool
 
@@ -259,6 +261,8 @@ def test_silent_local_peers_at_the_actors_ports_do_not_delay_the_driver_s_first_
     the other, AUTH_S (5 s) each, so the first reset waited 10 s and step_timeout=4 closed the pool (issue 57)."""
     import socket
 
+    from shmpool.distributed.channel import AUTH_S
+    from shmpool.distributed.faults import SLICE_S
     from shmpool.distributed.fleet import Fleet
 
     peers: list[socket.socket] = []
@@ -272,10 +276,12 @@ def test_silent_local_peers_at_the_actors_ports_do_not_delay_the_driver_s_first_
     try:
         with distributed.RayPool(TASK, 6, seed=0, num_workers=1, step_timeout=4) as rp:
             assert [d["transport"] for d in rp.nodes] == ["direct"] * 3 and len(peers) == 6
-            t0 = time.monotonic()
+            looks = count_watch_looks(monkeypatch)
             rp.reset(seed=0)
             rp.step(np.zeros(6, dtype=np.int64))
-            assert time.monotonic() - t0 < 2.0   # a loaded machine's margin; the old code: 2 x AUTH_S = 10 s
+            # The old code let the driver in after the silent peers' AUTH_S each (2 x AUTH_S = 10 s): its calls
+            # waited that out, a look per 0.25 s slice.  Fewer looks than one AUTH_S holds: none was waited out.
+            assert looks.count < AUTH_S / SLICE_S, looks
     finally:
         for sock in peers:
             sock.close()
@@ -514,7 +520,7 @@ def test_recv_exactly_batch_size_with_leftovers(cluster):
         assert rp.in_flight == n
 
 
-def test_recv_that_cannot_finish_raises_at_once(cluster):
+def test_recv_that_cannot_finish_raises_at_once(cluster, monkeypatch):
     with distributed.RayPool(TASK, 6, seed=0, num_workers=1, batch_size=6) as rp:  # sub-batches of 2
         rp.async_reset()
         *_, infos = rp.recv()
@@ -525,12 +531,12 @@ def test_recv_that_cannot_finish_raises_at_once(cluster):
         owners = infos["env_id"] // 2
         one_each = np.array([infos["env_id"][owners == k][0] for k in range(3)])
         rp.send(np.zeros(3, dtype=np.int64), one_each)
-        t0 = time.monotonic()
+        looks = count_watch_looks(monkeypatch)
         with pytest.raises(RuntimeError, match="only 3 are in flight"):
             rp.recv()
-        # Refused from the in-flight counts before any wait; a recv that waited for rows would block for good
-        # (nothing else is in flight).  1 s is far above a check's microseconds, for a loaded CI.
-        assert time.monotonic() - t0 < 1
+        # Refused from the in-flight counts before any wait (no slice, so no look); a recv that waited for rows
+        # would block for good (nothing else is in flight).
+        assert looks.count == 0, looks
         del keep
 
 
@@ -739,19 +745,19 @@ def test_env_error_names_the_global_env(cluster):
             assert any("pool 0 also raised during step" in n and "boom" in n for n in died.value.__notes__)
 
 
-def test_an_env_constructor_error_comes_back_with_the_env_s_own_text(cluster):
+def test_an_env_constructor_error_comes_back_with_the_env_s_own_text(cluster, monkeypatch):
     """Issue 30: it came back as RemotePoolDiedError saying only that the actor's creation task failed."""
     def broken():
         raise ValueError("no such level: 7")
 
-    start = time.monotonic()
+    looks = count_watch_looks(monkeypatch)
     with pytest.raises(distributed.RemotePoolDiedError,
                        match=r"died during start-up: its local pool could not be built: "
                              r".*env \d+ .*raised in make: ValueError: no such level: 7"):
         distributed.RayPool(broken, 4, num_workers=1)
-    # Actors start on three nodes (~5 s on a loaded CI): the bound says the failure ended the start-up, not a
-    # start-up timeout waited out later.
-    assert time.monotonic() - start < 60
+    # Actors start on three nodes (~5 s on a loaded CI, a look per 0.25 s meanwhile): the failure's answer ended
+    # the start-up's wait, no look raised (startup_timeout, 300 s, was not waited out).
+    assert looks.raised_at == [], looks
 
 
 STEP_TIMEOUT_DRIVER = """
@@ -760,6 +766,8 @@ import gymnasium as gym
 import numpy as np
 import ray
 from shmpool.distributed import RayPool
+from shmpool.distributed.faults import Watch
+from shmpool.distributed.fleet import Fleet
 
 class Stuck(gym.Wrapper):
     def step(self, action):
@@ -771,11 +779,17 @@ ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=Fal
 rp = RayPool(lambda: Stuck(gym.make("CartPole-v1")), 4, seed=0, num_workers=1, step_timeout=1.0)
 rp.reset()
 rp.set_attr("stuck", True, env_ids=[3])
+looks, stops = [], []   # the step's looks between slices; how the actors were stopped (tests/slices.py)
+after_slice, close, kill_all = Watch.after_slice, Fleet.close, Fleet.kill_all
+Watch.after_slice = lambda self, on: looks.append(1) or after_slice(self, on)
+Fleet.close = lambda self, *a: stops.append("close") or close(self, *a)
+Fleet.kill_all = lambda self: stops.append("kill") or kill_all(self)
 start = time.monotonic()
 try:
     rp.step(np.zeros(4, dtype=np.int64))
 except TimeoutError:
-    print(f"TimeoutError after {time.monotonic() - start:.2f} s, closed={rp.closed}", flush=True)
+    print(f"TimeoutError after {time.monotonic() - start:.2f} s, closed={rp.closed}, looks={len(looks)}, "
+          f"stops={'+'.join(stops)}", flush=True)
 else:
     print("no error", flush=True)
 """
@@ -866,9 +880,15 @@ def test_step_timeout_raises_at_its_bound_not_after_the_close_grace(cluster, tmp
     script = tmp_path / "stuck.py"
     script.write_text(STEP_TIMEOUT_DRIVER)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    from shmpool.distributed.faults import SLICE_S
     line = next((x for x in done.stdout.splitlines() if x.startswith(("TimeoutError", "no error"))), "")
-    assert line.startswith("TimeoutError after ") and line.endswith("closed=True"), done.stdout + done.stderr[-3000:]
-    assert float(line.split()[2]) < 4.0
+    said = re.fullmatch(r"TimeoutError after (\S+) s, closed=True, looks=(\d+), stops=(\S*)", line)
+    assert said, done.stdout + done.stderr[-3000:]
+    seconds, looks, stops = float(said[1]), int(said[2]), said[3]
+    # The step waited its 1 s (a lower bound: no load makes it flaky) and raised at the look that found it
+    # passed: 1 s holds four full 0.25 s slices, so the fifth look at the latest, or the sixth should the
+    # first slice end early.  The actors were killed, not asked to close: no close grace (10 s) was waited.
+    assert seconds >= 1.0 and 1 <= looks <= math.ceil(1.0 / SLICE_S) + 2 and stops == "kill", line
 
 
 def test_reset_mask_and_options_list(cluster):
@@ -920,20 +940,22 @@ def test_a_reset_mask_that_leaves_a_pool_out_resets_only_its_envs_as_gymnasium_d
 # --- faults -----------------------------------------------------------------------------------
 
 
-def test_killed_actor_raises_quickly_and_closes(cluster):
+def test_killed_actor_raises_quickly_and_closes(cluster, monkeypatch):
     with distributed.RayPool(TASK, 6, seed=0, num_workers=1) as rp:
         rp.reset()
         victim = rp.nodes[1]
         procs = descendants(victim["pid"])
         assert len(procs) >= 2  # the actor and its pool's worker
-        os.kill(victim["pid"], signal.SIGKILL)
-        t0 = time.monotonic()
+        os.kill(victim["pid"], signal.SIGKILL)   # it runs none of its code again once this returns
+        looks = count_watch_looks(monkeypatch)
+        steps = 0
         with pytest.raises(distributed.RemotePoolDiedError) as info:
             for _ in range(10_000):
                 rp.step(np.zeros(6, dtype=np.int64))
-        # The death is seen at the next step (its connection ends), idle well under 1 s; 5 s also covers the
-        # 1 s liveness check and a loaded CI.  A death never noticed would step on to the loop's end instead.
-        assert time.monotonic() - t0 < 5
+                steps += 1
+        # The death is seen by the next step, as its connection ends, not by a look between slices (the node is
+        # alive: a liveness check could not see it).  A death never noticed would step on, or wait for good.
+        assert steps == 0 and looks.raised_at == [], (steps, looks)
         err = info.value
         assert isinstance(err, shmpool.WorkerDiedError)
         assert err.worker == 1 and err.env_range == range(2, 4) and err.node_id == victim["node_id"]
@@ -1069,7 +1091,7 @@ def test_node_removed_restart_moves_the_pool(cluster):
 # --- shutdown -----------------------------------------------------------------------------------
 
 
-def test_close_stops_actors_and_workers(cluster):
+def test_close_stops_actors_and_workers(cluster, monkeypatch):
     """close() from another thread while a call waits: the call stops with PoolClosedError, nothing remains."""
     import threading
 
@@ -1077,19 +1099,25 @@ def test_close_stops_actors_and_workers(cluster):
     rp.reset()
     procs = set().union(*(descendants(d["pid"]) for d in rp.nodes))
     assert len(procs) >= 6
-    closer = threading.Timer(0.5, rp.close, kwargs={"timeout": 0.5})
+    looks, stops, asked_at = count_watch_looks(monkeypatch), record_stops(monkeypatch), []
+
+    def close() -> None:
+        asked_at.append(looks.count)
+        rp.close(timeout=0.5)
+    closer = threading.Timer(0.5, close)
     closer.start()
-    t0 = time.monotonic()
     with pytest.raises(shmpool.PoolClosedError, match="closed .*while this call was in progress"):
         rp.apply(lambda env: time.sleep(4), env_ids=[0])
-    assert time.monotonic() - t0 < 3   # it stopped waiting, and the busy actor was killed after 0.5 s
+    # It stopped waiting at the look after close() was asked (or at the look under way then), and the close
+    # asked the pools, waited its 0.5 s for the busy one, then killed the actors.
+    assert len(looks.raised_at) == 1 and 0 <= looks.raised_at[0] - asked_at[0] <= 1, (asked_at, looks)
     closer.join(15)
-    assert rp.closed and not closer.is_alive()
+    assert rp.closed and not closer.is_alive() and stops == ["close", "kill"], stops
     rp.close()  # idempotent
     assert not gone(procs)
 
 
-def test_close_terminate_kills_the_actors_without_waiting_for_their_call(cluster, gate, tmp_path):
+def test_close_terminate_kills_the_actors_without_waiting_for_their_call(cluster, gate, tmp_path, monkeypatch):
     """gymnasium's ``close(terminate=True)`` on a VectorEnv over a RayPool: it raised TypeError (RayPool.close took
     no ``terminate``).  Now the actors are killed at once; a plain close would wait for the held call (up to its
     timeout, 10 s)."""
@@ -1120,18 +1148,18 @@ def test_close_terminate_kills_the_actors_without_waiting_for_their_call(cluster
     deadline = time.monotonic() + 30
     while not os.path.exists(entered) and time.monotonic() < deadline:
         time.sleep(0.002)
-    t0 = time.monotonic()
+    stops = record_stops(monkeypatch)
     envs.close(terminate=True)
-    took = time.monotonic() - t0
     caller.join(10)
     assert not caller.is_alive() and [type(e) for e in raised] == [shmpool.PoolClosedError]
-    assert took < 5, f"close(terminate=True) took {took:.1f} s"
+    # Killed at once: no pool was asked to close, so no close grace (the held call's 10 s) was waited.
+    assert stops == ["kill"], stops
     assert rp.closed and envs.closed and not gate.is_open
     assert not gone(procs)
 
 
 @pytest.mark.parametrize("op", ["step", "send+recv"])
-def test_ctrl_c_during_a_call_closes_the_raypool_as_it_closes_a_local_pool(cluster, op):
+def test_ctrl_c_during_a_call_closes_the_raypool_as_it_closes_a_local_pool(cluster, op, monkeypatch):
     """A KeyboardInterrupt in a RayPool call left it open with the call pending (its actors still stepping); a local
     Pool is closed, its workers killed, the interrupt re-raised with a note (issue 57).  SIGINT comes from a timer
     while env 3 sleeps in its step."""
@@ -1150,11 +1178,18 @@ def test_ctrl_c_during_a_call_closes_the_raypool_as_it_closes_a_local_pool(clust
 
     zeros = np.zeros(4, dtype=np.int64)
 
-    def interrupted(pool) -> tuple[KeyboardInterrupt, float]:
+    looks = count_watch_looks(monkeypatch)   # a RayPool's; a local Pool's are not counted here
+    sent_at: list[int] = []
+
+    def interrupt() -> None:
+        sent_at.append(looks.count)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def interrupted(pool) -> KeyboardInterrupt:
         pool.reset(seed=0)
         pool.set_attr("sleepy", True, env_ids=[3])
-        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-        t0 = time.monotonic()
+        sent_at.clear()
+        timer = threading.Timer(0.5, interrupt)
         timer.start()
         try:
             with pytest.raises(KeyboardInterrupt) as info:
@@ -1165,17 +1200,20 @@ def test_ctrl_c_during_a_call_closes_the_raypool_as_it_closes_a_local_pool(clust
                     pool.recv()
         finally:
             timer.join()
-        return info.value, time.monotonic() - t0
+        return info.value
 
     with shmpool.Pool([make] * 4, num_workers=2, parent_shard=False) as lp:
-        _, _ = interrupted(lp)
+        interrupted(lp)
         assert lp.closed
     rp = distributed.RayPool(make, 4, seed=0, num_workers=1)
     try:
         procs = set().union(*(descendants(d["pid"]) for d in rp.nodes))
-        exc, took = interrupted(rp)
+        stops = record_stops(monkeypatch)
+        exc = interrupted(rp)
         assert rp.closed and rp.state == lp.state
-        assert took < 0.5 + 2.0   # the signal's delay, then the actors killed without the close grace
+        # The interrupt ended the wait in the slice it landed in (or at the look under way), and the actors were
+        # killed at once, no close grace waited.
+        assert looks.count - sent_at[0] <= 1 and stops == ["kill"], (sent_at, looks, stops)
         notes = getattr(exc, "__notes__", [])
         want = "shmpool: the RayPool was closed and its actors killed (" + ("step" if op == "step" else "recv")
         assert [n for n in notes if n.startswith(want)] == [want + " was interrupted)"], notes
