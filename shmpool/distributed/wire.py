@@ -224,7 +224,8 @@ class FrameReader:
         self._start()
 
     def _start(self) -> None:
-        self.todo: list[memoryview] = self.whole_header.copy()
+        self.todo: list[memoryview] = self.whole_header   # copied before a short read changes it
+        self.left = HEADER.size                            # the bytes ``todo`` takes
         self.body: np.ndarray | None = None   # once the header is read (and the frame does not land)
         self.landing: Landing | None = None   # once the header is read and the frame lands
         self.count = self.meta_len = self.first_len = 0
@@ -232,7 +233,7 @@ class FrameReader:
     @property
     def partial(self) -> bool:
         """Whether a frame has started and is not whole yet."""
-        return self.body is not None or self.landing is not None or self.todo[0].nbytes != HEADER.size
+        return self.body is not None or self.landing is not None or self.left != HEADER.size
 
     def read(self, fd: int, landings: list | None = None, want: int | None = None
              ) -> tuple[list[Frame], BaseException | None]:
@@ -251,9 +252,11 @@ class FrameReader:
                 return frames, exc
             if got == 0:
                 return frames, ChannelClosedError("the connection was closed by the other side")
-            while todo and got >= todo[0].nbytes:
-                got -= todo.pop(0).nbytes
-            if todo:   # short: nothing more has come (the caller waits for the connection to be readable again)
+            if got < self.left:   # short: nothing more has come (the caller waits for the connection to be readable)
+                self.left -= got
+                self.todo = todo = todo.copy()
+                while got >= todo[0].nbytes:
+                    got -= todo.pop(0).nbytes
                 todo[0] = todo[0][got:]
                 return frames, None
             try:
@@ -276,14 +279,14 @@ class FrameReader:
         the frame when the body is empty."""
         self.meta_len, self.count, body_len, self.first_len = HEADER.unpack(self.header)
         check_header(self.meta_len, self.count, body_len, self.first_len)
-        if landing is not None and self.header == landing.shape.header:
+        if landing is not None and self.header == landing.shape.header and len(landing.pieces) <= IOV_MAX:
             self.landing = landing
-            self.todo = landing.pieces.copy()
+            self.todo, self.left = landing.pieces, landing.shape.body_len
             return None
         self.body = body = np.empty(body_len, np.uint8)
         if not body_len:
             return self._finish()
-        self.todo = [memoryview(body)]
+        self.todo, self.left = [memoryview(body)], body_len
         return None
 
     def _land(self) -> Frame:

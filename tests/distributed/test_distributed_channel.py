@@ -765,3 +765,32 @@ def test_an_array_of_an_unpickled_dtype_leaves_the_pickle():
         assert got.dtype == dtype and got.tolist() == actions.tolist() and got.flags.writeable
     tagged = np.dtype(np.int64, metadata={"unit": "m"})   # a string cannot name it: numpy's reduction keeps it
     assert roundtrip(ch.Answer(value=np.arange(3, dtype=tagged))).value.dtype.metadata == {"unit": "m"}
+
+
+@pytest.mark.parametrize("args", [
+    (np.arange(8, dtype=np.int64),),
+    (np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(3, dtype=np.int64)),   # a pad between the arrays
+    (np.zeros(5, np.uint8), np.ones(0, np.int32)),
+    (np.arange(4, dtype=">i4"),),
+    (np.arange(8)[::2],),                                  # not contiguous: encoded as any message
+    (np.arange(3), [1, 2]),                                # not all arrays: encoded as any message
+], ids=["actions", "two arrays", "an empty one", "big-endian", "strided", "a list"])
+def test_a_call_of_plain_arrays_is_the_frame_encode_makes_without_pickling_again(args, monkeypatch):
+    """request_parts: the frame of a call is encode's, byte for byte, the first time and every later time with other
+    values of the same shapes and dtypes (its head kept); a change of shape or dtype is a new layout, not the kept
+    one; only plain arrays are kept."""
+    monkeypatch.setattr(ch, "_request_heads", {})
+    pickled = []
+    encode = wire.encode
+    monkeypatch.setattr(ch, "encode", lambda message: pickled.append(1) or encode(message))
+    for step in range(3):
+        now = tuple(a if not isinstance(a, np.ndarray) else a + step if a.flags.c_contiguous else
+                    np.repeat(a + step, 2)[::2] for a in args)   # a strided one stays strided
+        got = b"".join(bytes(p) for p in ch.request_parts("step", now))
+        assert got == frame_bytes(ch.Request("step", now))
+        assert roundtrip(ch.Request("step", now)).method == "step"
+    plain = all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in args)
+    assert len(pickled) == (1 if plain else 3)
+    other = tuple(np.concatenate([a, a]) if isinstance(a, np.ndarray) else a for a in args)
+    assert b"".join(bytes(p) for p in ch.request_parts("step", other)) == frame_bytes(ch.Request("step", other))
+    assert b"".join(bytes(p) for p in ch.request_parts("send", args)) == frame_bytes(ch.Request("send", args))
