@@ -214,9 +214,11 @@ class FrameReader:
     """Frames put together from whatever a connection holds, never waiting for more: a peer that stops half-way
     through a frame cannot hold the reader (its caller bounds the wait).  Both ends read with it.
 
-    A frame is read in two reads, its header and then its whole body (straight into its places when its
-    :class:`Landing`'s layout has its header); a read that comes up short ends the call, the rest is read when the
-    connection is readable again."""
+    A frame is read in two reads, its header and then its whole body; a frame with a :class:`Landing` in one, its
+    header and body straight into the places the landing's layout gives them, as a guess that is checked once the
+    header is in (only the last frame the caller awaits is read so: nothing follows it, so no read takes a byte of
+    the next frame).  A read that comes up short ends the call, the rest is read when the connection is readable
+    again."""
 
     def __init__(self) -> None:
         self.header = bytearray(HEADER.size)
@@ -227,22 +229,29 @@ class FrameReader:
         self.todo: list[memoryview] = self.whole_header   # copied before a short read changes it
         self.left = HEADER.size                            # the bytes ``todo`` takes
         self.body: np.ndarray | None = None   # once the header is read (and the frame does not land)
-        self.landing: Landing | None = None   # once the header is read and the frame lands
+        self.guess: Landing | None = None     # read by its landing's layout, its header not checked yet
+        self.landing: Landing | None = None   # read by its landing's layout, its header checked
         self.count = self.meta_len = self.first_len = 0
 
     @property
     def partial(self) -> bool:
         """Whether a frame has started and is not whole yet."""
-        return self.body is not None or self.landing is not None or self.left != HEADER.size
+        return self.body is not None or self.landing is not None or self.left != self._expected()
+
+    def _expected(self) -> int:
+        return HEADER.size + (self.guess.shape.body_len if self.guess is not None else 0)
 
     def read(self, fd: int, landings: list | None = None, want: int | None = None
              ) -> tuple[list[Frame], BaseException | None]:
         """The frames completed by what ``fd`` (non-blocking) holds now, and how the connection ended if it did
-        (after those frames: a last answer still counts).  ``landings[j]``: where the ``j``-th frame completed by
-        this read may land (a :class:`Landing`, or None).  ``want``: the frames the caller awaits; once that many
-        are read, the read ends without asking the connection for more (one system call fewer per answer)."""
+        (after those frames: a last answer still counts).  ``want``: the frames the caller awaits; once that many
+        are read, the read ends without asking the connection for more (one system call fewer per answer).
+        ``landings[want - 1]``: where the last of them may land (a :class:`Landing`, or None)."""
         frames: list[Frame] = []
         while True:
+            if (want is not None and len(frames) == want - 1 and landings is not None and len(landings) >= want
+                    and self.todo is self.whole_header and self.guess is None):   # the last frame awaited, unstarted
+                self._aim(landings[want - 1])
             todo = self.todo
             try:
                 got = os.readv(fd, todo)
@@ -252,19 +261,25 @@ class FrameReader:
                 return frames, exc
             if got == 0:
                 return frames, ChannelClosedError("the connection was closed by the other side")
-            if got < self.left:   # short: nothing more has come (the caller waits for the connection to be readable)
-                self.left -= got
-                self.todo = todo = todo.copy()
-                while got >= todo[0].nbytes:
-                    got -= todo.pop(0).nbytes
-                todo[0] = todo[0][got:]
-                return frames, None
             try:
-                if self.landing is not None:
+                if got < self.left:   # short: nothing more has come (the caller waits for it to be readable again)
+                    self.left -= got
+                    self.todo = todo = todo.copy()
+                    while got >= todo[0].nbytes:
+                        got -= todo.pop(0).nbytes
+                    todo[0] = todo[0][got:]
+                    frame = None
+                    if self.guess is not None and self.left <= self.guess.shape.body_len:   # the header is in
+                        frame = self._check_guess()
+                    if frame is None:
+                        return frames, None
+                elif self.guess is not None:
+                    self.left = 0
+                    frame = self._check_guess()
+                elif self.landing is not None:
                     frame = self._land()
                 elif self.body is None:
-                    n = len(frames)
-                    frame = self._open(landings[n] if landings is not None and n < len(landings) else None)
+                    frame = self._open()
                 else:
                     frame = self._finish()
             except ChannelProtocolError as exc:
@@ -274,15 +289,46 @@ class FrameReader:
                 if len(frames) == want:
                     return frames, None
 
-    def _open(self, landing: Landing | None) -> Frame | None:
-        """The header is whole: the body's reads (into ``landing``'s places when its layout has this header), or
-        the frame when the body is empty."""
+    def _aim(self, landing: Landing | None) -> None:
+        """Read the next frame by ``landing``'s layout, header and body in one read."""
+        if landing is not None and len(landing.pieces) < IOV_MAX:
+            self.guess = landing
+            self.todo = [self.whole_header[0], *landing.pieces]
+            self.left = HEADER.size + landing.shape.body_len
+
+    def _check_guess(self) -> Frame | None:
+        """The header of a frame read by its landing's layout is in (and ``left`` bytes of that layout are not): on
+        as the landing when the header is its layout's, else as any frame, the bytes read past the header (all this
+        frame's: nothing follows it) moved into its body.  The frame when it is whole."""
+        landing, self.guess = self.guess, None
+        shape = landing.shape
         self.meta_len, self.count, body_len, self.first_len = HEADER.unpack(self.header)
         check_header(self.meta_len, self.count, body_len, self.first_len)
-        if landing is not None and self.header == landing.shape.header and len(landing.pieces) <= IOV_MAX:
+        if self.header == shape.header:
             self.landing = landing
-            self.todo, self.left = landing.pieces, landing.shape.body_len
-            return None
+            return None if self.left else self._land()
+        extra = shape.body_len - self.left   # body bytes read into the layout's places
+        if extra > body_len:
+            raise malformed(f"{extra} bytes after a frame header announcing {body_len}, before any other call was "
+                            "answered")
+        self.body = body = np.empty(body_len, np.uint8)
+        whole = memoryview(body)
+        at = 0
+        for piece in landing.pieces:
+            if at == extra:
+                break
+            n = min(piece.nbytes, extra - at)
+            whole[at:at + n] = piece[:n]
+            at += n
+        if extra == body_len:
+            return self._finish()
+        self.todo, self.left = [whole[extra:]], body_len - extra
+        return None
+
+    def _open(self) -> Frame | None:
+        """The header is whole: the body's read, or the frame when the body is empty."""
+        self.meta_len, self.count, body_len, self.first_len = HEADER.unpack(self.header)
+        check_header(self.meta_len, self.count, body_len, self.first_len)
         self.body = body = np.empty(body_len, np.uint8)
         if not body_len:
             return self._finish()
