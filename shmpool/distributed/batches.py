@@ -229,19 +229,35 @@ class StepOutput:
             return
         leaves = [np.empty(shape, dtype) for shape, dtype in plan.leaves]
         flat = [memoryview(leaf).cast("B") for leaf in leaves]
-        self.out = plan.build(leaves)
+        self.out = out = plan.build(leaves)
         for reply, rows, shape, cuts in zip(replies, self.rows, plan.shapes, plan.cuts):
-            reply.aim(shape, [flat[i][a:b] for i, a, b in cuts], plan.build([leaf[rows] for leaf in leaves]))
+            reply.aim(shape, [flat[i][a:b] for i, a, b in cuts], Landed(out, rows))
 
-    def join(self, parts: list[Rows]) -> Rows:
-        """The step's rows from every pool's (pool order): the output when every answer landed in it."""
+    def join(self, parts: list) -> Rows:
+        """The step's rows from every pool's (pool order; :class:`Landed` for those read into the output): the
+        output when every answer landed in it."""
         out, self.out = self.out, None
         replies, self.replies = self.replies, None
         if out is not None and all(r.landed() is p for r, p in zip(replies, parts)):
             return out
+        parts = [p.select() if type(p) is Landed else p for p in parts]
         joined = Rows.join(parts)
         self.plan = Plan.learn(parts, joined, replies, self.rows)
         return joined
+
+
+class Landed:
+    """A pool's answer read into its rows ``rows`` of a step's output ``out`` (:meth:`StepOutput.aim`): what the
+    answer's frame decodes to then, the rows themselves made only when asked (:meth:`select`), as the step's output
+    holds them already."""
+
+    __slots__ = ("out", "rows")
+
+    def __init__(self, out: Rows, rows: slice) -> None:
+        self.out, self.rows = out, rows
+
+    def select(self) -> Rows:
+        return self.out.select(self.rows)
 
 
 def _spec(x: Any, leaves: list) -> Any:
