@@ -147,8 +147,8 @@ class Rows:
         return len(self.ids)
 
     def __reduce__(self) -> tuple:
-        # Observations first: in a step answer's frame they are then the first out-of-band buffer, the one the
-        # driver may read straight into its batch (StepOutput, wire.FrameReader).
+        # Rebuilt by one call; the fields' order is the frame's buffers' (the driver maps each buffer to its leaf by
+        # where it lies: StepOutput's Plan.learn, so any order lands).
         return rows_from_obs_first, (self.obs, self.ids, self.rew, self.term, self.trunc, self.infos)
 
     @classmethod

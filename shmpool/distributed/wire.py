@@ -8,12 +8,12 @@ anything else that gives a ``PickleBuffer``) leave their bytes out of the pickle
 (an actor's shared region) by one ``sendmsg``, and received into one fresh block per frame whose views the unpickled
 arrays become (writable, aligned, owned by nobody else).
 
-A reader may be handed a :class:`Landing` for a frame: the layout of a frame read before (:class:`FrameShape`: its
-header, buffer sizes and pickle) and a place for each of its buffers (a step answer's rows in the driver's next
-batch: :class:`~.batches.StepOutput`).  When the header is that frame's, the body is read in one read with each
-buffer straight into its place; when the buffer sizes and pickle are that frame's too (a byte comparison) the
-message is known without unpickling (the landing's ``message``, built over those places); otherwise the body is put
-back together from the pieces read and decoded as any other.  Whatever plain pickle refuses (a lambda in an info
+A reader may be handed a :class:`Landing` for the last frame it awaits: the layout of a frame read before
+(:class:`FrameShape`: its header, buffer sizes and pickle) and a place for each of its buffers (a step answer's rows
+in the driver's next batch: :class:`~.batches.StepOutput`).  Header and body are then read in one read, each buffer
+straight into its place; when the header, buffer sizes and pickle are that frame's (byte comparisons) the message is
+known without unpickling (the landing's ``message``); otherwise the bytes read are put back together as the frame's
+body and decoded as any other.  Whatever plain pickle refuses (a lambda in an info
 dict) is pickled by cloudpickle, which Ray would use too.
 """
 from __future__ import annotations
