@@ -1,5 +1,6 @@
-"""The library knows nothing of the bench: no module under shmpool/ imports bench/ or handles network namespaces (setns, CLONE_NEWNET, a netns module)
-(the bench's --netem link reaches a RayPool's connections through a neutral seam, ``channel.Route``)."""
+"""The library knows nothing of the bench: no module under shmpool/ imports bench/ or handles network namespaces
+(setns, CLONE_NEWNET, a netns module); the bench's --netem link reaches a RayPool's connections through a neutral
+seam, ``channel.Route``."""
 from __future__ import annotations
 
 import re
