@@ -123,13 +123,14 @@ def request_parts(method: str, args: tuple) -> list:
     pickling (tens of microseconds a call on the driver's every step)."""
     key = [method]
     for a in args:
-        if (type(a) is not np.ndarray or a.dtype.kind not in NUMERIC or a.dtype.metadata is not None
-                or not a.flags.c_contiguous):
+        if type(a) is not np.ndarray or a.dtype.metadata is not None:
             return encode(Request(method, args))
-        key.append((a.shape, a.dtype.str))
+        key.append((a.shape, a.strides, a.dtype.str))   # strides: C order or not, without asking numpy's flags
     known = _request_heads.get(key := tuple(key))
     if known is None:
         parts = encode(Request(method, args))
+        if not all(a.dtype.kind in NUMERIC and a.flags.c_contiguous for a in args):
+            return parts
         at = [i for i, part in enumerate(parts) if type(part) is memoryview]   # the arrays' (pads are bytes)
         if len(at) == len(args):
             if len(_request_heads) >= REQUEST_HEADS:
@@ -440,27 +441,26 @@ def wait(replies: list[Reply], num_returns: int, timeout: float) -> list[Reply]:
     """The replies of ``replies`` that are done, once ``num_returns`` of them are or ``timeout`` s passed
     (``timeout=0``: those done now, after reading what has already arrived).  A signal's handler runs at once
     (Ctrl-C raises here, not at the timeout)."""
-    deadline = None
+    done = [r for r in replies if r.done]
+    if len(done) >= num_returns:
+        return done
+    deadline = time.monotonic() + timeout
+    left_ms = math.ceil(timeout * 1000)
+    ready = select.poll()   # one for the call: a channel leaves it once nothing more is awaited from it
+    polled: dict[int, Channel] = {}
+    for r in replies:
+        if not r.done and r.channel.fd not in polled:
+            polled[r.channel.fd] = r.channel
+            ready.register(r.channel.fd, select.POLLIN)
     while True:
-        by_fd = {}
-        done = []
-        for r in replies:
-            if r.done:
-                done.append(r)
-            else:
-                by_fd[r.channel.fd] = r.channel
-        if len(done) >= num_returns:
-            return done
-        if deadline is None:
-            deadline = time.monotonic() + timeout
-            left_ms = math.ceil(timeout * 1000)
-        else:
-            left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-        ready = select.poll()
-        for fd in by_fd:
-            ready.register(fd, select.POLLIN)
         events = ready.poll(left_ms)
         for fd, _ in events:
-            by_fd[fd].read_available()
-        if not events and left_ms == 0:
+            channel = polled[fd]
+            channel.read_available()
+            if not channel.pending:   # all its calls answered (or lost): an ended one would wake every poll
+                ready.unregister(fd)
+                del polled[fd]
+        done = [r for r in replies if r.done]
+        if len(done) >= num_returns or (not events and left_ms == 0):
             return done
+        left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
