@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -158,28 +159,19 @@ class Supervisor:
         msg = ws.queued(k)
         if msg is not None:
             return msg
-        generation = ws.generation[k]
-        got = []
-
-        def ready(slice_ns: int) -> bool:
-            if ws.generation[k] != generation:   # replaced between two slices
-                return True
-            if not ws.poll(k, slice_ns / 1e9):
-                return False
-            try:
-                got.append(ws.receive(k))
-            except (EOFError, OSError):
-                self.broken.add(k)
-                return False
-            return True
-
-        self.wait(op, ready, timed=False, pump=False)
-        return got[0] if got else None
+        return self._read_in_slices(k, ws.generation[k], lambda: ws.receive(k), op, timed=False)
 
     def answer(self, k: int, generation: int, call: int, op: str):
         """Worker ``k``'s answer to message command ``call``: a ``Reply``, a ``CallFailed``, or None if
         it was replaced since ``generation``.  Waited for in slices (liveness and step timeout between
         them; no pump, which would move the awaited answer out of the pipe)."""
+        ws = self.workers
+        return self._read_in_slices(k, generation, lambda: ws.answer(k, call), op, timed=True)
+
+    def _read_in_slices(self, k: int, generation: int, read: Callable[[], Any], op: str, *, timed: bool):
+        """What ``read()`` takes from worker ``k``'s pipe once it polls readable (None from ``read``: not
+        yet), waited for in slices without pumping; None if the worker was replaced since ``generation``.
+        A pipe that breaks mid-read is noted (``broken``): the look between slices acts on it."""
         ws = self.workers
         got = []
 
@@ -189,7 +181,7 @@ class Supervisor:
             if not ws.poll(k, slice_ns / 1e9):
                 return False
             try:
-                found = ws.answer(k, call)
+                found = read()
             except (EOFError, OSError):
                 self.broken.add(k)
                 return False
@@ -198,7 +190,7 @@ class Supervisor:
             got.append(found)
             return True
 
-        self.wait(op, ready, pump=False)
+        self.wait(op, ready, timed=timed, pump=False)
         return got[0] if got else None
 
     def use_restarts(self, restarts: Restarts) -> None:
