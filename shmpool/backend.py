@@ -34,6 +34,13 @@ class PoolBackend(Protocol):
     num_envs: int
     batch_size: int             # rows of one recv()
     interrupted: str            # what a Ctrl-C inside a call did, for the note it leaves with
+    # what the envs reported at start-up (env 0's, but observation_spaces: one per env); the surface shows them
+    observation_spaces: list
+    single_observation_space: Any
+    single_action_space: Any
+    metadata: dict
+    render_mode: str | None
+    spec: Any
 
     # --- entry --------------------------------------------------------------------------
 

@@ -283,12 +283,6 @@ class Pool(PoolSurface):
         backend = LocalBackend(fns, plan, seeds=seeds, autoreset_mode=self.autoreset_mode, copy=copy,
                                strict=self.strict, observation_mode=observation_mode, start_method=start_method,
                                startup_timeout=startup_timeout, fatal=self._weakly(self._kill_workers_now))
-        self.observation_spaces = backend.observation_spaces
-        self.single_observation_space = backend.single_observation_space
-        self.single_action_space = backend.single_action_space
-        self.metadata = backend.metadata
-        self.render_mode = backend.render_mode
-        self.spec = backend.spec
         self._open(backend)
         self._look_again_for_neighbours()
 

@@ -36,7 +36,14 @@ class PoolSurface(LifecycleFacts):
         self._life.close()   # until start-up succeeds there is nothing to close
 
     def _open(self, backend: PoolBackend) -> None:
-        """Start-up succeeded: the pool's state is the backend's (``backend.life``, open, NEEDS_RESET)."""
+        """Start-up succeeded: the pool's state is the backend's (``backend.life``, open, NEEDS_RESET), and
+        its envs' spaces, metadata, render mode and spec are what the backend's envs reported."""
+        self.observation_spaces = backend.observation_spaces
+        self.single_observation_space = backend.single_observation_space
+        self.single_action_space = backend.single_action_space
+        self.metadata = backend.metadata
+        self.render_mode = backend.render_mode
+        self.spec = backend.spec
         self._backend = backend
         self._entry_check = backend.entry_check
         self._interrupted = backend.interrupted

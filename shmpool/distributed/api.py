@@ -147,14 +147,7 @@ class RayPool(PoolSurface):
                              step_timeout=self.step_timeout, shut_down=self._weakly(self._close_now),
                              abort=self._weakly(self._kill_workers_now))
         self._fleet = fleet
-        self.observation_spaces = backend.observation_spaces
-        first = backend.first
-        self.single_observation_space = first.observation_space
-        self.single_action_space = first.action_space
-        self.metadata = first.metadata
-        self.render_mode = first.render_mode
-        self.spec = first.spec
-        self.autoreset_mode = first.autoreset_mode
+        self.autoreset_mode = backend.autoreset_mode
         self._open(backend)
 
     # --- properties ------------------------------------------------------------------------------

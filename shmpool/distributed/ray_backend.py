@@ -63,7 +63,12 @@ class RayBackend:
         self.abort = abort
         infos = fleet.start(observation_mode)
         self.observation_spaces = fleet.observation_spaces
-        self.first = first = infos[0]
+        first = infos[0]
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self.metadata = first.metadata
+        self.render_mode = first.render_mode
+        self.spec = first.spec
         self.autoreset_mode = first.autoreset_mode
         # Checked as the pools check (a local Pool(strict=False) takes what strict refuses), and strictly when any pool
         # is: a batch one pool refuses must be refused before any other pool steps

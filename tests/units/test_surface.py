@@ -48,6 +48,9 @@ class FakeBackend:
         self.out: list[int] = []
         self.interrupt_in: str | None = None   # the verb that raises KeyboardInterrupt
         self.restarts, self.restart_log = 0, []
+        self.single_observation_space, self.single_action_space = OBS, ACT
+        self.observation_spaces = [OBS] * N
+        self.metadata, self.render_mode, self.spec = {"render_modes": []}, None, None
 
     def _did(self, verb: str) -> None:
         self.calls.append(verb)
@@ -132,8 +135,6 @@ class FakePool(PoolSurface):
         super().__init__()
         backend = backend or FakeBackend()
         self.num_envs, self.batch_size = backend.num_envs, backend.batch_size
-        self.single_observation_space, self.single_action_space = OBS, ACT
-        self.metadata, self.render_mode, self.spec = {"render_modes": []}, None, None
         self.autoreset_mode = "next_step"
         self._open(backend)
         self.fake = backend
