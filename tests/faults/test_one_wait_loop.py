@@ -20,6 +20,8 @@ from shmpool.waiting import SLICE_NS, in_slices
 
 SLICE_S = SLICE_NS / 1e9
 ZEROS = np.zeros(4, dtype=np.int64)
+# three envs that never fail, the fourth hangs in its first step (in worker 1 of 2)
+LAST_ENV_HANGS = [functools.partial(FaultyEnv, "never")] * 3 + [functools.partial(FaultyEnv, "step", 1, "hang")]
 CLOSED_DURING_CALL = r"closed \(by a signal handler or another thread\) while this call was in progress"
 # close() lets a hung worker's envs close for CLOSE_GRACE_S (5 s) before it kills the worker: the close tests
 # below are about the call's wait ending at a look, not that grace, so they shorten it (the same code path).
@@ -85,9 +87,8 @@ def test_a_worker_killed_during_call_is_replaced_between_slices_not_inside_the_w
 
 def test_step_timeout_is_met_within_its_slices(monkeypatch, no_leaks):
     count = counting_slices(monkeypatch)
-    fns = [functools.partial(FaultyEnv, "never")] * 3 + [functools.partial(FaultyEnv, "step", 1, "hang")]
     limit = 0.3
-    with shmpool.Pool(fns, num_workers=2, parent_shard=False, step_timeout=limit) as pool:
+    with shmpool.Pool(LAST_ENV_HANGS, num_workers=2, parent_shard=False, step_timeout=limit) as pool:
         pool.reset()
         with pytest.raises(TimeoutError, match=r"step did not finish within step_timeout=0.3 s: workers \[1\] "
                                                r"\(envs 2..3\) are still busy; the pool is closed"):
@@ -120,9 +121,8 @@ def test_close_from_a_signal_handler_ends_the_wait_at_that_look(monkeypatch, no_
 
     count = counting_slices(monkeypatch, close_on_third_look)
     previous = signal.signal(signal.SIGUSR1, lambda *_: pools[0].close())
-    fns = [functools.partial(FaultyEnv, "never")] * 3 + [functools.partial(FaultyEnv, "step", 1, "hang")]
     try:
-        with shmpool.Pool(fns, num_workers=2, parent_shard=False) as pool:
+        with shmpool.Pool(LAST_ENV_HANGS, num_workers=2, parent_shard=False) as pool:
             pools.append(pool)
             pool.reset()
             with pytest.raises(PoolClosedError, match=CLOSED_DURING_CALL):
@@ -144,8 +144,7 @@ def test_close_from_another_thread_ends_the_wait_within_two_looks(monkeypatch, n
             after.append(n)
 
     count = counting_slices(monkeypatch, close_from_a_thread)
-    fns = [functools.partial(FaultyEnv, "never")] * 3 + [functools.partial(FaultyEnv, "step", 1, "hang")]
-    with shmpool.Pool(fns, num_workers=2, parent_shard=False) as pool:
+    with shmpool.Pool(LAST_ENV_HANGS, num_workers=2, parent_shard=False) as pool:
         pools.append(pool)
         pool.reset()
         with pytest.raises(PoolClosedError, match=CLOSED_DURING_CALL):

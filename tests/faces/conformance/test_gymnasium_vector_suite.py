@@ -46,23 +46,20 @@ OUR_CLASS_IN_ID = re.compile(r"(?<=[\[-])VectorEnv(?=[\]-])")
 
 # Cases AsyncVectorEnv passes and shmpool.VectorEnv does not, by gymnasium version, each a choice
 # (docs/porting/asyncvectorenv.md says why).  An entry that passes makes the test fail too.
+# Differences every recorded version shows (below, per version, what it adds).
+IN_EVERY_VERSION = {
+    "vector.test_async_vector_env::test_step_timeout_async_vector_env[True]":
+        "its env calls time.sleep(action): actions reach an env in the space's dtype (np.float32), which "
+        "time.sleep refuses; AsyncVectorEnv hands on the caller's float64",
+    "vector.test_async_vector_env::test_step_timeout_async_vector_env[False]": "the same",
+    "vector.test_async_vector_env::test_custom_space_async_vector_env_shared_memory":
+        "gymnasium refuses a custom space with shared_memory=True; here it travels pickled",
+}
 EXPECTED_DIFFERENCES = {
-    "0.29.1": {
-        "vector.test_async_vector_env::test_step_timeout_async_vector_env[True]":
-            "its env calls time.sleep(action): actions reach an env in the space's dtype (np.float32), which "
-            "time.sleep refuses; AsyncVectorEnv hands on the caller's float64",
-        "vector.test_async_vector_env::test_step_timeout_async_vector_env[False]": "the same",
-        "vector.test_async_vector_env::test_custom_space_async_vector_env_shared_memory":
-            "gymnasium refuses a custom space with shared_memory=True; here it travels pickled",
-    },
+    "0.29.1": IN_EVERY_VERSION,
     # tests/ of 95a790e19 ("Update to v1.4.0"): the Gymnasium repository has no tag v1.4.0 (checked 2026-11-29)
     "1.4.0": {
-        "vector.test_async_vector_env::test_step_timeout_async_vector_env[True]":
-            "its env calls time.sleep(action): actions reach an env in the space's dtype (np.float32), which "
-            "time.sleep refuses; AsyncVectorEnv hands on the caller's float64",
-        "vector.test_async_vector_env::test_step_timeout_async_vector_env[False]": "the same",
-        "vector.test_async_vector_env::test_custom_space_async_vector_env_shared_memory":
-            "gymnasium refuses a custom space with shared_memory=True; here it travels pickled",
+        **IN_EVERY_VERSION,
         "vector.test_async_vector_env::test_async_vector_subenv_error":
             "the env's ValueError is raised as there, without AsyncVectorEnv's logged lines (worker shut down, "
             "traceback, raising back): no worker is shut down here, the traceback is on the exception",
